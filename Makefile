@@ -1,0 +1,31 @@
+# Two commands do all set-up on a fresh machine: `make run` and `make test`.
+# Each creates .venv/ from the pinned requirements first (once; again when a
+# requirements file or pyproject.toml changes).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+
+.PHONY: run test install clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: $(BIN)/python requirements.txt requirements-dev.txt pyproject.toml
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $@
+
+install: $(VENV)/.installed
+
+# Foreground gunicorn with the committed config; SIGTERM or Ctrl-C stops it.
+# exec so the signal reaches gunicorn's master directly.
+run: $(VENV)/.installed
+	HOST=$(HOST) PORT=$(PORT) exec $(BIN)/gunicorn -c gunicorn.conf.py service.wsgi:app
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

@@ -1,0 +1,134 @@
+"""Stages 3–12: one multi-head self-attention layer, a small pure function per step.
+
+    MultiHead(X) = Concat(head₁, …, head_h) · W_Oᵀ
+    headᵢ        = softmax(Qᵢ Kᵢᵀ / √d_k) Vᵢ,   Qᵢ = X W_Qᵢᵀ, Kᵢ = X W_Kᵢᵀ, Vᵢ = X W_Vᵢᵀ
+
+Shapes use n = tokens, h = num_heads, d_k = d_model / h. Every function is
+vectorised over heads and tokens (no Python loop over either), float64 only,
+and never produces NaN or ±inf: masked entries are carried as a boolean mask.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import HeadDivisionError, InvalidSizeError
+
+POSITIONAL_BASE = 10000.0
+
+
+def head_dim(d_model: int, num_heads: int) -> int:
+    """d_k = d_model / h, which must divide exactly."""
+    for name, value in (("d_model", d_model), ("num_heads", num_heads)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise InvalidSizeError(f"{name} must be a positive integer, got {value!r}", field=name)
+    if d_model % num_heads:
+        raise HeadDivisionError(
+            f"d_model {d_model} is not divisible by num_heads {num_heads} "
+            f"(d_k would be {d_model / num_heads:g}); choose num_heads among the divisors of d_model: "
+            f"{', '.join(str(h) for h in divisors(d_model, limit=12))}"
+        )
+    return d_model // num_heads
+
+
+def divisors(n: int, limit: int | None = None) -> list[int]:
+    """Divisors of n in increasing order (for error messages and frontends)."""
+    small = [i for i in range(1, int(n**0.5) + 1) if n % i == 0]
+    out = sorted(set(small + [n // i for i in small]))
+    return out[:limit] if limit else out
+
+
+def sinusoidal_positional_encoding(n: int, d_model: int) -> np.ndarray:
+    """Stage 3: PE[pos, 2i] = sin(pos / 10000^(2i/d_model)), PE[pos, 2i+1] = cos(same angle).
+
+    Dimension j uses the frequency of its pair 2·⌊j/2⌋, so an odd d_model just
+    ends on a sin column with no partner.
+    """
+    pos = np.arange(n, dtype=np.float64)[:, None]  # [n, 1]
+    pair = (np.arange(d_model) // 2 * 2).astype(np.float64)  # [d_model]: 0,0,2,2,4,…
+    angle = pos / np.power(POSITIONAL_BASE, pair / d_model)  # [n, 1] / [d_model] -> [n, d_model]
+    even = (np.arange(d_model) % 2 == 0)  # [d_model]
+    return np.where(even, np.sin(angle), np.cos(angle))  # [n, d_model]
+
+
+def no_positional_encoding(n: int, d_model: int) -> np.ndarray:
+    """Stage 3 with positional_encoding = "none": zeros, so input = embedding."""
+    return np.zeros((n, d_model))  # [n, d_model]
+
+
+def add_positional_encoding(token_embedding: np.ndarray, positional_encoding: np.ndarray) -> np.ndarray:
+    """Stage 4: x = token_embedding + positional_encoding."""
+    return token_embedding + positional_encoding  # [n, d_model]
+
+
+def project(x: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """Stage 5: per head i, x · Wᵢᵀ, for all heads in one matrix product.
+
+    Stacking the heads' [d_k, d_model] matrices gives one [h·d_k, d_model]
+    matrix; one GEMM then splits back into heads (nanoGPT's reshape/transpose).
+    """
+    h, d_k, d_model = W.shape
+    y = x @ W.reshape(h * d_k, d_model).T  # [n, d_model] @ [d_model, h·d_k] -> [n, h·d_k]
+    return y.reshape(x.shape[0], h, d_k).transpose(1, 0, 2)  # [n, h·d_k] -> [h, n, d_k]
+
+
+def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Stage 6: raw scores = q · kᵀ for every query and key, per head."""
+    return q @ k.transpose(0, 2, 1)  # [h, n, d_k] @ [h, d_k, n] -> [h, n, n]
+
+
+def scale_factor(d_k: int, scale: bool) -> float:
+    """√d_k when scaling is on, 1 when it is off."""
+    return float(np.sqrt(d_k)) if scale else 1.0
+
+
+def scale_scores(scores: np.ndarray, factor: float) -> np.ndarray:
+    """Stage 7: scaled_scores = scores / factor."""
+    return scores / factor  # [h, n, n]
+
+
+def causal_mask(n: int) -> np.ndarray:
+    """True where a key comes after its query (j > i): those keys are excluded."""
+    return np.triu(np.ones((n, n), dtype=bool), k=1)  # [n, n]
+
+
+def softmax(scores: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """Stage 9: a numerically stable softmax over the last axis (keys).
+
+    Subtracting each row's max makes the largest exponent exp(0) = 1, so scores
+    of ±1e6 cannot overflow. Masked keys get a weight of exactly 0 by setting
+    their exponentials to 0, never by a finite fill value. Every row keeps at
+    least one key (its own diagonal under a causal mask), so no row is empty.
+    """
+    if mask is not None:
+        scores = np.where(mask, -np.inf, scores)  # masked keys drop out of the max
+    shifted = scores - scores.max(axis=-1, keepdims=True)  # [h, n, n], max entry 0
+    e = np.exp(shifted)  # exp(-inf) = 0 exactly for masked keys
+    return e / e.sum(axis=-1, keepdims=True)  # [h, n, n], rows sum to 1
+
+
+def weighted_values(weights: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Stage 10: context = weights · v, a convex blend of value rows per query."""
+    return weights @ v  # [h, n, n] @ [h, n, d_k] -> [h, n, d_k]
+
+
+def concat_heads(context: np.ndarray) -> np.ndarray:
+    """Stage 11: lay the heads side by side per token (concat, not average)."""
+    h, n, d_k = context.shape
+    return context.transpose(1, 0, 2).reshape(n, h * d_k)  # [h, n, d_k] -> [n, h·d_k]
+
+
+def output_projection(concat: np.ndarray, W_O: np.ndarray) -> np.ndarray:
+    """Stage 12: output = concat · W_Oᵀ, mixing the heads back into d_model."""
+    return concat @ W_O.T  # [n, h·d_k] @ [h·d_k, d_model] -> [n, d_model]
+
+
+def entropy(weights: np.ndarray) -> np.ndarray:
+    """Each row's entropy in nats, −Σ w·ln w with 0·ln 0 = 0."""
+    safe = np.where(weights > 0, weights, 1.0)  # ln 1 = 0 where w = 0, no warnings
+    return 0.0 - (weights * np.log(safe)).sum(axis=-1)  # [h, n, n] -> [h, n]; 0 - x avoids -0.0
+
+
+def max_weight(weights: np.ndarray) -> np.ndarray:
+    """Each row's largest weight: near 1 means softmax has saturated."""
+    return weights.max(axis=-1)  # [h, n, n] -> [h, n]
