@@ -123,7 +123,8 @@ def token_embeddings(seed: int, d_model: int, texts: list[str]) -> np.ndarray:
     return out
 
 
-@lru_cache(maxsize=32)
+# 16 entries of at most 4·512²·8 bytes (8 MiB at the default d_model limit).
+@lru_cache(maxsize=16)
 def generate_parameters(seed: int, d_model: int, num_heads: int) -> Parameters:
     """The seeded W_Qᵢ, W_Kᵢ, W_Vᵢ for each head i, and W_O. Caller checks sizes."""
     d_k = d_model // num_heads

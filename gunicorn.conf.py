@@ -1,0 +1,50 @@
+"""gunicorn configuration for attention-trace (committed; used by `make run` and the image).
+
+Environment:
+  HOST, PORT          bind address (default 127.0.0.1:8000; the image sets HOST=0.0.0.0)
+  WEB_CONCURRENCY     worker processes (default: the CPUs this process may use)
+  GUNICORN_TIMEOUT    seconds a worker may spend on one request before it is
+                      killed and replaced (default 30): frees a worker held by a
+                      slow client or a runaway request
+  LOG_LEVEL           gunicorn error-log level (default info)
+"""
+
+import os
+
+# One BLAS thread per worker (see service/wsgi.py); set before any numpy import.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+bind = [f"{os.environ.get('HOST', '127.0.0.1')}:{os.environ.get('PORT', '8000')}"]
+# The work is CPU-bound numpy with one BLAS thread: one sync worker per core
+# keeps every core busy without oversubscribing them.
+workers = int(os.environ.get("WEB_CONCURRENCY", _cpus()))
+worker_class = "sync"
+timeout = int(os.environ.get("GUNICORN_TIMEOUT", "30"))
+# On SIGTERM, workers get this long to finish in-flight requests: a clean stop
+# within a few seconds (container runtimes wait 10 s before SIGKILL).
+graceful_timeout = 5
+keepalive = 5
+# Bound request lines and headers (gunicorn answers 400 above them).
+limit_request_line = 8190
+limit_request_fields = 100
+limit_request_field_size = 8190
+
+loglevel = os.environ.get("LOG_LEVEL", "info")
+errorlog = "-"
+accesslog = "-"
+# One JSON object a line. The request id is the X-Request-ID response header,
+# the caller's when it was well formed; bodies are never logged.
+access_log_format = (
+    '{"time":"%(t)s","request_id":"%({x-request-id}o)s","remote":"%(h)s","method":"%(m)s",'
+    '"path":"%(U)s","status":%(s)s,"bytes":%(B)s,"duration_us":%(D)s,"user_agent":"%(a)s"}'
+)
+proc_name = "attention-trace"

@@ -1,0 +1,174 @@
+"""Build openapi.yaml from the pydantic models (the one source of truth).
+
+``scripts/gen-openapi`` writes the result to openapi.yaml; the test suite
+rebuilds it and fails if the committed file drifted from the models, and
+validates every response it receives against it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from pydantic.json_schema import models_json_schema
+
+from engine import STAGE_IDS
+
+from .models import SCHEMA_MODELS
+from .serialize import SCHEMA_VERSION
+from .settings import Settings
+
+REF = "#/components/schemas/{model}"
+
+
+def _problem(description: str, example: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/problem+json": {"schema": {"$ref": REF.format(model="Problem")}, "example": example}},
+    }
+
+
+def _example_trace() -> dict[str, Any]:
+    """A real, small response, computed now, so the example cannot drift."""
+    import orjson
+
+    from .api import render_trace
+    from .models import TraceRequest
+
+    req = TraceRequest(sentence="the cat", d_model=4, num_heads=2)
+    return orjson.loads(render_trace(req, Settings()))
+
+
+def build_spec() -> dict[str, Any]:
+    _, defs = models_json_schema([(m, "validation") for m in SCHEMA_MODELS], ref_template=REF)
+    schemas = defs["$defs"]
+    limits = Settings()
+    stage_list = ", ".join(f"`{s}`" for s in STAGE_IDS)
+    tag = {"name": "trace", "description": "Attention traces"}
+    problems = {
+        "400": _problem("The body is not valid JSON.", {
+            "type": "urn:attention-trace:problem:malformed-json", "title": "Malformed JSON", "status": 400,
+            "detail": "The request body is not valid JSON: Invalid JSON: EOF while parsing a value at line 1 column 0.",
+            "instance": "/trace"}),
+        "413": _problem("The body is larger than the configured limit.", {
+            "type": "urn:attention-trace:problem:payload-too-large", "title": "Request Entity Too Large",
+            "status": 413, "detail": f"The request body is larger than the limit of {limits.max_body_bytes} bytes.",
+            "instance": "/trace"}),
+        "415": _problem("The body is not sent as JSON.", {
+            "type": "urn:attention-trace:problem:unsupported-media-type", "title": "Unsupported Media Type",
+            "status": 415, "detail": "Send the body as JSON with 'Content-Type: application/json' (got 'text/plain').",
+            "instance": "/trace"}),
+        "422": _problem("The JSON is well formed but the request is invalid; `errors` lists every problem.", {
+            "type": "urn:attention-trace:problem:validation-error", "title": "Invalid request", "status": 422,
+            "detail": "/num_heads: d_model 24 is not divisible by num_heads 5 (d_k would be 4.8); choose num_heads "
+                      "among the divisors of d_model: 1, 2, 3, 4, 6, 8, 12, 24",
+            "instance": "/trace",
+            "errors": [{"pointer": "/num_heads", "type": "head_division",
+                        "message": "d_model 24 is not divisible by num_heads 5 (d_k would be 4.8); choose num_heads "
+                                   "among the divisors of d_model: 1, 2, 3, 4, 6, 8, 12, 24"}]}),
+    }
+    common = {
+        "404": _problem("No such resource.", {
+            "type": "urn:attention-trace:problem:not-found", "title": "Not Found", "status": 404,
+            "detail": "There is no resource at /nope. See /openapi.yaml for the endpoints.", "instance": "/nope"}),
+        "405": {**_problem("Method not allowed; the Allow header lists the allowed ones.", {
+            "type": "urn:attention-trace:problem:method-not-allowed", "title": "Method Not Allowed", "status": 405,
+            "detail": "GET is not allowed on /trace.", "instance": "/trace"}),
+            "headers": {"Allow": {"schema": {"type": "string"}, "description": "Allowed methods."}}},
+        "500": _problem("Unexpected server failure; never a stack trace.", {
+            "type": "urn:attention-trace:problem:internal-error", "title": "Internal Server Error", "status": 500,
+            "detail": "The server failed to answer this request. It has been logged.", "instance": "/trace"}),
+    }
+    request_id = {"X-Request-ID": {"$ref": "#/components/headers/X-Request-ID"}}
+
+    def get_op(op_id: str, summary: str, description: str, schema: str, example: Any,
+               mime: str = "application/json") -> dict[str, Any]:
+        content = {mime: {"schema": {"$ref": REF.format(model=schema)} if schema else {"type": "string"},
+                          "example": example}}
+        return {"get": {"operationId": op_id, "summary": summary, "description": description, "tags": ["meta"],
+                        "responses": {"200": {"description": "OK", "headers": request_id, "content": content},
+                                      **common}}}
+
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "attention-trace",
+            "version": SCHEMA_VERSION,
+            "summary": "Every number of multi-head self-attention, stage by stage.",
+            "description": (
+                "POST a sentence to /trace and get every stage of one multi-head self-attention layer, "
+                "softmax(QKᵀ/√d_k)V, as JSON: tokens, seeded embeddings, positional encodings, Q/K/V per head, "
+                "raw and scaled scores, the causal mask, softmax weights, per-head context, the concatenation "
+                f"and the W_O projection. Stage ids: {stage_list}.\n\n"
+                "Results are deterministic for a given request and `engine_version`. Errors are RFC 9457 "
+                "problem details. Limits (defaults; operators may change them, GET /version reports them): "
+                f"{limits.max_tokens} tokens, d_model {limits.max_d_model}, {limits.max_heads} heads, "
+                f"{limits.max_trace_values} numbers per trace, {limits.max_body_bytes} body bytes, "
+                f"{limits.max_sentence_chars} sentence characters."
+            ),
+            "license": {"name": "MIT", "identifier": "MIT"},
+        },
+        "servers": [{"url": "http://127.0.0.1:8000", "description": "make run"}],
+        "tags": [tag, {"name": "meta", "description": "Health, versions and this document"}],
+        "paths": {
+            "/trace": {
+                "post": {
+                    "operationId": "trace",
+                    "tags": ["trace"],
+                    "summary": "Trace one multi-head self-attention layer",
+                    "description": "Unknown fields are rejected and types are strict (`true` is not a number, "
+                                   "`\"24\"` is not an integer).",
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {
+                            "schema": {"$ref": REF.format(model="TraceRequest")},
+                            "examples": {
+                                "classroom": {"summary": "The seed's sentence, 4 heads",
+                                              "value": {"sentence": "the cat sat", "d_model": 24, "num_heads": 4}},
+                                "unscaled_causal": {"summary": "Pre-split tokens, no scaling, causal mask",
+                                                    "value": {"tokens": ["the", "cat", "sat"], "scale": False,
+                                                              "causal": True}},
+                            },
+                        }},
+                    },
+                    "responses": {
+                        "200": {"description": "The full trace.", "headers": request_id, "content": {
+                            "application/json": {"schema": {"$ref": REF.format(model="TraceResponse")},
+                                                 "example": _example_trace()}}},
+                        **problems,
+                        **common,
+                    },
+                }
+            },
+            "/health": get_op("health", "Liveness", "Cheap: touches no engine state.", "Health", {"status": "ok"}),
+            "/version": get_op("version", "Versions and limits",
+                               "Engine and schema versions, library versions and the limits in force.",
+                               "VersionInfo", None),
+            "/openapi.yaml": get_op("openapi", "This document", "The committed OpenAPI document, as served.",
+                                    "", None, mime="application/yaml"),
+        },
+        "components": {
+            "schemas": schemas,
+            "headers": {"X-Request-ID": {
+                "description": "The caller's X-Request-ID when it matches ^[A-Za-z0-9._:-]{1,128}$, else a "
+                               "generated one; the access log records the same id.",
+                "schema": {"type": "string"}}},
+        },
+    }
+
+
+def _drop_none_examples(spec: dict[str, Any]) -> dict[str, Any]:
+    for path in spec["paths"].values():
+        for op in path.values():
+            for resp in op["responses"].values():
+                for media in resp.get("content", {}).values():
+                    if media.get("example") is None:
+                        media.pop("example", None)
+    return spec
+
+
+def render() -> str:
+    """The exact text of openapi.yaml."""
+    spec = _drop_none_examples(build_spec())
+    header = "# Generated by scripts/gen-openapi from service/models.py and service/openapi.py. Do not edit.\n"
+    return header + yaml.safe_dump(spec, sort_keys=False, allow_unicode=True, width=100)

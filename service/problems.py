@@ -1,0 +1,103 @@
+"""RFC 9457 problem details: every error the service returns, in one format."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from flask import Flask, Response, current_app, request
+from pydantic import ValidationError
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
+
+PROBLEM_MIME = "application/problem+json"
+TYPE_BASE = "urn:attention-trace:problem:"
+
+# Errors that pydantic raises from a model-level validator carry no field
+# location; these point them at the field a client has to change.
+_MODEL_ERROR_POINTERS = {
+    "head_division": "/num_heads",
+    "too_many_tokens": "/sentence",
+    "sentence_xor_tokens": "",
+    "trace_too_large": "",
+}
+
+
+class ProblemError(Exception):
+    """Raise anywhere in a request to answer with a problem document."""
+
+    def __init__(self, status: int, title: str, detail: str, *, kind: str, errors: list[dict] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.title, self.detail, self.kind = status, title, detail, kind
+        self.errors, self.headers = errors, headers or {}
+
+
+def problem_response(status: int, title: str, detail: str, *, kind: str, errors: list[dict] | None = None,
+                     headers: dict[str, str] | None = None) -> Response:
+    body: dict[str, Any] = {
+        "type": TYPE_BASE + kind,
+        "title": title,
+        "status": status,
+        "detail": detail,
+        "instance": request.path if request else None,
+    }
+    if errors is not None:
+        body["errors"] = errors
+    resp = current_app.response_class(orjson.dumps(body), status=status, mimetype=PROBLEM_MIME)
+    for k, v in (headers or {}).items():
+        resp.headers[k] = v
+    return resp
+
+
+def json_pointer(loc: tuple[int | str, ...]) -> str:
+    """pydantic's error location as an RFC 6901 JSON pointer."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in loc)
+
+
+def validation_problem(exc: ValidationError) -> ProblemError:
+    """422 with one entry per problem; malformed JSON is a 400 instead."""
+    errs = exc.errors(include_url=False, include_input=False, include_context=False)
+    if any(e["type"] == "json_invalid" for e in errs):
+        first = next(e for e in errs if e["type"] == "json_invalid")
+        return ProblemError(400, "Malformed JSON", f"The request body is not valid JSON: {first['msg']}.",
+                            kind="malformed-json")
+    items = []
+    for e in errs:
+        loc = tuple(e["loc"])
+        pointer = json_pointer(loc) if loc else _MODEL_ERROR_POINTERS.get(e["type"], "")
+        message = e["msg"]
+        if e["type"] == "extra_forbidden":
+            message = f"unknown field {loc[-1]!r}: check the spelling; see the API's list of request fields"
+        elif e["type"] == "model_type" and not loc:
+            message = "the request body must be a JSON object"
+        items.append({"pointer": pointer, "message": message, "type": e["type"]})
+    summary = "; ".join(f"{i['pointer'] or 'body'}: {i['message']}" for i in items[:3])
+    if len(items) > 3:
+        summary += f"; and {len(items) - 3} more"
+    return ProblemError(422, "Invalid request", summary, kind="validation-error", errors=items)
+
+
+def register_error_handlers(app: Flask) -> None:
+    @app.errorhandler(ProblemError)
+    def _problem(e: ProblemError) -> Response:
+        return problem_response(e.status, e.title, e.detail, kind=e.kind, errors=e.errors, headers=e.headers)
+
+    @app.errorhandler(HTTPException)
+    def _http(e: HTTPException) -> Response:
+        headers = {}
+        if isinstance(e, MethodNotAllowed) and e.valid_methods:
+            headers["Allow"] = ", ".join(sorted(e.valid_methods))
+        detail = {
+            404: f"There is no resource at {request.path}. See /openapi.yaml for the endpoints.",
+            405: f"{request.method} is not allowed on {request.path}.",
+            413: f"The request body is larger than the limit of {current_app.config['MAX_CONTENT_LENGTH']} bytes.",
+        }.get(e.code or 500, e.description or "")
+        kind = {404: "not-found", 405: "method-not-allowed", 413: "payload-too-large"}.get(e.code or 0, "http-error")
+        return problem_response(e.code or 500, e.name, detail, kind=kind, headers=headers)
+
+    @app.errorhandler(Exception)
+    def _unexpected(e: Exception) -> Response:
+        # Never leak a stack trace or internals; the log has the details.
+        current_app.logger.exception("unhandled error on %s %s", request.method, request.path)
+        return problem_response(500, "Internal Server Error",
+                                "The server failed to answer this request. It has been logged.", kind="internal-error")

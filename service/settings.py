@@ -1,0 +1,59 @@
+"""Service configuration, read from the environment (12-factor style).
+
+Every limit has a safe default, is documented in README.md and openapi.yaml,
+and is reported by ``GET /version``. Tests build apps with other values
+through ``create_app(Settings(...))``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, fields
+
+ENV_PREFIX = "ATTENTION_TRACE_"
+
+
+@dataclass(frozen=True)
+class Settings:
+    #: most tokens a sentence (or token list) may have
+    max_tokens: int = 256
+    #: largest d_model
+    max_d_model: int = 512
+    #: most heads
+    max_heads: int = 64
+    #: most numbers one trace may return (all stages, plus parameters if asked);
+    #: bounds response size (~20 bytes a number) and memory before any array exists
+    max_trace_values: int = 2_500_000
+    #: largest request body in bytes (413 above it)
+    max_body_bytes: int = 4 * 1024 * 1024
+    #: longest sentence, in characters
+    max_sentence_chars: int = 65_536
+    #: browser origins allowed by CORS; "*" for any (credentials are never allowed)
+    cors_origins: tuple[str, ...] = field(default=("*",))
+
+    @classmethod
+    def from_env(cls, environ: os._Environ[str] | dict[str, str] | None = None) -> Settings:
+        """Read ATTENTION_TRACE_<FIELD> variables; unset ones keep their defaults."""
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is None or raw.strip() == "":
+                continue
+            if f.name == "cors_origins":
+                values[f.name] = tuple(o.strip() for o in raw.split(",") if o.strip())
+                continue
+            try:
+                number = int(raw)
+            except ValueError:
+                raise ValueError(f"{ENV_PREFIX}{f.name.upper()} must be an integer, got {raw!r}") from None
+            if number < 1:
+                raise ValueError(f"{ENV_PREFIX}{f.name.upper()} must be at least 1, got {number}")
+            values[f.name] = number
+        return cls(**values)
+
+    def limits(self) -> dict[str, object]:
+        """The limits in force, as reported by GET /version."""
+        d = asdict(self)
+        d["cors_origins"] = list(self.cors_origins)
+        return d
