@@ -45,6 +45,15 @@ accesslog = "-"
 # the caller's when it was well formed; bodies are never logged.
 access_log_format = (
     '{"time":"%(t)s","request_id":"%({x-request-id}o)s","remote":"%(h)s","method":"%(m)s",'
-    '"path":"%(U)s","status":%(s)s,"bytes":%(B)s,"duration_us":%(D)s,"user_agent":"%(a)s"}'
+    '"path":"%(U)s","status":%(s)s,"bytes":%(B)s,"duration_us":%(D)s,"pid":"%(p)s","user_agent":"%(a)s"}'
 )
 proc_name = "attention-trace"
+# No runtime control socket: it would be written under $HOME, which a
+# read-only, non-root container may not have, and nothing here uses it.
+control_socket_disable = True
+
+# No server banner: answer "Server: attention-trace" rather than naming the
+# WSGI server. Workers fork from the master, so they inherit this.
+import gunicorn.http.wsgi  # noqa: E402
+
+gunicorn.http.wsgi.SERVER = "attention-trace"

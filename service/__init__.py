@@ -42,8 +42,10 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(bp)
     register_error_handlers(app)
     # Browser frontends on other origins may call the API; never with credentials.
+    # With any origin allowed, answer a literal "*" (cacheable, and browsers
+    # refuse credentials with it) instead of echoing the caller's origin.
     CORS(app, origins=list(settings.cors_origins), supports_credentials=False,
-         expose_headers=["X-Request-ID"], max_age=600)
+         send_wildcard=settings.cors_origins == ("*",), expose_headers=["X-Request-ID"], max_age=600)
 
     @app.before_request
     def _request_id() -> None:

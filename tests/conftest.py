@@ -1,0 +1,173 @@
+"""Shared fixtures: apps from the factory, a client that checks every response
+against openapi.yaml, and real gunicorn on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+from flask.testing import FlaskClient
+from hypothesis import HealthCheck, settings
+from jsonschema import Draft202012Validator
+
+from service import create_app
+from service.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Fixed seed and bounded examples: CI runs are deterministic and fast.
+settings.register_profile(
+    "ci", derandomize=True, max_examples=60, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile("dev", max_examples=300, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def spec() -> dict:
+    return yaml.safe_load((ROOT / "openapi.yaml").read_text(encoding="utf-8"))
+
+
+class SpecChecker:
+    """Validates a response (status, media type, body) against the spec."""
+
+    def __init__(self, spec: dict) -> None:
+        self.spec = spec
+        self.checked = 0
+
+    def operation(self, path: str, method: str) -> dict | None:
+        return self.spec["paths"].get(path, {}).get(method.lower())
+
+    def check(self, path: str, method: str, status: int, content_type: str, body: bytes) -> None:
+        op = self.operation(path, method)
+        if op is None:
+            # Undeclared paths and methods must still answer problem+json.
+            assert status in (404, 405), f"{method} {path} is not in the spec but answered {status}"
+            op = {"responses": self.spec["paths"]["/trace"]["post"]["responses"]}
+        responses = op["responses"]
+        assert str(status) in responses, f"{method} {path} answered {status}, not documented in openapi.yaml"
+        content = responses[str(status)].get("content", {})
+        mime = content_type.split(";")[0].strip()
+        assert mime in content, f"{method} {path} {status} answered {mime!r}, documented {list(content)}"
+        schema = content[mime].get("schema")
+        if schema and mime.endswith("json"):
+            import orjson
+
+            validator = Draft202012Validator({**schema, "components": self.spec["components"]})
+            errors = sorted(validator.iter_errors(orjson.loads(body)), key=lambda e: list(e.path))
+            assert not errors, f"{method} {path} {status} breaks the spec: {errors[0].message} at {list(errors[0].path)}"
+        self.checked += 1
+
+
+@pytest.fixture(scope="session")
+def spec_checker(spec: dict) -> SpecChecker:
+    return SpecChecker(spec)
+
+
+class ValidatingClient(FlaskClient):
+    """Flask test client that checks every response against openapi.yaml."""
+
+    checker: SpecChecker
+
+    def open(self, *args, **kwargs):  # type: ignore[override]
+        resp = super().open(*args, **kwargs)
+        req = resp.request
+        if req.method != "OPTIONS":  # CORS preflights are answered by flask-cors, outside the contract
+            self.checker.check(req.path, req.method, resp.status_code, resp.content_type or "", resp.get_data())
+        return resp
+
+
+def make_app(spec_checker: SpecChecker, **overrides):
+    app = create_app(Settings(**overrides))
+    app.config["TESTING"] = True
+    ValidatingClient.checker = spec_checker
+    app.test_client_class = ValidatingClient
+    return app
+
+
+@pytest.fixture()
+def app(spec_checker: SpecChecker):
+    return make_app(spec_checker)
+
+
+@pytest.fixture()
+def client(app) -> FlaskClient:
+    return app.test_client()
+
+
+@pytest.fixture()
+def app_factory(spec_checker: SpecChecker):
+    """Build apps with other limits: app_factory(max_tokens=4)."""
+    return lambda **overrides: make_app(spec_checker, **overrides)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Gunicorn:
+    """Real gunicorn with the committed config, on loopback, stopped by its PID."""
+
+    def __init__(self, workers: int = 2, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = ROOT / "artifacts" / f"gunicorn-{self.port}.log"
+        self.log.parent.mkdir(exist_ok=True)
+        full_env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port), "WEB_CONCURRENCY": str(workers),
+                    **(env or {})}
+        self._log = self.log.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "service.wsgi:app"],
+            cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gunicorn exited with {self.proc.returncode}; see {self.log}")
+            try:
+                if requests.get(self.url + "/health", timeout=1).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"gunicorn did not become healthy in 30 s; see {self.log}")
+            time.sleep(0.1)
+
+    def stop(self, timeout: float = 15) -> float:
+        """SIGTERM the master by PID; return how long it took to exit."""
+        start = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return time.monotonic() - start
+
+    def log_text(self) -> str:
+        self._log.flush()
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+
+@pytest.fixture(scope="module")
+def gunicorn_server() -> Iterator[Gunicorn]:
+    server = Gunicorn(workers=2)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,74 @@
+"""Integration: real gunicorn (2 workers, committed config) on a free loopback port."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+
+import pytest
+import requests
+
+from conftest import Gunicorn
+
+pytestmark = pytest.mark.integration
+
+CAT = {"sentence": "the cat sat", "d_model": 24, "num_heads": 4}
+
+
+def test_health_and_trace_over_http(gunicorn_server, spec_checker):
+    r = requests.get(gunicorn_server.url + "/health", timeout=5)
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+    r = requests.post(gunicorn_server.url + "/trace", json=CAT, timeout=10)
+    assert r.status_code == 200
+    spec_checker.check("/trace", "post", r.status_code, r.headers["Content-Type"], r.content)
+    assert r.json()["config"]["d_k"] == 6
+
+
+def test_same_request_byte_identical_across_calls_and_workers(gunicorn_server):
+    # New connections each time, so both workers answer some of them.
+    bodies = set()
+    for i in range(40):
+        r = requests.post(gunicorn_server.url + "/trace", json=CAT, timeout=10,
+                          headers={"Connection": "close", "X-Request-ID": f"identical-{i}"})
+        assert r.status_code == 200
+        bodies.add(r.content)
+    assert len(bodies) == 1
+    # The access log names the worker that answered each request.
+    entries = [json.loads(line) for line in gunicorn_server.log_text().splitlines() if line.startswith("{")]
+    pids = {e["pid"] for e in entries if e["request_id"].startswith("identical-")}
+    assert len(pids) == 2, f"only worker(s) {pids} answered"
+
+
+def test_concurrent_burst_gets_no_errors(gunicorn_server):
+    reqs = [CAT, {"sentence": "a b c d e f g h", "d_model": 64, "num_heads": 8, "causal": True},
+            {"tokens": ["x"] * 32, "d_model": 32}, {"sentence": "bad", "num_heads": 5}]
+    expected = {i: requests.post(gunicorn_server.url + "/trace", json=b, timeout=10).content for i, b in enumerate(reqs)}
+
+    def call(i: int) -> tuple[int, int, bytes]:
+        r = requests.post(gunicorn_server.url + "/trace", json=reqs[i % 4], timeout=20)
+        return i % 4, r.status_code, r.content
+
+    with cf.ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(call, range(120)))
+    assert all(status == (422 if i == 3 else 200) for i, status, _ in results)
+    assert all(body == expected[i] for i, _, body in results)
+
+
+def test_access_log_is_json_with_request_id_and_no_body(gunicorn_server):
+    r = requests.post(gunicorn_server.url + "/trace", json={"sentence": "secret-sentence-xyz"}, timeout=10,
+                      headers={"X-Request-ID": "log-check-1"})
+    assert r.headers["X-Request-ID"] == "log-check-1"
+    assert r.headers["Server"] == "attention-trace"  # no server name or version banner
+    log = gunicorn_server.log_text()
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    mine = [entry for entry in lines if entry["request_id"] == "log-check-1"]
+    assert mine and mine[0]["path"] == "/trace" and mine[0]["status"] == 200
+    assert "secret-sentence-xyz" not in log
+
+
+def test_sigterm_stops_cleanly_within_a_few_seconds():
+    server = Gunicorn(workers=2)
+    assert requests.get(server.url + "/health", timeout=5).ok
+    took = server.stop()
+    assert server.proc.returncode == 0
+    assert took < 8, f"gunicorn took {took:.1f}s to stop"

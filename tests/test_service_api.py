@@ -1,0 +1,312 @@
+"""Flask test-client tests: every endpoint, every error status, and the JSON
+numbers against the engine's float64 (every response is also checked against
+openapi.yaml by the client fixture)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import engine
+from engine import TraceConfig
+from service.serialize import SCHEMA_VERSION
+
+CAT = {"sentence": "the cat sat", "d_model": 24, "num_heads": 4}
+
+
+def post(client, body, **kw):
+    return client.post("/trace", json=body, **kw)
+
+
+def problem(resp, status):
+    assert resp.status_code == status, resp.get_data(as_text=True)
+    assert resp.mimetype == "application/problem+json"
+    doc = resp.get_json(force=True)
+    assert doc["status"] == status
+    assert doc["type"].startswith("urn:attention-trace:problem:")
+    assert doc["title"] and doc["detail"]
+    assert "Traceback" not in resp.get_data(as_text=True)
+    return doc
+
+
+# ------------------------------------------------------------------ /trace
+
+
+def test_trace_returns_every_stage_in_walkthrough_order(client):
+    resp = post(client, CAT)
+    assert resp.status_code == 200 and resp.mimetype == "application/json"
+    doc = resp.get_json()
+    assert doc["schema_version"] == SCHEMA_VERSION
+    assert doc["engine_version"] == engine.ENGINE_VERSION
+    expected = [s for s in engine.STAGE_IDS if s != "masked_scores"]
+    assert list(doc["stages"]) == expected
+    assert [doc["stages"][s]["step"] for s in expected] == [1, 2, 3, 4, 5, 5, 5, 6, 7, 9, 10, 11, 12]
+    assert doc["config"] == {
+        "d_model": 24, "num_heads": 4, "seed": 0, "scale": True, "causal": False,
+        "positional_encoding": "sinusoidal", "include_parameters": False,
+        "d_k": 6, "scale_factor": math.sqrt(6), "n_tokens": 3, "n_parameters": 4 * 24 * 24, "n_matrices": 13,
+    }
+    assert doc["tokens"] == [
+        {"index": 0, "text": "the", "start": 0, "end": 3},
+        {"index": 1, "text": "cat", "start": 4, "end": 7},
+        {"index": 2, "text": "sat", "start": 8, "end": 11},
+    ]
+    assert doc["stages"]["weights"]["formula"] == "softmax(QKᵀ/√d_k)"
+    assert doc["stages"]["weights"]["axes"] == ["head", "query", "key"]
+    assert doc["stats"]["axes"] == ["head", "query"]
+    assert "parameters" not in doc
+
+
+def test_json_numbers_round_trip_exactly_to_engine_float64(client):
+    doc = post(client, CAT | {"include_parameters": True}).get_json()
+    t = engine.trace(TraceConfig(d_model=24, num_heads=4), sentence="the cat sat")
+    for sid, st in t.stages.items():
+        got = doc["stages"][sid]
+        assert got["shape"] == list(st.shape)
+        if sid == "tokens":
+            assert got["values"] == ["the", "cat", "sat"]
+            continue
+        # Bit-exact: the JSON text parses back to the very same doubles.
+        assert np.array_equal(np.array(got["values"], dtype=np.float64), st.values), sid
+    assert np.array_equal(np.array(doc["stats"]["entropy"]), t.entropy)
+    assert np.array_equal(np.array(doc["stats"]["max_weight"]), t.max_weight)
+    for name in ("W_Q", "W_K", "W_V", "W_O"):
+        assert np.array_equal(np.array(doc["parameters"][name]), getattr(t.parameters, name)), name
+    assert doc["parameters_digest"] == t.parameters_digest
+    assert np.array(doc["parameters"]["W_Q"]).shape == (4, 6, 24)
+    assert np.array(doc["parameters"]["W_O"]).shape == (24, 24)
+
+
+def test_causal_masked_entries_are_null_and_their_weights_zero(client):
+    doc = post(client, {"sentence": "the cat sat on the mat", "num_heads": 2, "d_model": 8, "causal": True}).get_json()
+    masked = doc["stages"]["masked_scores"]
+    assert masked["step"] == 8 and masked["shape"] == [2, 6, 6]
+    scaled = doc["stages"]["scaled_scores"]["values"]
+    weights = doc["stages"]["weights"]["values"]
+    for h in range(2):
+        for i in range(6):
+            for j in range(6):
+                if j > i:
+                    assert masked["values"][h][i][j] is None
+                    assert weights[h][i][j] == 0.0
+                else:
+                    assert masked["values"][h][i][j] == scaled[h][i][j]
+            assert math.isclose(sum(weights[h][i]), 1.0, abs_tol=1e-12)
+    assert b"NaN" not in json.dumps(doc).encode() and b"Infinity" not in json.dumps(doc).encode()
+
+
+def test_defaults_are_filled_in_and_scaling_toggle(client):
+    on = post(client, {"tokens": ["the", "cat", "sat"]}).get_json()
+    off = post(client, {"tokens": ["the", "cat", "sat"], "scale": False}).get_json()
+    assert on["config"]["d_model"] == 24 and on["config"]["num_heads"] == 1 and on["config"]["d_k"] == 24
+    assert off["config"]["scale_factor"] == 1.0
+    assert off["stages"]["scaled_scores"]["formula"] == "QKᵀ/1"
+    raw = np.array(on["stages"]["scores"]["values"])
+    assert np.array_equal(np.array(off["stages"]["scaled_scores"]["values"]), raw)
+    assert np.allclose(np.array(on["stages"]["scaled_scores"]["values"]), raw / math.sqrt(24), rtol=1e-15)
+    # Unscaled rows are at least as peaked: the √d_k saturation in numbers.
+    assert np.all(np.array(off["stats"]["max_weight"]) >= np.array(on["stats"]["max_weight"]) - 1e-15)
+
+
+def test_tokens_list_and_positional_encoding_none(client):
+    doc = post(client, {"tokens": ["bank", "bank"], "positional_encoding": "none", "d_model": 6}).get_json()
+    emb = doc["stages"]["token_embedding"]["values"]
+    assert emb[0] == emb[1]  # context-free before attention
+    assert doc["stages"]["positional_encoding"]["values"] == [[0.0] * 6] * 2
+    assert doc["stages"]["input"]["values"] == emb
+    assert doc["tokens"][1] == {"index": 1, "text": "bank", "start": 5, "end": 9}
+
+
+def test_unicode_sentence_is_traced(client):
+    doc = post(client, {"sentence": "Café 👩‍💻 你好, שלום!", "d_model": 4}).get_json()
+    texts = [t["text"] for t in doc["tokens"]]
+    assert texts == ["Café", "👩‍💻", "你", "好", ",", "שלום", "!"]
+    s = "Café 👩‍💻 你好, שלום!"
+    assert all(s[t["start"]:t["end"]] == t["text"] for t in doc["tokens"])
+
+
+def test_same_request_same_bytes(client):
+    assert post(client, CAT).get_data() == post(client, CAT).get_data()
+
+
+# ------------------------------------------------------------ 422 problems
+
+
+@pytest.mark.parametrize(
+    ("body", "pointer", "needle"),
+    [
+        ({"sentence": "the cat sat", "d_model": 24, "num_heads": 5}, "/num_heads",
+         "d_model 24 is not divisible by num_heads 5 (d_k would be 4.8)"),
+        ({"sentence": "a", "tokens": ["a"]}, "", "not both"),
+        ({}, "", "not neither"),
+        ({"sentence": ""}, "/sentence", "at least 1 character"),
+        ({"sentence": " \t\n "}, "/sentence", "only whitespace"),
+        ({"sentence": "a", "d_model": True}, "/d_model", "valid integer"),
+        ({"sentence": "a", "d_model": "24"}, "/d_model", "valid integer"),
+        ({"sentence": "a", "d_model": 24.0}, "/d_model", "valid integer"),
+        ({"sentence": "a", "d_model": 0}, "/d_model", "greater than or equal to 1"),
+        ({"sentence": "a", "num_heads": -2}, "/num_heads", "greater than or equal to 1"),
+        ({"sentence": "a", "d_model": 10**30}, "/d_model", "above the limit"),
+        ({"sentence": "a", "num_heads": 128, "d_model": 128}, "/num_heads", "above the limit of 64"),
+        ({"sentence": "a", "seed": 2**32}, "/seed", "less than or equal to 4294967295"),
+        ({"sentence": "a", "seed": -1}, "/seed", "greater than or equal to 0"),
+        ({"sentence": "a", "scale": "yes"}, "/scale", "valid boolean"),
+        ({"sentence": "a", "scale": 1}, "/scale", "valid boolean"),
+        ({"sentence": "a", "positional_encoding": "learned"}, "/positional_encoding", "'sinusoidal' or 'none'"),
+        ({"sentence": "a", "dmodel": 24}, "/dmodel", "unknown field 'dmodel'"),
+        ({"sentence": 5}, "/sentence", "valid string"),
+        ({"tokens": []}, "/tokens", "at least 1 item"),
+        ({"tokens": ["a", ""]}, "/tokens/1", "at least 1 character"),
+        ({"tokens": ["a", "  "]}, "/tokens", "tokens[1] is only whitespace"),
+        ({"sentence": "nul\u0000byte"}, "/sentence", "control character U+0000"),
+        ({"sentence": "x " * 300}, "/sentence", "more than 256 tokens"),
+        ({"tokens": ["x"] * 300}, "/tokens", "300 tokens is more than the limit of 256"),
+        ({"sentence": "x " * 256, "d_model": 512, "num_heads": 64}, "", "above the limit of 2500000"),
+    ],
+)
+def test_invalid_requests_are_422_with_pointer_and_message(client, body, pointer, needle):
+    doc = problem(post(client, body), 422)
+    assert doc["type"] == "urn:attention-trace:problem:validation-error"
+    assert any(e["pointer"] == pointer and needle in e["message"] for e in doc["errors"]), doc["errors"]
+    assert needle in doc["detail"]
+
+
+def test_every_problem_is_listed_at_once(client):
+    doc = problem(post(client, {"sentence": 3, "d_model": "x", "seed": -1, "oops": 1}), 422)
+    assert {e["pointer"] for e in doc["errors"]} == {"/sentence", "/d_model", "/seed", "/oops"}
+
+
+def test_lone_surrogate_is_rejected_as_malformed_json(client):
+    # JSON text must be valid Unicode (RFC 8259 §8.2, I-JSON); the parser
+    # refuses an unpaired \ud800 escape before validation sees it.
+    resp = client.post("/trace", data=b'{"sentence": "a \\ud800 b"}', content_type="application/json")
+    doc = problem(resp, 400)
+    assert "hex escape" in doc["detail"]
+    # A correctly paired surrogate escape is a real character and is fine.
+    ok = client.post("/trace", data=b'{"sentence": "a \\ud83d\\ude00 b"}', content_type="application/json")
+    assert [t["text"] for t in ok.get_json()["tokens"]] == ["a", "\U0001F600", "b"]
+
+
+def test_body_that_is_not_an_object_is_422(client):
+    for raw in (b"[1, 2]", b'"the cat"', b"42", b"null"):
+        doc = problem(client.post("/trace", data=raw, content_type="application/json"), 422)
+        assert doc["errors"][0]["pointer"] == ""
+
+
+def test_limits_come_from_settings(app_factory):
+    small = app_factory(max_tokens=2, max_d_model=8, max_heads=2).test_client()
+    problem(post(small, {"sentence": "a b c"}), 422)
+    problem(post(small, {"sentence": "a", "d_model": 16}), 422)
+    problem(post(small, {"sentence": "a", "d_model": 8, "num_heads": 4}), 422)
+    assert post(small, {"sentence": "a b", "d_model": 8, "num_heads": 2}).status_code == 200
+
+
+# ----------------------------------------------------- 400 / 413 / 415 / 404 / 405 / 500
+
+
+@pytest.mark.parametrize("raw", [b"{bad", b'{"sentence": "the cat"', b"", b"\xff\xfe", b'{"sentence": "a",}'])
+def test_malformed_json_is_400(client, raw):
+    doc = problem(client.post("/trace", data=raw, content_type="application/json"), 400)
+    assert doc["type"].endswith("malformed-json")
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_body_that_is_not_json_is_415(client, content_type):
+    kwargs = {"content_type": content_type} if content_type else {}
+    doc = problem(client.post("/trace", data=b'{"sentence": "a"}', **kwargs), 415)
+    assert "application/json" in doc["detail"]
+
+
+def test_json_with_charset_and_vendor_suffix_is_accepted(client):
+    for ct in ("application/json; charset=utf-8", "application/vnd.trace+json"):
+        assert client.post("/trace", data=b'{"sentence": "a"}', content_type=ct).status_code == 200
+
+
+def test_body_over_the_limit_is_413(app_factory):
+    small = app_factory(max_body_bytes=1000).test_client()
+    doc = problem(small.post("/trace", data=b'{"sentence": "' + b"a " * 1000 + b'"}',
+                             content_type="application/json"), 413)
+    assert "1000 bytes" in doc["detail"]
+    assert small.post("/trace", json={"sentence": "a"}).status_code == 200  # the next request is fine
+
+
+def test_unknown_path_is_404_json(client):
+    doc = problem(client.get("/nope"), 404)
+    assert "/nope" in doc["detail"]
+
+
+@pytest.mark.parametrize(("method", "path"), [("get", "/trace"), ("put", "/trace"), ("delete", "/health"),
+                                              ("post", "/version")])
+def test_wrong_method_is_405_with_allow(client, method, path):
+    resp = getattr(client, method)(path)
+    problem(resp, 405)
+    assert "Allow" in resp.headers
+
+
+def test_unexpected_error_is_generic_500(app_factory, monkeypatch):
+    app = app_factory()
+    app.config["PROPAGATE_EXCEPTIONS"] = False
+    import service.api
+
+    def boom(*a, **k):
+        raise RuntimeError("secret internal detail")
+
+    monkeypatch.setattr(service.api, "run_trace", boom)
+    resp = app.test_client().post("/trace", json={"sentence": "a"})
+    doc = problem(resp, 500)
+    assert "secret" not in resp.get_data(as_text=True)
+    assert doc["type"].endswith("internal-error")
+
+
+# ------------------------------------------------------- /health /version /openapi.yaml
+
+
+def test_health(client):
+    resp = client.get("/health")
+    assert resp.status_code == 200 and resp.get_json() == {"status": "ok"}
+
+
+def test_version_reports_versions_and_limits(app_factory):
+    doc = app_factory(max_tokens=7).test_client().get("/version").get_json()
+    assert doc["engine_version"] == engine.ENGINE_VERSION
+    assert doc["schema_version"] == SCHEMA_VERSION
+    assert doc["limits"]["max_tokens"] == 7
+    assert set(doc["libraries"]) >= {"python", "numpy", "flask", "pydantic", "gunicorn"}
+    assert doc["stage_ids"] == list(engine.STAGE_IDS)
+
+
+def test_openapi_is_served_as_committed(client):
+    from conftest import ROOT
+
+    resp = client.get("/openapi.yaml")
+    assert resp.status_code == 200 and resp.mimetype == "application/yaml"
+    assert resp.get_data() == (ROOT / "openapi.yaml").read_bytes()
+
+
+# ------------------------------------------------------------- headers
+
+
+def test_security_headers_and_request_id(client):
+    resp = client.get("/health", headers={"X-Request-ID": "grader-42"})
+    assert resp.headers["X-Request-ID"] == "grader-42"
+    assert resp.headers["X-Content-Type-Options"] == "nosniff"
+    assert "default-src 'none'" in resp.headers["Content-Security-Policy"]
+    generated = client.get("/health", headers={"X-Request-ID": "bad id\twith spaces" * 20}).headers["X-Request-ID"]
+    assert generated != "bad id" and len(generated) == 32
+    err = client.get("/nope")
+    assert err.headers["X-Request-ID"] and err.headers["X-Content-Type-Options"] == "nosniff"
+
+
+def test_cors_allows_origins_but_never_credentials(client, app_factory):
+    resp = client.options("/trace", headers={"Origin": "https://class.example", "Access-Control-Request-Method": "POST",
+                                             "Access-Control-Request-Headers": "content-type"})
+    assert resp.headers["Access-Control-Allow-Origin"] == "*"
+    assert "Access-Control-Allow-Credentials" not in resp.headers
+    only = app_factory(cors_origins=("https://class.example",)).test_client()
+    ok = only.post("/trace", json={"sentence": "a"}, headers={"Origin": "https://class.example"})
+    assert ok.headers["Access-Control-Allow-Origin"] == "https://class.example"
+    other = only.post("/trace", json={"sentence": "a"}, headers={"Origin": "https://evil.example"})
+    assert "Access-Control-Allow-Origin" not in other.headers
