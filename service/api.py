@@ -75,7 +75,8 @@ def post_trace() -> Response:
 def render_trace(req: TraceRequest, limits: Settings) -> bytes:
     """The exact bytes /trace answers for a validated request."""
     t = run_trace(req, limits)
-    return serialize.dumps(serialize.trace_document(t, include_parameters=req.include_parameters))
+    return serialize.dumps(serialize.trace_document(
+        t, include_parameters=req.include_parameters, stages=req.stages, precision=req.precision))
 
 
 @bp.get("/health")

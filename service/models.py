@@ -76,6 +76,19 @@ class TraceRequest(BaseModel):
     include_parameters: bool = Field(
         default=False, description="Also return W_Q, W_K, W_V [head, d_k, d_model] and W_O [d_model, h·d_k]."
     )
+    stages: list[StageId] | None = Field(
+        default=None,
+        min_length=1,
+        description="Return only these stages (by id); default: every stage. A grader that only needs "
+        "`weights` gets only `weights`. `masked_scores` exists only with `causal: true`.",
+    )
+    precision: int | None = Field(
+        default=None,
+        ge=0,
+        le=17,
+        description="Round every returned number to this many decimal places (numpy round-half-even); "
+        "default: no rounding, every float64 exact.",
+    )
 
     @field_validator("sentence")
     @classmethod
@@ -143,6 +156,10 @@ class TraceRequest(BaseModel):
                 "sentence_xor_tokens",
                 "give exactly one of `sentence` (a string) or `tokens` (a list of strings), not "
                 + ("both" if self.sentence is not None else "neither"),
+            )
+        if self.stages is not None and "masked_scores" in self.stages and not self.causal:
+            raise PydanticCustomError(
+                "stage_needs_causal", "the masked_scores stage exists only with causal: true; add it or drop the stage"
             )
         try:
             d_k = head_dim(self.d_model, self.num_heads)
@@ -215,6 +232,8 @@ class ConfigOut(BaseModel):
     causal: bool
     positional_encoding: Literal["sinusoidal", "none"]
     include_parameters: bool
+    stages: list[StageId] | None = Field(description="The stages asked for; null means all.")
+    precision: int | None = Field(description="Decimal places numbers were rounded to; null means exact.")
     d_k: int = Field(description="d_model / num_heads.")
     scale_factor: float = Field(description="√d_k when scale is on, else 1.")
     n_tokens: int

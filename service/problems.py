@@ -19,6 +19,7 @@ _MODEL_ERROR_POINTERS = {
     "too_many_tokens": "/sentence",
     "sentence_xor_tokens": "",
     "trace_too_large": "",
+    "stage_needs_causal": "/stages",
 }
 
 

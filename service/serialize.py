@@ -25,29 +25,40 @@ class NonFiniteError(RuntimeError):
     """A NaN or infinity was about to be serialised."""
 
 
-def _array(a: np.ndarray, where: str) -> np.ndarray:
+def _array(a: np.ndarray, where: str, precision: int | None = None) -> np.ndarray:
     if not np.isfinite(a).all():
         raise NonFiniteError(f"non-finite value in {where}")
+    if precision is not None:
+        a = np.round(a, precision)
     return np.ascontiguousarray(a, dtype=np.float64)
 
 
-def _masked(values: np.ndarray, mask: np.ndarray, where: str) -> list[Any]:
+def _masked(values: np.ndarray, mask: np.ndarray, where: str, precision: int | None) -> list[Any]:
     """Masked entries become None (JSON null); never -inf, NaN or a fill value."""
-    _array(values, where)
-    return np.where(mask, None, values).tolist()  # object array: floats and None
+    return np.where(mask, None, _array(values, where, precision)).tolist()  # object array: floats and None
 
 
-def trace_document(t: Trace, *, include_parameters: bool = False) -> dict[str, Any]:
+def trace_document(
+    t: Trace,
+    *,
+    include_parameters: bool = False,
+    stages: list[str] | None = None,
+    precision: int | None = None,
+) -> dict[str, Any]:
+    """The /trace response body. ``stages`` selects stage ids; ``precision`` rounds every number."""
     cfg = t.config
-    stages: dict[str, Any] = {}
+    wanted = set(stages) if stages is not None else None
+    out_stages: dict[str, Any] = {}
     for sid, st in t.stages.items():
+        if wanted is not None and sid not in wanted:
+            continue
         if isinstance(st.values, list):
             values: Any = st.values
         elif st.mask is not None:
-            values = _masked(st.values, st.mask, sid)
+            values = _masked(st.values, st.mask, sid, precision)
         else:
-            values = _array(st.values, sid)
-        stages[sid] = {
+            values = _array(st.values, sid, precision)
+        out_stages[sid] = {
             "step": st.info.step,
             "title": st.info.title,
             "formula": st.formula,
@@ -66,6 +77,8 @@ def trace_document(t: Trace, *, include_parameters: bool = False) -> dict[str, A
             "causal": cfg.causal,
             "positional_encoding": cfg.positional_encoding,
             "include_parameters": include_parameters,
+            "stages": [sid for sid in t.stages if sid in wanted] if wanted is not None else None,
+            "precision": precision,
             "d_k": cfg.d_k,
             "scale_factor": cfg.scale_factor,
             "n_tokens": t.n_tokens,
@@ -74,16 +87,16 @@ def trace_document(t: Trace, *, include_parameters: bool = False) -> dict[str, A
         },
         "tokens": [{"index": k.index, "text": k.text, "start": k.start, "end": k.end} for k in t.tokens],
         "parameters_digest": t.parameters_digest,
-        "stages": stages,
+        "stages": out_stages,
         "stats": {
             "axes": ["head", "query"],
-            "entropy": _array(t.entropy, "entropy"),
-            "max_weight": _array(t.max_weight, "max_weight"),
+            "entropy": _array(t.entropy, "entropy", precision),
+            "max_weight": _array(t.max_weight, "max_weight", precision),
         },
     }
     if include_parameters:
         p = t.parameters
-        doc["parameters"] = {name: _array(getattr(p, name), name) for name in ("W_Q", "W_K", "W_V", "W_O")}
+        doc["parameters"] = {name: _array(getattr(p, name), name, precision) for name in ("W_Q", "W_K", "W_V", "W_O")}
     return doc
 
 

@@ -46,7 +46,7 @@ def test_trace_returns_every_stage_in_walkthrough_order(client):
     assert [doc["stages"][s]["step"] for s in expected] == [1, 2, 3, 4, 5, 5, 5, 6, 7, 9, 10, 11, 12]
     assert doc["config"] == {
         "d_model": 24, "num_heads": 4, "seed": 0, "scale": True, "causal": False,
-        "positional_encoding": "sinusoidal", "include_parameters": False,
+        "positional_encoding": "sinusoidal", "include_parameters": False, "stages": None, "precision": None,
         "d_k": 6, "scale_factor": math.sqrt(6), "n_tokens": 3, "n_parameters": 4 * 24 * 24, "n_matrices": 13,
     }
     assert doc["tokens"] == [
@@ -126,6 +126,46 @@ def test_unicode_sentence_is_traced(client):
     assert texts == ["Café", "👩‍💻", "你", "好", ",", "שלום", "!"]
     s = "Café 👩‍💻 你好, שלום!"
     assert all(s[t["start"]:t["end"]] == t["text"] for t in doc["tokens"])
+
+
+def test_stages_option_returns_only_those_stages(client):
+    full = post(client, CAT).get_json()
+    doc = post(client, CAT | {"stages": ["weights", "scores"]}).get_json()
+    assert list(doc["stages"]) == ["scores", "weights"]  # walkthrough order, whatever the request order
+    assert doc["config"]["stages"] == ["scores", "weights"]
+    assert doc["stages"]["weights"] == full["stages"]["weights"]
+    assert doc["stats"] == full["stats"] and doc["tokens"] == full["tokens"]
+
+
+def test_masked_scores_stage_needs_causal(client):
+    doc = problem(post(client, CAT | {"stages": ["masked_scores"]}), 422)
+    assert doc["errors"][0]["pointer"] == "/stages"
+    ok = post(client, CAT | {"stages": ["masked_scores"], "causal": True}).get_json()
+    assert ok["stages"]["masked_scores"]["values"][0][0][1] is None
+
+
+@pytest.mark.parametrize("body", [{"stages": []}, {"stages": ["weight"]}, {"precision": -1}, {"precision": 18},
+                                  {"precision": 2.5}])
+def test_bad_stages_and_precision_are_422(client, body):
+    problem(post(client, CAT | body), 422)
+
+
+def test_precision_rounds_every_number(client):
+    exact = post(client, CAT | {"causal": True, "include_parameters": True}).get_json()
+    doc = post(client, CAT | {"causal": True, "include_parameters": True, "precision": 3}).get_json()
+    assert doc["config"]["precision"] == 3
+    for sid in ("input", "weights", "output"):
+        want = np.round(np.array(exact["stages"][sid]["values"]), 3)
+        assert np.array_equal(np.array(doc["stages"][sid]["values"]), want), sid
+    masked = doc["stages"]["masked_scores"]["values"]
+    assert masked[0][0][1] is None and masked[0][1][0] == round(exact["stages"]["masked_scores"]["values"][0][1][0], 3)
+    assert np.array_equal(np.array(doc["stats"]["entropy"]), np.round(np.array(exact["stats"]["entropy"]), 3))
+    assert np.array_equal(np.array(doc["parameters"]["W_O"]), np.round(np.array(exact["parameters"]["W_O"]), 3))
+    # Short numbers on the wire: at most 3 decimals.
+    text = post(client, CAT | {"precision": 3}).get_data(as_text=True)
+    import re
+
+    assert not re.search(r"\.\d{4,}", text.split('"stages":{')[1])
 
 
 def test_same_request_same_bytes(client):
