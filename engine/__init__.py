@@ -12,13 +12,19 @@ from .errors import (
     InvalidSizeError,
     ShapeError,
     TooManyTokensError,
+    UnknownBugError,
 )
+from .bugs import BUG_NAMES, BUGS, Bug
 from .params import Parameters, explicit_parameters, generate_parameters, parameters_digest
 from .tokenize import Token, tokenize
 from .trace import STAGE_IDS, STAGE_INFO, STAGES, Stage, Trace, TraceConfig, trace
 from .version import ENGINE_VERSION
 
 __all__ = [
+    "BUGS",
+    "BUG_NAMES",
+    "Bug",
+    "UnknownBugError",
     "ENGINE_VERSION",
     "STAGES",
     "STAGE_IDS",

@@ -44,3 +44,9 @@ class TooManyTokensError(EngineError):
 
 class ShapeError(EngineError):
     """An explicitly supplied array has the wrong shape or non-finite values."""
+
+
+class UnknownBugError(EngineError):
+    """An injected bug that does not exist or does not apply to the configuration."""
+
+    field = "inject_bug"

@@ -48,6 +48,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from .attention import head_dim
 from .errors import ShapeError
 
 _KEY_PREFIX = "attention-trace:v1"
@@ -160,7 +161,7 @@ def explicit_parameters(
     W_Q: np.ndarray, W_K: np.ndarray, W_V: np.ndarray, W_O: np.ndarray, *, d_model: int, num_heads: int
 ) -> Parameters:
     """Caller-supplied weights, checked against the configuration's shapes."""
-    d_k = d_model // num_heads
+    d_k = head_dim(d_model, num_heads)  # raises on bad sizes or fractional d_k
     expected = {
         "W_Q": (num_heads, d_k, d_model),
         "W_K": (num_heads, d_k, d_model),

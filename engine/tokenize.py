@@ -67,6 +67,12 @@ def tokenize(sentence: str, limit: int | None = None) -> list[Token]:
             # One grapheme cluster: a punctuation mark or symbol with any
             # marks on it, or a whole emoji sequence. It is what a reader sees.
             end = _GRAPHEME_RE.match(sentence, pos).end()
+            # A "prepend" character (e.g. U+0600 ARABIC NUMBER SIGN) joins the
+            # next character into its cluster, even a space: cut it there.
+            for i in range(pos + 1, end):
+                if sentence[i].isspace():
+                    end = i
+                    break
         tokens.append(Token(len(tokens), sentence[pos:end], pos, end))
         pos = end
     return tokens

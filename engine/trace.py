@@ -18,13 +18,14 @@ Walkthrough order (stage ids are a public contract)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 from . import attention as A
-from .errors import EmptyInputError, InvalidSizeError, ShapeError, TooManyTokensError
+from .bugs import BUGS
+from .errors import EmptyInputError, InvalidSizeError, ShapeError, TooManyTokensError, UnknownBugError
 from .params import Parameters, generate_parameters, parameters_digest, token_embeddings
 from .tokenize import Token, tokenize, tokens_from_list
 from .version import ENGINE_VERSION
@@ -93,10 +94,14 @@ STAGE_IDS: tuple[str, ...] = tuple(s.id for s in STAGES)
 STAGE_INFO: dict[str, StageInfo] = {s.id: s for s in STAGES}
 
 
-def stage_formulas(config: TraceConfig) -> dict[str, str]:
-    """Human-readable formula per stage, reflecting the scale and mask toggles."""
-    div = "/√d_k" if config.scale else "/1"
-    pre = f"mask(QKᵀ{div})" if config.causal else f"QKᵀ{div}"
+def stage_formulas(config: TraceConfig, bug: str | None = None) -> dict[str, str]:
+    """Human-readable formula per stage, reflecting the toggles and any injected bug."""
+    div = {"scale_after_softmax": "", "scale_by_d_model": "/√d_model", "double_scale": "/d_k",
+           "no_scale": ""}.get(bug or "", "/√d_k" if config.scale else "/1")
+    mask = "fill0" if bug == "finite_mask_fill" else "mask"
+    pre = f"{mask}(QKᵀ{div})" if config.causal else f"QKᵀ{div}"
+    soft = {"softmax_wrong_axis": f"softmax_over_queries({pre})",
+            "scale_after_softmax": f"softmax({pre})/√d_k"}.get(bug or "", f"softmax({pre})")
     pe = (
         "PE(pos, 2i) = sin(pos/10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos/10000^(2i/d_model))"
         if config.positional_encoding == "sinusoidal"
@@ -112,11 +117,12 @@ def stage_formulas(config: TraceConfig) -> dict[str, str]:
         "v": "Vᵢ = x·W_Vᵢᵀ",
         "scores": "QKᵀ",
         "scaled_scores": f"QKᵀ{div}",
-        "masked_scores": f"mask(QKᵀ{div}): keys after the query are excluded",
-        "weights": f"softmax({pre})",
-        "context": f"softmax({pre})V",
-        "concat": "Concat(head₁, …, head_h)",
-        "output": "Concat(head₁, …, head_h)·W_Oᵀ",
+        "masked_scores": "fill0(QKᵀ): keys after the query are set to 0, not excluded"
+        if bug == "finite_mask_fill" else f"mask(QKᵀ{div}): keys after the query are excluded",
+        "weights": soft,
+        "context": f"{soft}V",
+        "concat": "Mean(head₁, …, head_h)" if bug == "average_heads" else "Concat(head₁, …, head_h)",
+        "output": "Tile(Mean(head₁, …, head_h))·W_Oᵀ" if bug == "average_heads" else "Concat(head₁, …, head_h)·W_Oᵀ",
     }
 
 
@@ -144,7 +150,7 @@ class Trace:
     engine_version: str = ENGINE_VERSION
     parameters_source: Literal["generated", "explicit"] = "generated"
     input_source: Literal["generated", "explicit"] = "generated"
-    extra: dict[str, object] = field(default_factory=dict)
+    bug: str | None = None  # the injected bug's name, if any
 
     @property
     def n_tokens(self) -> int:
@@ -186,14 +192,30 @@ def trace(
     tokens: list[str] | None = None,
     input: np.ndarray | None = None,
     parameters: Parameters | None = None,
+    bug: str | None = None,
 ) -> Trace:
-    """Run every stage for one sentence (or pre-split tokens) and return them all."""
+    """Run every stage for one sentence (or pre-split tokens) and return them all.
+
+    ``input`` [token, d_model] and ``parameters`` replace the generated ones;
+    ``bug`` injects one of ``engine.bugs.BUGS`` (the result is labelled).
+    """
+    if bug is not None and bug not in BUGS:
+        raise UnknownBugError(f"unknown bug {bug!r}; known bugs: {', '.join(BUGS)}", field="inject_bug")
+    if bug == "finite_mask_fill" and not config.causal:
+        raise UnknownBugError("the finite_mask_fill bug needs causal: true (there is no mask without it)",
+                              field="inject_bug")
     toks = split_tokens(config, sentence=sentence, tokens=tokens)
     n, d_model = len(toks), config.d_model
 
     if parameters is None:
         params = generate_parameters(config.seed, d_model, config.num_heads)
     else:
+        if parameters.W_Q.shape != (config.num_heads, config.d_k, d_model):
+            raise ShapeError(
+                f"parameters are for d_model {parameters.d_model} and num_heads {parameters.num_heads}, "
+                f"but the configuration has d_model {d_model} and num_heads {config.num_heads}",
+                field="parameters",
+            )
         params = parameters
     if input is None:
         E = token_embeddings(config.seed, d_model, [t.text for t in toks])  # [n, d_model]
@@ -210,8 +232,11 @@ def trace(
             )
         E, PE = None, None
 
-    core = attend(x, params, scale_factor=config.scale_factor, causal=config.causal)
-    formulas = stage_formulas(config)
+    if not np.isfinite(x).all():
+        raise ShapeError("input contains a non-finite value", field="input")
+    with np.errstate(over="ignore", invalid="ignore"):  # huge explicit values: checked just below
+        core = attend(x, params, scale_factor=config.scale_factor, causal=config.causal, bug=bug)
+    formulas = stage_formulas(config, bug)
     values: dict[str, np.ndarray | list[str] | None] = {
         "tokens": [t.text for t in toks],
         "token_embedding": E,
@@ -226,6 +251,9 @@ def trace(
             continue  # masked_scores without causal; E and PE with explicit input
         mask = core["mask"] if info.id == "masked_scores" else None
         stages[info.id] = Stage(info, formulas[info.id], v, mask)
+    if not np.isfinite(core["output"]).all() or not np.isfinite(core["weights"]).all():
+        # Only explicit inputs this large (|x|·|W| beyond ~1e150) can overflow float64.
+        raise ShapeError("the explicit input and parameters overflow float64; use smaller values", field="input")
 
     return Trace(
         config=config,
@@ -237,28 +265,63 @@ def trace(
         max_weight=A.max_weight(core["weights"]),
         parameters_source="generated" if parameters is None else "explicit",
         input_source="generated" if input is None else "explicit",
+        bug=bug,
     )
 
 
-def attend(x: np.ndarray, params: Parameters, *, scale_factor: float, causal: bool) -> dict[str, np.ndarray]:
-    """Stages 5–12 on an input x [n, d_model]; returns each stage's array."""
+def attend(
+    x: np.ndarray, params: Parameters, *, scale_factor: float, causal: bool, bug: str | None = None
+) -> dict[str, np.ndarray]:
+    """Stages 5–12 on an input x [n, d_model]; returns each stage's array.
+
+    ``bug`` injects one of the documented mistakes in ``engine.bugs`` instead
+    of the correct step; every other step stays correct.
+    """
     n = x.shape[0]
+    h, d_k, d_model = params.W_Q.shape
     q = A.project(x, params.W_Q)  # [n, d_model] -> [h, n, d_k]
     k = A.project(x, params.W_K)  # [n, d_model] -> [h, n, d_k]
     v = A.project(x, params.W_V)  # [n, d_model] -> [h, n, d_k]
     scores = A.attention_scores(q, k)  # [h, n, n]
-    scaled = A.scale_scores(scores, scale_factor)  # [h, n, n]
+
+    factor = {
+        "scale_after_softmax": 1.0,
+        "scale_by_d_model": float(np.sqrt(d_model)),
+        "double_scale": scale_factor * scale_factor,
+        "no_scale": 1.0,
+    }.get(bug or "", scale_factor)
+    scaled = A.scale_scores(scores, factor)  # [h, n, n]
+
     mask = np.broadcast_to(A.causal_mask(n), scaled.shape) if causal else None  # [n, n] -> [h, n, n]
-    weights = A.softmax(scaled, mask)  # [h, n, n]
+    if bug == "finite_mask_fill" and mask is not None:
+        filled = np.where(mask, 0.0, scaled)  # a finite fill: the key still takes part
+        weights = A.softmax(filled)  # [h, n, n]
+    elif bug == "softmax_wrong_axis":
+        weights = A.softmax(scaled.swapaxes(-1, -2), None if mask is None else mask.swapaxes(-1, -2))
+        weights = weights.swapaxes(-1, -2)  # normalised over queries: columns sum to 1
+    else:
+        weights = A.softmax(scaled, mask)  # [h, n, n]
+    if bug == "scale_after_softmax":
+        weights = weights / scale_factor  # rows now sum to 1/√d_k
+
     context = A.weighted_values(weights, v)  # [h, n, d_k]
-    concat = A.concat_heads(context)  # [h, n, d_k] -> [n, h·d_k]
-    output = A.output_projection(concat, params.W_O)  # [n, h·d_k] -> [n, d_model]
+    if bug == "average_heads":
+        concat = context.mean(axis=0)  # [h, n, d_k] -> [n, d_k]: the heads' signals blur together
+        tiled = np.tile(concat, (1, h))  # [n, d_k] -> [n, h·d_k]: every head slot holds the mean
+        output = A.output_projection(tiled, params.W_O)  # [n, h·d_k] -> [n, d_model]
+    else:
+        concat = A.concat_heads(context)  # [h, n, d_k] -> [n, h·d_k]
+        output = A.output_projection(concat, params.W_O)  # [n, h·d_k] -> [n, d_model]
     out = {
         "q": q, "k": k, "v": v,
         "scores": scores, "scaled_scores": scaled,
         "weights": weights, "context": context, "concat": concat, "output": output,
     }
     if causal:
-        out["masked_scores"] = np.where(mask, 0.0, scaled)  # masked entries carried by "mask", never as values
-        out["mask"] = mask
+        if bug == "finite_mask_fill":
+            out["masked_scores"] = np.where(mask, 0.0, scaled)
+            out["mask"] = np.zeros_like(mask)  # the bug: nothing is excluded, the zeros are real values
+        else:
+            out["masked_scores"] = np.where(mask, 0.0, scaled)  # masked entries carried by "mask", not values
+            out["mask"] = mask
     return out

@@ -1,20 +1,20 @@
-"""HTTP endpoints: validate at the edge, call the engine, serialise."""
+"""HTTP endpoints: validate at the edge (pydantic), call the core, serialise."""
 
 from __future__ import annotations
 
 import platform
 from importlib import metadata
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import orjson
 from flask import Blueprint, Response, current_app, request
 from pydantic import BaseModel, ValidationError
 
-import engine
-from engine import ENGINE_VERSION, STAGE_IDS, EngineError, TraceConfig
+from engine import BUGS, ENGINE_VERSION, STAGE_IDS
 
-from . import serialize
-from .models import TraceRequest
-from .problems import ProblemError, validation_problem
+from . import core, serialize
+from .models import BatchRequest, CheckRequest, TraceRequest, TraceSpec
+from .problems import TYPE_BASE, ProblemError, validation_problem
 from .settings import Settings
 
 bp = Blueprint("api", __name__)
@@ -47,36 +47,77 @@ def parse_body(model: type[M]) -> M:
         raise validation_problem(e) from None
 
 
-def run_trace(req: TraceRequest, limits: Settings) -> engine.Trace:
-    try:
-        config = TraceConfig(
-            d_model=req.d_model,
-            num_heads=req.num_heads,
-            seed=req.seed,
-            scale=req.scale,
-            causal=req.causal,
-            positional_encoding=req.positional_encoding,
-            max_tokens=limits.max_tokens,
-        )
-        return engine.trace(config, sentence=req.sentence, tokens=req.tokens)
-    except EngineError as e:
-        # The models check the same rules first; this keeps the engine's word final.
-        pointer = "/" + e.field if e.field else ""
-        raise ProblemError(422, "Invalid request", e.message, kind="validation-error",
-                           errors=[{"pointer": pointer, "message": e.message, "type": type(e).__name__}]) from None
+def engine_problem(e: core.RequestError) -> ProblemError:
+    return ProblemError(422, "Invalid request", e.message, kind="validation-error",
+                        errors=[{"pointer": e.pointer, "message": e.message, "type": e.type}])
 
 
 @bp.post("/trace")
 def post_trace() -> Response:
     req = parse_body(TraceRequest)
-    return current_app.response_class(render_trace(req, settings()), mimetype="application/json")
+    try:
+        body = core.render_trace(req, settings())
+    except core.RequestError as e:
+        raise engine_problem(e) from None
+    return current_app.response_class(body, mimetype="application/json")
 
 
-def render_trace(req: TraceRequest, limits: Settings) -> bytes:
-    """The exact bytes /trace answers for a validated request."""
-    t = run_trace(req, limits)
-    return serialize.dumps(serialize.trace_document(
-        t, include_parameters=req.include_parameters, stages=req.stages, precision=req.precision))
+@bp.post("/check")
+def post_check() -> Response:
+    req = parse_body(CheckRequest)
+    try:
+        return json_response(core.check_document(req, settings()))
+    except core.RequestError as e:
+        raise engine_problem(e) from None
+
+
+def _problem_doc(e: ProblemError, pointer_prefix: str) -> dict[str, Any]:
+    doc: dict[str, Any] = {"type": TYPE_BASE + e.kind, "title": e.title, "status": e.status, "detail": e.detail,
+                           "instance": request.path}
+    if e.errors is not None:
+        doc["errors"] = [{**err, "pointer": pointer_prefix + err["pointer"]} for err in e.errors]
+    return doc
+
+
+def _batch(model: type[TraceSpec], answer) -> Response:
+    """Validate and answer each item on its own; bound the total work first."""
+    batch = parse_body(BatchRequest)
+    limits = settings()
+    ctx = {"settings": limits}
+    parsed: list[TraceSpec | ProblemError] = []
+    for item in batch.items:
+        try:
+            parsed.append(model.model_validate(item, context=ctx))
+        except ValidationError as e:
+            parsed.append(validation_problem(e))
+    total = sum(p._value_count for p in parsed if not isinstance(p, ProblemError))
+    if total > limits.max_trace_values:
+        raise ProblemError(422, "Invalid request",
+                           f"the batch's traces would hold {total} numbers together, above the limit of "
+                           f"{limits.max_trace_values}; split it into smaller batches", kind="validation-error",
+                           errors=[{"pointer": "/items", "type": "batch_too_large",
+                                    "message": f"{total} numbers in all; the limit is {limits.max_trace_values}"}])
+    results = []
+    for i, p in enumerate(parsed):
+        if not isinstance(p, ProblemError):
+            try:
+                results.append({"index": i, "status": 200, "result": answer(p, limits), "problem": None})
+                continue
+            except core.RequestError as e:
+                p = engine_problem(e)
+        results.append({"index": i, "status": p.status, "result": None, "problem": _problem_doc(p, f"/items/{i}")})
+    return json_response({"results": results})
+
+
+@bp.post("/trace/batch")
+def post_trace_batch() -> Response:
+    # Each trace is pre-encoded once and embedded as-is (no re-parsing).
+    return _batch(TraceRequest, lambda req, limits: orjson.Fragment(core.render_trace(req, limits)))
+
+
+@bp.post("/check/batch")
+def post_check_batch() -> Response:
+    return _batch(CheckRequest, core.check_document)
 
 
 @bp.get("/health")
@@ -104,6 +145,7 @@ def version() -> Response:
         },
         "limits": settings().limits(),
         "stage_ids": list(STAGE_IDS),
+        "bugs": {name: bug.summary for name, bug in BUGS.items()},
     })
 
 
@@ -111,4 +153,3 @@ def version() -> Response:
 def openapi() -> Response:
     return current_app.response_class(current_app.extensions["attention_trace.openapi"],
                                       mimetype="application/yaml")
-

@@ -11,13 +11,14 @@ configured, comes back in one ``errors`` list with a JSON pointer.
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine import STAGE_IDS
+from engine import BUG_NAMES, BUGS, STAGE_IDS
 from engine.attention import head_dim
 from engine.errors import EngineError
 from engine.tokenize import tokenize
@@ -40,19 +41,35 @@ def _bad_characters(text: str) -> str | None:
     return None
 
 
-class TraceRequest(BaseModel):
-    """What to trace: one sentence (or pre-split tokens) and the layer's configuration."""
+BugName = Literal[BUG_NAMES]  # type: ignore[valid-type]
 
-    model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        json_schema_extra={
-            "examples": [
-                {"sentence": "the cat sat", "d_model": 24, "num_heads": 4},
-                {"tokens": ["the", "cat", "sat"], "d_model": 24, "num_heads": 1, "scale": False, "causal": True},
-            ]
-        },
-    )
+# Explicit values are bounded so that no stage can overflow float64:
+# |x|, |W| ≤ 1e6 and d_model ≤ 512 keep every score below about 1e32.
+MAX_EXPLICIT = 1e6
+_Num = Annotated[float, Field(ge=-MAX_EXPLICIT, le=MAX_EXPLICIT)]
+_Matrix3 = list[list[list[_Num]]]
+
+
+class ParametersIn(BaseModel):
+    """Caller-supplied weights of one multi-head attention layer."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    W_Q: _Matrix3 = Field(description="[head, d_k, d_model]")
+    W_K: _Matrix3 = Field(description="[head, d_k, d_model]")
+    W_V: _Matrix3 = Field(description="[head, d_k, d_model]")
+    W_O: list[list[_Num]] = Field(description="[d_model, num_heads·d_k]")
+
+
+class TraceSpec(BaseModel):
+    """One sentence (or pre-split tokens) and the layer's configuration: shared by /trace and /check."""
+
+    # allow_inf_nan=False: the JSON parser accepts NaN and Infinity literals,
+    # which no float here may be.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    #: numbers the trace will hold, known once validated (bounds batches too)
+    _value_count: int = PrivateAttr(default=0)
 
     sentence: Annotated[str, Field(min_length=1, max_length=_SENTENCE_HARD_MAX)] | None = Field(
         default=None,
@@ -73,21 +90,16 @@ class TraceRequest(BaseModel):
     positional_encoding: Literal["sinusoidal", "none"] = Field(
         default="sinusoidal", description="Sinusoidal encodings added to the embeddings, or none."
     )
-    include_parameters: bool = Field(
-        default=False, description="Also return W_Q, W_K, W_V [head, d_k, d_model] and W_O [d_model, h·d_k]."
-    )
-    stages: list[StageId] | None = Field(
+    input: list[list[_Num]] | None = Field(
         default=None,
-        min_length=1,
-        description="Return only these stages (by id); default: every stage. A grader that only needs "
-        "`weights` gets only `weights`. `masked_scores` exists only with `causal: true`.",
+        description="Bring your own input x [token, d_model] instead of the seeded embeddings plus positional "
+        "encodings (the token_embedding and positional_encoding stages are then absent). The tokens still "
+        "label the rows.",
     )
-    precision: int | None = Field(
+    parameters: ParametersIn | None = Field(
         default=None,
-        ge=0,
-        le=17,
-        description="Round every returned number to this many decimal places (numpy round-half-even); "
-        "default: no rounding, every float64 exact.",
+        description="Bring your own weights instead of the seeded ones: W_Q, W_K, W_V [head, d_k, d_model] and "
+        "W_O [d_model, num_heads·d_k].",
     )
 
     @field_validator("sentence")
@@ -150,16 +162,12 @@ class TraceRequest(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self, info: ValidationInfo) -> TraceRequest:
+    def _consistent(self, info: ValidationInfo) -> TraceSpec:
         if (self.sentence is None) == (self.tokens is None):
             raise PydanticCustomError(
                 "sentence_xor_tokens",
                 "give exactly one of `sentence` (a string) or `tokens` (a list of strings), not "
                 + ("both" if self.sentence is not None else "neither"),
-            )
-        if self.stages is not None and "masked_scores" in self.stages and not self.causal:
-            raise PydanticCustomError(
-                "stage_needs_causal", "the masked_scores stage exists only with causal: true; add it or drop the stage"
             )
         try:
             d_k = head_dim(self.d_model, self.num_heads)
@@ -178,7 +186,19 @@ class TraceRequest(BaseModel):
                 )
         else:
             n = len(self.tokens or ())
-        count = trace_value_count(n, self.d_model, self.num_heads, d_k, self.causal, self.include_parameters)
+        _check_shape("input", self.input, (n, self.d_model), "[token, d_model]")
+        if self.parameters is not None:
+            h = self.num_heads
+            for name, expected, axes in (
+                ("W_Q", (h, d_k, self.d_model), "[head, d_k, d_model]"),
+                ("W_K", (h, d_k, self.d_model), "[head, d_k, d_model]"),
+                ("W_V", (h, d_k, self.d_model), "[head, d_k, d_model]"),
+                ("W_O", (self.d_model, h * d_k), "[d_model, num_heads·d_k]"),
+            ):
+                _check_shape(f"parameters.{name}", getattr(self.parameters, name), expected, axes)
+        with_params = getattr(self, "include_parameters", False)
+        count = trace_value_count(n, self.d_model, self.num_heads, d_k, self.causal, with_params)
+        self._value_count = count
         if count > settings.max_trace_values:
             raise PydanticCustomError(
                 "trace_too_large",
@@ -187,6 +207,186 @@ class TraceRequest(BaseModel):
                 {"count": count, "n": n, "d_model": self.d_model, "h": self.num_heads, "limit": settings.max_trace_values},
             )
         return self
+
+
+class TraceRequest(TraceSpec):
+    """What to trace, and how to return it."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"sentence": "the cat sat", "d_model": 24, "num_heads": 4},
+                {"tokens": ["the", "cat", "sat"], "d_model": 24, "num_heads": 1, "scale": False, "causal": True},
+                {"sentence": "the cat sat", "d_model": 24, "num_heads": 4, "inject_bug": "scale_after_softmax",
+                 "stages": ["weights"], "precision": 4},
+            ]
+        },
+    )
+
+    include_parameters: bool = Field(
+        default=False, description="Also return W_Q, W_K, W_V [head, d_k, d_model] and W_O [d_model, h·d_k]."
+    )
+    stages: list[StageId] | None = Field(
+        default=None,
+        min_length=1,
+        description="Return only these stages (by id); default: every stage. A grader that only needs "
+        "`weights` gets only `weights`. `masked_scores` exists only with `causal: true`.",
+    )
+    precision: int | None = Field(
+        default=None,
+        ge=0,
+        le=17,
+        description="Round every returned number to this many decimal places (numpy round-half-even); "
+        "default: no rounding, every float64 exact.",
+    )
+
+    inject_bug: BugName | None = Field(
+        default=None,
+        description="Return the trace with one known bug injected (clearly labelled in `injected_bug`): "
+        + "; ".join(f"`{b.name}`: {b.summary}" for b in BUGS.values())
+        + ". `finite_mask_fill` needs `causal: true`.",
+    )
+
+    @model_validator(mode="after")
+    def _options(self) -> TraceRequest:
+        if self.stages is not None and "masked_scores" in self.stages and not self.causal:
+            raise PydanticCustomError(
+                "stage_needs_causal", "the masked_scores stage exists only with causal: true; add it or drop the stage"
+            )
+        if self.inject_bug == "finite_mask_fill" and not self.causal:
+            raise PydanticCustomError(
+                "bug_needs_causal", "the finite_mask_fill bug needs causal: true (there is no mask without it)"
+            )
+        return self
+
+
+DEFAULT_RTOL = 1e-5
+DEFAULT_ATOL = 1e-8
+
+
+class CheckRequest(TraceSpec):
+    """A trace request plus a student's numbers for any subset of the stages."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"sentence": "the cat sat", "d_model": 4, "num_heads": 1,
+                 "submission": {"weights": [[[0.3, 0.4, 0.3], [0.2, 0.5, 0.3], [0.3, 0.3, 0.4]]]}},
+            ]
+        },
+    )
+
+    submission: dict[StageId, list[Any]] = Field(
+        min_length=1,
+        description="A student's values per stage id, as nested arrays in the stage's axes (see /trace). "
+        "Masked entries of masked_scores are null; the tokens stage is a list of strings.",
+    )
+    rtol: float = Field(default=DEFAULT_RTOL, ge=0, le=1,
+                        description="Relative tolerance: a value passes when |received − expected| ≤ atol + "
+                                    "rtol·|expected| (numpy.isclose's rule; numpy's defaults).")
+    atol: float = Field(default=DEFAULT_ATOL, ge=0, le=1e6, description="Absolute tolerance (see rtol).")
+
+    @field_validator("submission")
+    @classmethod
+    def _submission_values(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for sid, values in v.items():
+            if sid == "tokens":
+                if not all(isinstance(t, str) for t in values):
+                    raise PydanticCustomError("submission_type", "submission.tokens must be a list of strings")
+                continue
+            problem = _leaf_problem(values, depth=1)
+            if problem:
+                raise PydanticCustomError(
+                    "submission_type", "submission.{sid}: {problem}",
+                    {"sid": sid, "problem": problem, "pointer": f"/submission/{sid}"},
+                )
+        return v
+
+    @model_validator(mode="after")
+    def _stages_exist(self) -> CheckRequest:
+        if "masked_scores" in self.submission and not self.causal:
+            raise PydanticCustomError(
+                "stage_needs_causal",
+                "the masked_scores stage exists only with causal: true; add it or drop the stage",
+                {"pointer": "/submission/masked_scores"},
+            )
+        if self.input is not None and {"token_embedding", "positional_encoding"} & set(self.submission):
+            raise PydanticCustomError(
+                "stage_not_computed",
+                "token_embedding and positional_encoding are not computed when you give your own input; "
+                "drop them from the submission",
+            )
+        return self
+
+
+class BatchRequest(BaseModel):
+    """Several requests answered independently, in order."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    items: list[dict[str, Any]] = Field(
+        min_length=1,
+        description="Each item is a request body of the single endpoint. One bad item gets its own problem "
+        "entry and does not fail the rest. The number of items and their total size are limited "
+        "(see /version: max_batch_items, max_trace_values).",
+    )
+
+    @field_validator("items")
+    @classmethod
+    def _count(cls, v: list[dict[str, Any]], info: ValidationInfo) -> list[dict[str, Any]]:
+        limit = _settings(info).max_batch_items
+        if len(v) > limit:
+            raise PydanticCustomError(
+                "too_many_items", "{count} items is more than the limit of {limit}", {"count": len(v), "limit": limit}
+            )
+        return v
+
+
+def _leaf_problem(values: Any, depth: int) -> str | None:
+    """Check a nested list holds only numbers (or null), at most 3 levels deep."""
+    if depth > 3:
+        return "nested deeper than any stage (3 levels)"
+    for item in values:
+        if isinstance(item, list):
+            problem = _leaf_problem(item, depth + 1)
+            if problem:
+                return problem
+        elif item is not None:
+            if isinstance(item, bool) or not isinstance(item, (int, float)):
+                return f"{str(item)[:40]!r} is not a number or null"
+            try:
+                finite = math.isfinite(item)
+            except OverflowError:  # an integer too large for a float
+                finite = False
+            if not finite or abs(item) > 1e300:
+                return f"{str(item)[:40]} is not a finite number of a sensible size"
+    return None
+
+
+def _shape_of(value: Any) -> tuple[int, ...] | None:
+    """The shape of a nested list, or None if it is ragged."""
+    if not isinstance(value, list):
+        return ()
+    if not value:
+        return (0,)
+    inner = [_shape_of(v) for v in value]
+    if any(s is None or s != inner[0] for s in inner):
+        return None
+    return (len(value), *inner[0])
+
+
+def _check_shape(name: str, value: Any, expected: tuple[int, ...], axes: str) -> None:
+    if value is None:
+        return
+    shape = _shape_of(value)
+    if shape != expected:
+        got = "a ragged array" if shape is None else f"shape {list(shape)}"
+        raise PydanticCustomError(
+            "array_shape",
+            "{name} has {got} but must be {expected} {axes}",
+            {"name": name, "got": got, "expected": str(list(expected)), "axes": axes,
+             "pointer": "/" + name.replace(".", "/")},
+        )
 
 
 def trace_value_count(n: int, d_model: int, h: int, d_k: int, causal: bool, with_params: bool) -> int:
@@ -251,7 +451,13 @@ class ParametersOut(BaseModel):
     W_Q: list[list[list[float]]] = Field(description="[head, d_k, d_model]")
     W_K: list[list[list[float]]] = Field(description="[head, d_k, d_model]")
     W_V: list[list[list[float]]] = Field(description="[head, d_k, d_model]")
-    W_O: list[list[float]] = Field(description="[d_model, num_heads·d_k]")
+    W_O: list[list[_Num]] = Field(description="[d_model, num_heads·d_k]")
+
+
+class InjectedBug(BaseModel):
+    name: BugName
+    summary: str
+    warning: str = Field(description="Always says that these numbers are deliberately wrong.")
 
 
 class TraceResponse(BaseModel):
@@ -265,6 +471,58 @@ class TraceResponse(BaseModel):
     stages: dict[StageId, StageOut] = Field(description="Every stage, keyed by stage id, in walkthrough order.")
     stats: StatsOut
     parameters: ParametersOut | None = Field(default=None, description="Only when include_parameters is true.")
+    injected_bug: InjectedBug | None = Field(
+        default=None, description="Only with inject_bug: the numbers are deliberately wrong in this way."
+    )
+
+
+class Mismatch(BaseModel):
+    index: list[int] = Field(description="Index of the first mismatching value, in the stage's axes.")
+    expected: float | str | None
+    received: float | str | None
+
+
+class StageCheck(BaseModel):
+    step: int
+    passed: bool
+    shape_ok: bool
+    expected_shape: list[int]
+    received_shape: list[int] | None = Field(description="null when the submission is a ragged array.")
+    n_values: int
+    mismatches: int = Field(description="How many values are outside the tolerance (or null where a number "
+                                        "belongs, or a number where null belongs).")
+    max_abs_error: float | None = Field(description="Largest |received − expected| over numeric pairs.")
+    max_rel_error: float | None = Field(description="Largest |received − expected| / |expected| where "
+                                                    "expected ≠ 0.")
+    first_mismatch: Mismatch | None
+    message: str
+
+
+class Diagnosis(BaseModel):
+    bug: BugName | None = Field(description="The first known bug (in the documented order) that reproduces "
+                                            "every submitted stage within tolerance; null if none does.")
+    summary: str | None
+    matches: list[BugName] = Field(description="Every known bug that reproduces the submission.")
+    message: str
+
+
+class Tolerance(BaseModel):
+    rtol: float
+    atol: float
+    rule: str
+
+
+class CheckResponse(BaseModel):
+    schema_version: str
+    engine_version: str
+    parameters_digest: str
+    config: ConfigOut
+    tolerance: Tolerance
+    passed: bool
+    first_wrong_stage: StageId | None = Field(description="The first failing stage in walkthrough order.")
+    stages: dict[StageId, StageCheck] = Field(description="One entry per submitted stage, in walkthrough order.")
+    diagnosis: Diagnosis
+    message: str = Field(description="A summary fit to show a student.")
 
 
 class ValidationErrorItem(BaseModel):
@@ -290,6 +548,17 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+class BatchItemResult(BaseModel):
+    index: int
+    status: int = Field(description="What the single endpoint would have answered for this item.")
+    result: dict[str, Any] | None = Field(description="The single endpoint's body when status is 200.")
+    problem: Problem | None = Field(description="The problem document otherwise.")
+
+
+class BatchResponse(BaseModel):
+    results: list[BatchItemResult] = Field(description="One per item, in the same order.")
+
+
 class VersionInfo(BaseModel):
     service: str
     service_version: str
@@ -298,12 +567,17 @@ class VersionInfo(BaseModel):
     libraries: dict[str, str]
     limits: dict[str, Any]
     stage_ids: list[str]
+    bugs: dict[str, str] = Field(description="The known bugs that inject_bug and /check's diagnosis use.")
 
 
 #: what scripts/gen-openapi puts in components.schemas
 SCHEMA_MODELS: tuple[type[BaseModel], ...] = (
     TraceRequest,
     TraceResponse,
+    CheckRequest,
+    CheckResponse,
+    BatchRequest,
+    BatchResponse,
     Problem,
     Health,
     VersionInfo,

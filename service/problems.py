@@ -20,6 +20,8 @@ _MODEL_ERROR_POINTERS = {
     "sentence_xor_tokens": "",
     "trace_too_large": "",
     "stage_needs_causal": "/stages",
+    "bug_needs_causal": "/inject_bug",
+    "stage_not_computed": "/submission",
 }
 
 
@@ -57,7 +59,7 @@ def json_pointer(loc: tuple[int | str, ...]) -> str:
 
 def validation_problem(exc: ValidationError) -> ProblemError:
     """422 with one entry per problem; malformed JSON is a 400 instead."""
-    errs = exc.errors(include_url=False, include_input=False, include_context=False)
+    errs = exc.errors(include_url=False, include_input=False, include_context=True)
     if any(e["type"] == "json_invalid" for e in errs):
         first = next(e for e in errs if e["type"] == "json_invalid")
         return ProblemError(400, "Malformed JSON", f"The request body is not valid JSON: {first['msg']}.",
@@ -65,7 +67,11 @@ def validation_problem(exc: ValidationError) -> ProblemError:
     items = []
     for e in errs:
         loc = tuple(e["loc"])
-        pointer = json_pointer(loc) if loc else _MODEL_ERROR_POINTERS.get(e["type"], "")
+        ctx = e.get("ctx") or {}
+        if "pointer" in ctx:
+            pointer = ctx["pointer"]
+        else:
+            pointer = json_pointer(loc) if loc else _MODEL_ERROR_POINTERS.get(e["type"], "")
         message = e["msg"]
         if e["type"] == "extra_forbidden":
             message = f"unknown field {loc[-1]!r}: check the spelling; see the API's list of request fields"

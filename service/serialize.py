@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from engine import ENGINE_VERSION, Trace
+from engine import Trace
 
 SCHEMA_VERSION = "1.0.0"
 
@@ -46,7 +46,6 @@ def trace_document(
     precision: int | None = None,
 ) -> dict[str, Any]:
     """The /trace response body. ``stages`` selects stage ids; ``precision`` rounds every number."""
-    cfg = t.config
     wanted = set(stages) if stages is not None else None
     out_stages: dict[str, Any] = {}
     for sid, st in t.stages.items():
@@ -68,23 +67,8 @@ def trace_document(
         }
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
-        "engine_version": ENGINE_VERSION,
-        "config": {
-            "d_model": cfg.d_model,
-            "num_heads": cfg.num_heads,
-            "seed": cfg.seed,
-            "scale": cfg.scale,
-            "causal": cfg.causal,
-            "positional_encoding": cfg.positional_encoding,
-            "include_parameters": include_parameters,
-            "stages": [sid for sid in t.stages if sid in wanted] if wanted is not None else None,
-            "precision": precision,
-            "d_k": cfg.d_k,
-            "scale_factor": cfg.scale_factor,
-            "n_tokens": t.n_tokens,
-            "n_parameters": t.parameters.n_parameters,
-            "n_matrices": t.parameters.n_matrices,
-        },
+        "engine_version": t.engine_version,
+        "config": config_document(t, include_parameters=include_parameters, stages=stages, precision=precision),
         "tokens": [{"index": k.index, "text": k.text, "start": k.start, "end": k.end} for k in t.tokens],
         "parameters_digest": t.parameters_digest,
         "stages": out_stages,
@@ -98,6 +82,29 @@ def trace_document(
         p = t.parameters
         doc["parameters"] = {name: _array(getattr(p, name), name, precision) for name in ("W_Q", "W_K", "W_V", "W_O")}
     return doc
+
+
+def config_document(
+    t: Trace, *, include_parameters: bool = False, stages: list[str] | None = None, precision: int | None = None
+) -> dict[str, Any]:
+    """The request's settings with defaults filled in, and the derived sizes."""
+    cfg = t.config
+    return {
+        "d_model": cfg.d_model,
+        "num_heads": cfg.num_heads,
+        "seed": cfg.seed,
+        "scale": cfg.scale,
+        "causal": cfg.causal,
+        "positional_encoding": cfg.positional_encoding,
+        "include_parameters": include_parameters,
+        "stages": [sid for sid in t.stages if sid in stages] if stages is not None else None,
+        "precision": precision,
+        "d_k": cfg.d_k,
+        "scale_factor": cfg.scale_factor,
+        "n_tokens": t.n_tokens,
+        "n_parameters": t.parameters.n_parameters,
+        "n_matrices": t.parameters.n_matrices,
+    }
 
 
 def dumps(doc: Any) -> bytes:

@@ -26,6 +26,9 @@ class Settings:
     max_trace_values: int = 2_500_000
     #: largest request body in bytes (413 above it)
     max_body_bytes: int = 4 * 1024 * 1024
+    #: most items in one /trace/batch or /check/batch request; their traces
+    #: together may hold at most max_trace_values numbers
+    max_batch_items: int = 32
     #: longest sentence, in characters
     max_sentence_chars: int = 65_536
     #: browser origins allowed by CORS; "*" for any (credentials are never allowed)
