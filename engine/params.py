@@ -15,7 +15,7 @@ Algorithm (``ENGINE_VERSION`` 1.x)
        attention-trace:v1:<kind>:seed=<seed>:d_model=<d_model>[:num_heads=<h>:head=<i>][:text=<token text>]
 
    with ``<kind>`` one of ``embedding``, ``W_Q``, ``W_K``, ``W_V``, ``W_O``
-   and integers in plain decimal. Embeddings use ``seed``, ``d_model`` and
+   and integers in plain decimal; heads are numbered from 0. Embeddings use ``seed``, ``d_model`` and
    ``text`` (the text is last, so any text is unambiguous); ``W_Q/W_K/W_V``
    use ``seed``, ``d_model``, ``num_heads`` and ``head``; ``W_O`` uses
    ``seed``, ``d_model`` and ``num_heads``.
@@ -23,7 +23,9 @@ Algorithm (``ENGINE_VERSION`` 1.x)
    little-endian unsigned 64-bit integers ``r``.
 3. ``b = r >> 11`` keeps the top 53 bits; ``z = (2·b + 1 − 2^53) / 2^53`` is
    exact in float64 and uniform on (−1, 1), symmetric, with variance 1/3.
-4. ``value = z · sqrt(3·var)`` (one correctly rounded multiply), so the
+4. ``value = z · s`` with ``s = sqrt(3.0 · var)`` (``var`` itself a float64,
+   e.g. ``1.0 / d_model``, evaluated exactly in that order: ``sqrt(3/d)``
+   can differ in the last bit), one correctly rounded multiply, so the
    values have mean 0 and variance ``var``:
 
    * embeddings: ``var = 1/2``. Sinusoidal encodings have a mean square of

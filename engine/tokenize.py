@@ -37,6 +37,7 @@ _WORD_RE = regex.compile(
     regex.V1,
 )
 _GRAPHEME_RE = regex.compile(r"\X")
+_WORD_START_RE = regex.compile(r"[\p{L}\p{N}]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +69,10 @@ def tokenize(sentence: str, limit: int | None = None) -> list[Token]:
             # marks on it, or a whole emoji sequence. It is what a reader sees.
             end = _GRAPHEME_RE.match(sentence, pos).end()
             # A "prepend" character (e.g. U+0600 ARABIC NUMBER SIGN) joins the
-            # next character into its cluster, even a space: cut it there.
+            # next character into its cluster, even a space or the first digit
+            # of a number: cut it there, so the word after it stays whole.
             for i in range(pos + 1, end):
-                if sentence[i].isspace():
+                if sentence[i].isspace() or _WORD_START_RE.match(sentence, i):
                     end = i
                     break
         tokens.append(Token(len(tokens), sentence[pos:end], pos, end))

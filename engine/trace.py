@@ -251,7 +251,7 @@ def trace(
             continue  # masked_scores without causal; E and PE with explicit input
         mask = core["mask"] if info.id == "masked_scores" else None
         stages[info.id] = Stage(info, formulas[info.id], v, mask)
-    if not np.isfinite(core["output"]).all() or not np.isfinite(core["weights"]).all():
+    if not all(np.isfinite(a).all() for a in core.values() if a.dtype != bool):
         # Only explicit inputs this large (|x|·|W| beyond ~1e150) can overflow float64.
         raise ShapeError("the explicit input and parameters overflow float64; use smaller values", field="input")
 
