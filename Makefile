@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: run test install clean
+.PHONY: run test install browser bench loadtest clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,12 @@ install: $(VENV)/.installed
 run: $(VENV)/.installed
 	HOST=$(HOST) PORT=$(PORT) exec $(BIN)/gunicorn -c gunicorn.conf.py service.wsgi:app
 
-test: $(VENV)/.installed
+# Debian's chromium + chromedriver for the viewer's browser tests (idempotent;
+# installs with apt-get only when they are missing).
+browser:
+	scripts/install-browser
+
+test: $(VENV)/.installed browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:

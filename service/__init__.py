@@ -31,15 +31,18 @@ def find_openapi() -> Path:
 
 def create_app(settings: Settings | None = None) -> Flask:
     settings = settings or Settings.from_env()
-    app = Flask(__name__)
+    # No app-level static route: the viewer blueprint serves /static/ with its own headers.
+    app = Flask(__name__, static_folder=None)
     app.config.update(MAX_CONTENT_LENGTH=settings.max_body_bytes)
     app.extensions["attention_trace.settings"] = settings
     app.extensions["attention_trace.openapi"] = find_openapi().read_bytes()
 
     from .api import bp
     from .problems import register_error_handlers
+    from .viewer import bp as viewer_bp
 
     app.register_blueprint(bp)
+    app.register_blueprint(viewer_bp)
     register_error_handlers(app)
     # Browser frontends on other origins may call the API; never with credentials.
     # With any origin allowed, answer a literal "*" (cacheable, and browsers

@@ -134,7 +134,8 @@ def build_spec() -> dict[str, Any]:
         },
         "servers": [{"url": "http://127.0.0.1:8000", "description": "make run"}],
         "tags": [tag, {"name": "check", "description": "Grading: compare a submission with the reference"},
-                 {"name": "meta", "description": "Health, versions and this document"}],
+                 {"name": "meta", "description": "Health, versions and this document"},
+                 {"name": "viewer", "description": "The interactive walkthrough page"}],
         "paths": {
             "/trace": {
                 "post": {
@@ -182,6 +183,25 @@ def build_spec() -> dict[str, Any]:
                 "checkBatch", "check", "Several checks in one request",
                 "Each item is a /check request body, answered independently and in order.",
                 "BatchRequest", "BatchResponse", None),
+            "/": {"get": {
+                "operationId": "viewer", "tags": ["viewer"], "summary": "The interactive walkthrough page",
+                "description": "A self-contained teaching page (docs/viewer.md) that draws the trace using only "
+                               "this public API. It carries its own Content-Security-Policy.",
+                "responses": {"200": {"description": "The page.", "headers": request_id,
+                                      "content": {"text/html": {"schema": {"type": "string"}}}},
+                              "304": {"description": "Not modified (ETag / If-None-Match)."},
+                              **{k: v for k, v in common.items() if k != "500"}},
+            }},
+            "/static/{path}": {"get": {
+                "operationId": "viewerStatic", "tags": ["viewer"], "summary": "The page's script, style and icon",
+                "parameters": [{"name": "path", "in": "path", "required": True, "schema": {"type": "string"},
+                                "description": "A file of the viewer, e.g. app.js."}],
+                "responses": {"200": {"description": "The file.", "headers": request_id, "content": {
+                    mime: {"schema": {"type": "string"}}
+                    for mime in ("text/html", "text/javascript", "text/css", "image/svg+xml")}},
+                    "304": {"description": "Not modified (ETag / If-None-Match)."},
+                    **{k: v for k, v in common.items() if k != "500"}},
+            }},
             "/health": get_op("health", "Liveness", "Cheap: touches no engine state.", "Health", {"status": "ok"}),
             "/version": get_op("version", "Versions and limits",
                                "Engine and schema versions, library versions and the limits in force.",

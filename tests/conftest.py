@@ -46,17 +46,27 @@ class SpecChecker:
         self.checked = 0
 
     def operation(self, path: str, method: str) -> dict | None:
-        return self.spec["paths"].get(path, {}).get(method.lower())
+        """The spec's operation for a concrete path; "/static/{path}" matches any file under it."""
+        for template, item in self.spec["paths"].items():
+            prefix = template.removesuffix("{path}")
+            if template == path or (prefix != template and path.startswith(prefix) and len(path) > len(prefix)):
+                return item.get(method.lower())
+        return None
 
     def check(self, path: str, method: str, status: int, content_type: str, body: bytes) -> None:
         op = self.operation(path, method)
         if op is None:
             # Undeclared paths and methods must still answer problem+json.
             assert status in (404, 405), f"{method} {path} is not in the spec but answered {status}"
+            assert content_type.startswith("application/problem+json"), f"{method} {path}: {content_type}"
             op = {"responses": self.spec["paths"]["/trace"]["post"]["responses"]}
         responses = op["responses"]
         assert str(status) in responses, f"{method} {path} answered {status}, not documented in openapi.yaml"
-        content = responses[str(status)].get("content", {})
+        if "content" not in responses[str(status)]:
+            assert not body, f"{method} {path} {status} must have no body"
+            self.checked += 1
+            return
+        content = responses[str(status)]["content"]
         mime = content_type.split(";")[0].strip()
         assert mime in content, f"{method} {path} {status} answered {mime!r}, documented {list(content)}"
         schema = content[mime].get("schema")
@@ -132,18 +142,19 @@ class Gunicorn:
             [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "service.wsgi:app"],
             cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while True:
             if self.proc.poll() is not None:
+                self._log.close()
                 raise RuntimeError(f"gunicorn exited with {self.proc.returncode}; see {self.log}")
             try:
-                if requests.get(self.url + "/health", timeout=1).ok:
+                if requests.get(self.url + "/health", timeout=2).ok:
                     break
-            except requests.ConnectionError:
+            except requests.RequestException:  # refused or slow while workers boot under load
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"gunicorn did not become healthy in 30 s; see {self.log}")
+                raise RuntimeError(f"gunicorn did not become healthy in 60 s; see {self.log}")
             time.sleep(0.1)
 
     def stop(self, timeout: float = 15) -> float:

@@ -1,0 +1,198 @@
+"""The viewer page at GET / and its static files, through the Flask test client.
+
+Every response is checked against openapi.yaml (GET / and /static/{path} are
+documented there). The browser tests in test_viewer_browser.py drive the same
+page in headless Chromium.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import yaml
+
+from service import API_CSP, create_app
+from service.viewer import STATIC_DIR, VIEWER_CSP
+
+ROOT = Path(__file__).resolve().parent.parent
+STATIC_FILES = sorted(p.name for p in STATIC_DIR.iterdir())
+MIME = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+
+
+@pytest.fixture(scope="module")
+def web(spec_checker):
+    # Checks every response against openapi.yaml, like the API's client fixture.
+    from conftest import make_app
+
+    return make_app(spec_checker).test_client()
+
+
+class Page(HTMLParser):
+    """Every start tag with its attributes, and the text inside <script> and <style>."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.inline: list[tuple[str, str]] = []
+        self._open: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        self._open = tag if tag in ("script", "style") else None
+
+    def handle_endtag(self, tag):
+        self._open = None
+
+    def handle_data(self, data):
+        if self._open and data.strip():
+            self.inline.append((self._open, data))
+
+
+@pytest.fixture(scope="module")
+def page() -> Page:
+    parser = Page()
+    parser.feed((STATIC_DIR / "index.html").read_text(encoding="utf-8"))
+    return parser
+
+
+def test_index_is_served_with_the_viewer_csp(web):
+    resp = web.get("/", buffered=True)
+    assert resp.status_code == 200
+    assert resp.mimetype == "text/html"
+    assert resp.headers["Content-Security-Policy"] == VIEWER_CSP
+    assert resp.headers["X-Content-Type-Options"] == "nosniff"
+    assert resp.headers["X-Frame-Options"] == "DENY"
+    assert resp.headers["Referrer-Policy"] == "no-referrer"
+    assert b'<script src="static/app.js" defer></script>' in resp.data
+
+
+@pytest.mark.parametrize("name", STATIC_FILES)
+def test_static_files_are_served_with_the_viewer_csp(web, name):
+    resp = web.get(f"/static/{name}", buffered=True)
+    assert resp.status_code == 200
+    assert resp.mimetype == MIME[Path(name).suffix]
+    assert resp.headers["Content-Security-Policy"] == VIEWER_CSP
+    assert resp.headers["X-Content-Type-Options"] == "nosniff"
+    assert resp.data == (STATIC_DIR / name).read_bytes()
+
+
+def test_static_files_revalidate_cheaply(web):
+    first = web.get("/static/app.js", buffered=True)
+    assert first.headers["Cache-Control"] == "no-cache"
+    again = web.get("/static/app.js", headers={"If-None-Match": first.headers["ETag"]}, buffered=True)
+    assert again.status_code == 304
+
+
+@pytest.mark.parametrize("path", ["/static/nope.js", "/static/../viewer.py", "/static/..%2fviewer.py",
+                                  "/static/%2e%2e/viewer.py", "/static/"])
+def test_nothing_outside_the_static_folder_is_served(web, path):
+    resp = web.get(path, buffered=True)
+    assert resp.status_code == 404
+    assert resp.mimetype == "application/problem+json"
+    assert resp.get_json()["type"] == "urn:attention-trace:problem:not-found"
+
+
+def test_the_page_is_read_only(web):
+    resp = web.post("/", json={}, buffered=True)
+    assert resp.status_code == 405
+    assert resp.mimetype == "application/problem+json"
+    assert "GET" in resp.headers["Allow"]
+
+
+def test_the_api_keeps_its_stricter_csp(web):
+    for resp in (web.get("/health", buffered=True), web.get("/nope", buffered=True),
+                 web.post("/trace", json={"sentence": "the cat sat"}, buffered=True)):
+        assert resp.headers["Content-Security-Policy"] == API_CSP
+
+
+def test_viewer_csp_allows_only_this_origin():
+    directives = dict((d.split()[0], d.split()[1:]) for d in VIEWER_CSP.split("; "))
+    assert directives["default-src"] == ["'none'"]
+    for name in ("script-src", "style-src", "connect-src"):
+        assert directives[name] == ["'self'"], name
+    assert directives["frame-ancestors"] == ["'none'"]
+    assert directives["base-uri"] == ["'none'"]
+    assert directives["form-action"] == ["'none'"]
+    flat = " ".join(w for words in directives.values() for w in words)
+    assert "unsafe" not in flat and "*" not in flat and "http" not in flat
+
+
+def test_no_inline_script_style_or_handlers(page):
+    assert page.inline == [], "inline <script>/<style> content would need a CSP hash"
+    for tag, attrs in page.tags:
+        assert tag != "style"
+        assert "style" not in attrs, f"<{tag} style=...> is blocked by the CSP"
+        assert not [a for a in attrs if a.startswith("on")], f"<{tag}> has an inline event handler"
+        if tag == "script":
+            assert attrs.get("src"), "every script is a file"
+        for name in ("href", "src", "action"):
+            assert not (attrs.get(name) or "").lower().startswith("javascript:")
+
+
+def test_every_reference_is_same_origin_and_exists(web, page):
+    refs = [attrs.get("href") or attrs.get("src") for tag, attrs in page.tags if tag in ("link", "script", "a", "img")]
+    assert refs
+    for ref in refs:
+        assert ref and not re.match(r"^([a-z][a-z0-9+.-]*:|//)", ref, re.I), f"{ref} leaves this origin"
+        if not ref.startswith("#"):
+            assert web.get("/" + ref, buffered=True).status_code == 200, ref
+
+
+@pytest.mark.parametrize("name", STATIC_FILES)
+def test_static_files_load_nothing_from_another_origin(name):
+    text = (STATIC_DIR / name).read_text(encoding="utf-8")
+    text = text.replace('xmlns="http://www.w3.org/2000/svg"', "")  # an XML namespace name, never fetched
+    assert not re.search(r"https?:|//[a-z0-9.-]+\.[a-z]{2,}", text, re.I)
+    assert "@import" not in text
+
+
+def test_the_script_uses_only_the_public_api():
+    js = (STATIC_DIR / "app.js").read_text(encoding="utf-8")
+    spec = yaml.safe_load((ROOT / "openapi.yaml").read_text(encoding="utf-8"))
+    fetched = set(re.findall(r"fetch\('([^']+)'", js))
+    assert fetched == {"trace", "version"}
+    assert "post" in spec["paths"]["/trace"] and "get" in spec["paths"]["/version"]
+    assert not re.search(r"XMLHttpRequest|WebSocket|EventSource|sendBeacon|importScripts|\bimport\(", js)
+
+
+def test_the_script_never_parses_html_or_evaluates_strings():
+    js = (STATIC_DIR / "app.js").read_text(encoding="utf-8")
+    for banned in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function",
+                   "setAttribute('style'", "cssText"):
+        assert banned not in js, banned
+    assert re.search(r"setTimeout\(\s*['\"`]", js) is None
+
+
+def test_every_control_has_a_label(page):
+    labelled = {attrs["for"] for tag, attrs in page.tags if tag == "label" and "for" in attrs}
+    controls = [(tag, attrs) for tag, attrs in page.tags if tag in ("input", "select", "textarea")]
+    assert len(controls) >= 7
+    for tag, attrs in controls:
+        assert attrs.get("id") in labelled or attrs.get("aria-label"), f"<{tag} id={attrs.get('id')}> has no label"
+    assert ("html", {"lang": "en"}) in page.tags
+
+
+def test_static_folder_is_flat_for_packaging():
+    # pyproject.toml ships service/static/* (one level): no subfolders may hide files from the wheel.
+    assert all((STATIC_DIR / name).is_file() for name in STATIC_FILES)
+    assert {"index.html", "app.js", "style.css", "favicon.svg"} <= set(STATIC_FILES)
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert "static/*" in pyproject["tool"]["setuptools"]["package-data"]["service"]
+
+
+def test_blueprint_serves_static_files_without_the_apps_static_route():
+    # The blueprint alone serves /static/ (create_app builds Flask with static_folder=None).
+    from flask import Flask
+
+    from service.viewer import bp
+
+    app = Flask("bare", static_folder=None)
+    app.register_blueprint(bp)
+    resp = app.test_client().get("/static/style.css", buffered=True)
+    assert resp.status_code == 200 and resp.mimetype == "text/css"
+    assert resp.headers["Content-Security-Policy"] == VIEWER_CSP
+    assert resp.data == (STATIC_DIR / "style.css").read_bytes()
