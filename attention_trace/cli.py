@@ -1,0 +1,483 @@
+"""attention-trace: the attention walkthrough of one query token, and /check, from a shell.
+
+    attention-trace "the cat sat"                      one table per head for the query "cat"
+    attention-trace "the cat sat" --query the --heads 4 --causal --head 2
+    attention-trace "the cat sat" --json               the full trace as JSON
+    attention-trace check submission.json              a /check request body from a file; prints the verdict
+
+Without --url it computes in this process (no server needed); with --url it
+calls that service. Exit status: 0 success (check: passed), 1 check: not
+passed, 2 usage or validation error (the problem is printed to stderr),
+3 the service failed or could not be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from .client import DEFAULT_RETRIES, DEFAULT_TIMEOUT, CheckResult, Client, ClientError, LocalClient, ProblemError, Trace, TransportError
+
+PROG = "attention-trace"
+EXIT_OK, EXIT_NOT_PASSED, EXIT_USAGE, EXIT_SERVICE = 0, 1, 2, 3
+
+#: the stages the walkthrough table reads
+TABLE_STAGES = ["scores", "scaled_scores", "masked_scores", "weights", "context"]
+#: how many keys the seed-style row layout shows before "auto" switches to one key per line
+ROW_LAYOUT_MAX_KEYS = 8
+CONTEXT_PER_LINE = 8
+
+# Request fields as the command-line options that set them (for error messages).
+FIELD_FLAGS = {"/sentence": "SENTENCE", "/d_model": "--d-model", "/num_heads": "--heads", "/seed": "--seed",
+               "/scale": "--no-scale", "/causal": "--causal"}
+
+
+class UsageError(Exception):
+    """A mistake in the command line or its files: exit 2 with this message."""
+
+
+# -------------------------------------------------------------------- styling
+
+
+class Style:
+    """ANSI bold/green/red when enabled (a TTY by default, never with NO_COLOR)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    @classmethod
+    def for_stream(cls, stream: TextIO, mode: str) -> Style:
+        if mode == "always":
+            return cls(True)
+        if mode == "never":
+            return cls(False)
+        tty = hasattr(stream, "isatty") and stream.isatty()
+        return cls(tty and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb")
+
+    def _wrap(self, code: str, text: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.enabled else text
+
+    def bold(self, text: str) -> str:
+        return self._wrap("1", text)
+
+    def green(self, text: str) -> str:
+        return self._wrap("32", text)
+
+    def red(self, text: str) -> str:
+        return self._wrap("31;1", text)
+
+
+def _visible_len(text: str) -> int:
+    return len(re.sub(r"\x1b\[[0-9;]*m", "", text))
+
+
+def _ljust(text: str, width: int) -> str:
+    return text + " " * max(0, width - _visible_len(text))
+
+
+def _rjust(text: str, width: int) -> str:
+    return " " * max(0, width - _visible_len(text)) + text
+
+
+# ------------------------------------------------------------------- numbers
+
+
+def fmt_number(x: float, decimals: int) -> str:
+    """Fixed decimals, without a "-0.000"."""
+    s = f"{x:.{decimals}f}"
+    return s[1:] if s.startswith("-") and float(s) == 0 else s
+
+
+def fmt_percent(w: float, decimals: int) -> str:
+    return fmt_number(100.0 * w, decimals) + "%"
+
+
+def percent_decimals(decimals: int) -> int:
+    """Softmax percentages: two decimals fewer than the scores (3 -> 7.7%), at least one."""
+    return max(1, decimals - 2)
+
+
+def fmt_vector(values: Sequence[float], decimals: int, indent: int) -> str:
+    """[a, b, c, …], CONTEXT_PER_LINE numbers a line, continuation lines indented."""
+    parts = [fmt_number(v, decimals) for v in values]
+    width = max(len(p) for p in parts)
+    lines = [", ".join(p.rjust(width) for p in parts[i:i + CONTEXT_PER_LINE])
+             for i in range(0, len(parts), CONTEXT_PER_LINE)]
+    return "[" + (",\n" + " " * (indent + 1)).join(lines) + "]"
+
+
+# --------------------------------------------------------------- walkthrough
+
+
+def resolve_query(spec: str | None, texts: list[str]) -> int:
+    """A query given as an index (negative counts from the end) or a token's text.
+
+    Default: the second token if there is one, else the first. An integer that
+    is no valid index is tried as text; "=TEXT" always means text.
+    """
+    n = len(texts)
+    if spec is None:
+        return 1 if n > 1 else 0
+    listing = ", ".join(f"{i} {t!r}" for i, t in enumerate(texts))
+    if spec.startswith("=") and len(spec) > 1:
+        text = spec[1:]
+    else:
+        text = spec
+        if re.fullmatch(r"[+-]?\d+", spec):
+            i = int(spec)
+            if -n <= i < n:
+                return i % n
+            if spec not in texts:
+                raise UsageError(f"--query {spec}: there is no token {i}; the {n} token(s) are {listing}")
+    if text in texts:
+        return texts.index(text)
+    folded = [t.casefold() for t in texts]
+    if text.casefold() in folded:
+        return folded.index(text.casefold())
+    raise UsageError(f"--query {spec!r} is not a token of the sentence; the tokens are {listing}")
+
+
+def _cell_rows(labels: list[str], cells: list[list[str]], keys: list[str], prefix_of: dict[str, str]) -> list[str]:
+    """Seed-style rows: "Label | key → value · key → value", columns aligned across rows."""
+    widths = [max(_visible_len(row[j]) for row in cells) for j in range(len(keys))]
+    return [prefix_of[label] + " · ".join(f"{k} → {_rjust(row[j], widths[j])}" for j, k in enumerate(keys))
+            for label, row in zip(labels, cells)]
+
+
+def render_walkthrough(t: Trace, query: int, heads: Sequence[int], *, decimals: int = 3,
+                       layout: str = "auto", style: Style | None = None, sentence: str | None = None) -> str:
+    """The seed article's table for one query token, for each of the given heads."""
+    style = style or Style(False)
+    cfg = t.config
+    texts = t.texts
+    n = len(texts)
+    pdec = percent_decimals(decimals)
+    scores = t.array("scores")  # [head, query, key]
+    scaled = t.array("scaled_scores")
+    weights = t.array("weights")
+    context = t.array("context")  # [head, token, d_k]
+    masked = t.stages["masked_scores"].mask if cfg.causal else None  # [head, query, key]
+    scale_txt = (f"scores ÷ √{cfg.d_k} = {fmt_number(cfg.scale_factor, decimals)}" if cfg.scale
+                 else "scores not scaled (÷ 1)")
+    subject = f'"{sentence}"' if sentence is not None else " ".join(texts)
+    head_word = "head" if cfg.num_heads == 1 else "heads"
+    out = [style.bold(subject) + f" · {n} token{'s' if n != 1 else ''} · d_model {cfg.d_model} · "
+           f"{cfg.num_heads} {head_word} · d_k {cfg.d_k} · seed {cfg.seed} · {scale_txt}"
+           + (" · causal" if cfg.causal else "")]
+    out.append(f"Query: {json.dumps(texts[query], ensure_ascii=False)} (token {query})")
+    if layout == "auto":
+        layout = "rows" if n <= ROW_LAYOUT_MAX_KEYS else "table"
+    scale_label = "Scale ÷√d_k" if cfg.scale else "Scale ÷1"
+    for h in heads:
+        out.append("")
+        out.append(style.bold(f"Head {h} of {cfg.num_heads}") if cfg.num_heads > 1 else style.bold("Head 0"))
+        is_masked = [bool(masked[h, query, j]) if masked is not None else False for j in range(n)]
+        raw = [fmt_number(scores[h, query, j], decimals) for j in range(n)]
+        sc = [fmt_number(scaled[h, query, j], decimals) for j in range(n)]
+        soft = [fmt_percent(weights[h, query, j], pdec) for j in range(n)]
+        ctx = context[h, query]
+        if layout == "rows":
+            labels, cells = ["Score QKᵀ", scale_label], [raw, sc]
+            if masked is not None:
+                labels.append("Mask (causal)")
+                cells.append(["masked" if m else s for m, s in zip(is_masked, sc)])
+            labels.append("Softmax")
+            cells.append(soft)
+            width = max(len(label) for label in [*labels, "Weight V"])
+            prefix_of = {label: f"  {label.ljust(width)} | " for label in [*labels, "Weight V"]}
+            out.extend(_cell_rows(labels, cells, texts, prefix_of))
+            prefix = prefix_of["Weight V"] + "context = "
+            out.append(prefix + fmt_vector(ctx, decimals, len(prefix)))
+        else:
+            headers = ["#", "key", "score QKᵀ", "scaled ÷√d_k" if cfg.scale else "scaled ÷1"]
+            headers += (["mask"] if masked is not None else []) + ["softmax"]
+            rows = []
+            for j in range(n):
+                row = [str(j), texts[j], raw[j], sc[j]]
+                if masked is not None:
+                    row.append("masked" if is_masked[j] else "")
+                row.append(soft[j])
+                rows.append(row)
+            widths = [max(len(headers[c]), *(len(r[c]) for r in rows)) for c in range(len(headers))]
+            left = {1}  # the key column reads left to right; numbers align right
+            if masked is not None:
+                left.add(4)
+
+            def line(cols: list[str]) -> str:
+                return "  " + "  ".join(c.ljust(w) if i in left else c.rjust(w)
+                                        for i, (c, w) in enumerate(zip(cols, widths))).rstrip()
+
+            out.append(line(headers))
+            out.extend(line(r) for r in rows)
+            prefix = "  Weight V: context = "
+            out.append(prefix + fmt_vector(ctx, decimals, len(prefix)))
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------- check
+
+
+def render_check(r: CheckResult, source: str, style: Style | None = None) -> str:
+    """Per-stage pass/fail lines, the first wrong stage, the diagnosis and the message."""
+    style = style or Style(False)
+    cfg = r.config
+    out = [style.bold(f"Check of {source}") + f": {cfg.n_tokens} tokens · d_model {cfg.d_model} · "
+           f"{cfg.num_heads} head{'s' if cfg.num_heads != 1 else ''} · d_k {cfg.d_k} · seed {cfg.seed}"
+           + ("" if cfg.scale else " · not scaled") + (" · causal" if cfg.causal else "")
+           + f" · rtol {r.tolerance.rtol:g} · atol {r.tolerance.atol:g}", ""]
+    headers = ["step", "stage", "result", "wrong", "message"]
+    rows = [[str(s.step), sid, "pass" if s.passed else "FAIL", f"{s.mismatches}/{s.n_values}", s.message]
+            for sid, s in r.stages.items()]
+    widths = [max(len(headers[c]), *(len(row[c]) for row in rows)) for c in range(4)]
+    right = {0, 3}
+
+    def line(cols: list[str], colour: bool) -> str:
+        cells = []
+        for i, c in enumerate(cols[:4]):
+            cell = c.rjust(widths[i]) if i in right else c.ljust(widths[i])
+            if colour and i == 2:
+                cell = style.green(cell) if c == "pass" else style.red(cell)
+            cells.append(cell)
+        return "  " + "  ".join(cells + [cols[4]])
+
+    out.append(line(headers, False))
+    out.extend(line(row, True) for row in rows)
+    out.append("")
+    d = r.diagnosis
+    if r.passed:
+        verdict = style.green("passed")
+        first = "none"
+        diagnosis = "no bug"
+    else:
+        verdict = style.red("not passed")
+        first = f"{r.first_wrong_stage} (step {r.stages[r.first_wrong_stage].step})" if r.first_wrong_stage else "?"
+        diagnosis = f"{d.bug}: {d.summary}" if d.bug else "none of the known bugs"
+        if len(d.matches) > 1:
+            diagnosis += f" (also matches: {', '.join(m for m in d.matches if m != d.bug)})"
+    labels = [("Result", verdict), ("First wrong stage", first), ("Diagnosis", diagnosis), ("Message", r.message)]
+    w = max(len(k) for k, _ in labels) + 1
+    out.extend(f"{(k + ':').ljust(w)} {v}" for k, v in labels)
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------- arguments
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+    return value
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", help="the service's base URL, e.g. http://127.0.0.1:8000 "
+                                 "(default: compute in this process, no server needed)")
+    p.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT[1], metavar="SECONDS",
+                   help=f"read timeout with --url (default {DEFAULT_TIMEOUT[1]:g})")
+    p.add_argument("--retries", type=int, default=DEFAULT_RETRIES, choices=range(0, 11), metavar="N",
+                   help=f"with --url, retries on a connection error or a 503 (default {DEFAULT_RETRIES})")
+    p.add_argument("--request-id", metavar="ID", help="X-Request-ID to send with --url (A-Z a-z 0-9 . _ : -)")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help="colour the output (default: only on a terminal, and never with NO_COLOR set)")
+
+
+def trace_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Print the attention walkthrough of one query token: for each head and each key, the raw "
+                    "score QKᵀ, the scaled score, the softmax weight in percent, and the head's context vector.",
+        epilog=f"Also: '{PROG} check SUBMISSION.json' sends a /check request body and prints the verdict "
+               f"(see '{PROG} check --help'). To trace the sentence \"check\" itself, write '{PROG} -- check'. "
+               "Exit status: 0 ok, 2 usage or validation error, 3 service error.",
+    )
+    p.add_argument("sentence", metavar="SENTENCE", help="the text to split into tokens (quote it)")
+    p.add_argument("--query", "-q", metavar="TOKEN_OR_INDEX",
+                   help="the query token: an index (0 = first, -1 = last) or a token's text; '=TEXT' forces text "
+                        "(default: the second token, or the first if there is only one)")
+    p.add_argument("--head", type=int, metavar="H", help="show only this head (0-based; default: every head)")
+    p.add_argument("--heads", type=int, metavar="N", dest="num_heads", help="number of heads (default 1)")
+    p.add_argument("--d-model", type=int, metavar="N", dest="d_model", help="model width (default 24)")
+    p.add_argument("--seed", type=int, metavar="N", help="seed of the embeddings and weights (default 0)")
+    p.add_argument("--no-scale", action="store_true", help="do not divide the scores by √d_k")
+    p.add_argument("--causal", action="store_true", help="mask every key after its query")
+    p.add_argument("--json", action="store_true", help="print the full trace JSON instead of the table")
+    p.add_argument("--decimals", type=int, default=3, choices=range(0, 13), metavar="N",
+                   help="decimals of scores and context (default 3; percentages get two fewer, at least one)")
+    p.add_argument("--layout", choices=("auto", "rows", "table"), default="auto",
+                   help=f"'rows': the seed article's 'key → value' rows; 'table': one key per line "
+                        f"(default auto: rows up to {ROW_LAYOUT_MAX_KEYS} tokens)")
+    _common(p)
+    return p
+
+
+def check_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=f"{PROG} check",
+        description="Send a submission to /check and print the verdict: a pass/fail line per submitted stage, "
+                    "the first wrong stage, the diagnosis (which known bug reproduces the numbers) and the message.",
+        epilog="SUBMISSION.json holds one JSON object, a /check request body: the trace request (sentence or "
+               "tokens, d_model, num_heads, …) plus \"submission\": {stage id: nested arrays}. "
+               "Exit status: 0 passed, 1 not passed, 2 usage or validation error, 3 service error.",
+    )
+    p.add_argument("file", metavar="SUBMISSION.json", help="the request body; '-' reads standard input")
+    p.add_argument("--rtol", type=float, help="relative tolerance (overrides the file's)")
+    p.add_argument("--atol", type=float, help="absolute tolerance (overrides the file's)")
+    p.add_argument("--json", action="store_true", help="print the /check response JSON instead of the report")
+    _common(p)
+    return p
+
+
+def make_client(args: argparse.Namespace) -> Client | LocalClient:
+    if args.url:
+        try:
+            return Client(args.url, timeout=(DEFAULT_TIMEOUT[0], args.timeout), retries=args.retries,
+                          request_id=args.request_id)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    try:
+        return LocalClient(request_id=args.request_id)
+    except ImportError as e:
+        raise UsageError(f"{e}; or pass --url URL to use a running service") from None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+# ---------------------------------------------------------------------- runs
+
+
+def run_trace(args: argparse.Namespace, out: TextIO) -> int:
+    body: dict[str, Any] = {"sentence": args.sentence}
+    for name in ("d_model", "num_heads", "seed"):
+        if getattr(args, name) is not None:
+            body[name] = getattr(args, name)
+    if args.no_scale:
+        body["scale"] = False
+    if args.causal:
+        body["causal"] = True
+    if not args.json:
+        body["stages"] = [s for s in TABLE_STAGES if s != "masked_scores" or args.causal]
+    with make_client(args) as client:
+        t = client.trace(body)
+    if args.json:
+        out.write(json.dumps(t.raw, ensure_ascii=False) + "\n")
+        return EXIT_OK
+    query = resolve_query(args.query, t.texts)
+    h = t.config.num_heads
+    if args.head is not None and not 0 <= args.head < h:
+        raise UsageError(f"--head {args.head}: there {'is 1 head (0)' if h == 1 else f'are {h} heads (0 to {h - 1})'}")
+    heads = [args.head] if args.head is not None else list(range(h))
+    style = Style.for_stream(out, args.color)
+    out.write(render_walkthrough(t, query, heads, decimals=args.decimals, layout=args.layout, style=style,
+                                 sentence=args.sentence) + "\n")
+    return EXIT_OK
+
+
+def read_submission(path: str) -> dict[str, Any]:
+    name = "standard input" if path == "-" else path
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+    except OSError as e:
+        raise UsageError(f"cannot read {name}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{name} is not UTF-8 text: {e}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{name} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{name} must hold a JSON object (a /check request body), not a {type(doc).__name__}")
+    return doc
+
+
+def run_check(args: argparse.Namespace, out: TextIO) -> int:
+    body = read_submission(args.file)
+    for name in ("rtol", "atol"):
+        if getattr(args, name) is not None:
+            body[name] = getattr(args, name)
+    with make_client(args) as client:
+        r = client.check(body)
+    if args.json:
+        out.write(json.dumps(r.raw, ensure_ascii=False) + "\n")
+    else:
+        source = "standard input" if args.file == "-" else args.file
+        out.write(render_check(r, source, Style.for_stream(out, args.color)) + "\n")
+    return EXIT_OK if r.passed else EXIT_NOT_PASSED
+
+
+# ---------------------------------------------------------------------- main
+
+
+def print_problem(e: ProblemError, err: TextIO, flags: dict[str, str] | None = None) -> None:
+    """The problem details, without a traceback: title, status, and each error with its field."""
+    if e.errors:
+        err.write(f"{PROG}: error: {e.title} ({e.status})\n")
+        for item in e.errors:
+            pointer = item.get("pointer") or ""
+            where = pointer or "(the request)"
+            if flags and pointer in flags:
+                where = f"{flags[pointer]} ({pointer})"
+            err.write(f"  {where}: {item.get('message', '')}\n")
+    else:
+        err.write(f"{PROG}: error: {e.title} ({e.status}): {e.detail}\n")
+    if e.request_id and e.status >= 500:
+        err.write(f"  request id: {e.request_id}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    out, err = sys.stdout, sys.stderr
+    if argv[:1] == ["check"]:
+        parser, run, flags = check_parser(), run_check, None
+        argv = argv[1:]
+    else:
+        if argv[:1] == ["trace"]:
+            argv = argv[1:]
+        parser, run, flags = trace_parser(), run_trace, FIELD_FLAGS
+    args = parser.parse_args(argv)  # exits 2 on a usage error, 0 on --help
+    try:
+        return run(args, out)
+    except UsageError as e:
+        err.write(f"{PROG}: error: {e}\n")
+        return EXIT_USAGE
+    except ProblemError as e:
+        print_problem(e, err, flags)
+        return EXIT_USAGE if 400 <= e.status < 500 else EXIT_SERVICE
+    except TransportError as e:
+        err.write(f"{PROG}: error: {e}\n")
+        return EXIT_SERVICE
+    except ClientError as e:
+        err.write(f"{PROG}: error: {e}\n")
+        return EXIT_SERVICE
+    except KeyboardInterrupt:
+        err.write(f"{PROG}: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly, and keep Python's
+        # final flush from complaining about the closed pipe.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_NOT_PASSED
+    except Exception as e:  # a bug: say so in one line; ATTENTION_TRACE_DEBUG=1 shows the traceback
+        if os.environ.get("ATTENTION_TRACE_DEBUG"):
+            raise
+        err.write(f"{PROG}: internal error: {type(e).__name__}: {e} "
+                  "(set ATTENTION_TRACE_DEBUG=1 to see the traceback)\n")
+        return EXIT_SERVICE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

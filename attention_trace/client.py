@@ -1,0 +1,781 @@
+"""A Python client for the attention-trace service, over HTTP or in-process.
+
+    from attention_trace import Client, LocalClient
+
+    client = Client("http://127.0.0.1:8000")          # or LocalClient(): no server needed
+    t = client.trace(sentence="the cat sat", d_model=24, num_heads=4)
+    t.stages["weights"].array()                        # numpy, [head, query, key]
+    r = client.check(sentence="the cat sat", d_model=24, num_heads=4,
+                     submission={"weights": my_weights})   # numpy arrays are fine
+    r.passed, r.first_wrong_stage, r.diagnosis.bug, r.message
+
+Requests are JSON objects, given as keyword arguments, as a mapping, or both
+(keywords win). Errors the service answers (RFC 9457 problem details) raise
+:class:`ProblemError`; a service that cannot be reached, or does not answer
+in time, raises :class:`TransportError`.
+
+This module needs only ``requests`` and ``numpy`` (and Python ≥ 3.9), so a
+grader can vendor it alone. :class:`LocalClient` also needs the service
+package (``service``, ``engine``, pydantic), imported when it is created.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar, Union
+
+import numpy as np
+import requests
+
+try:  # TypedDict lives in typing from 3.8 on
+    from typing import TypedDict
+except ImportError:  # pragma: no cover
+    from typing_extensions import TypedDict  # type: ignore[assignment]
+
+__all__ = [
+    "DEFAULT_TIMEOUT", "DEFAULT_RETRIES", "PROBLEM_TYPE_BASE",
+    "ClientError", "ProblemError", "TransportError",
+    "Client", "LocalClient",
+    "Trace", "Stage", "Token", "Config", "Stats", "Parameters", "InjectedBug",
+    "CheckResult", "StageCheck", "Mismatch", "Diagnosis", "Tolerance",
+    "BatchItem", "Health", "VersionInfo", "encode_json",
+]
+
+#: (connect, read) seconds. Connecting to a healthy service is quick; a large
+#: trace or a /check that tries every known bug may take a few seconds to compute.
+DEFAULT_TIMEOUT: tuple[float, float] = (3.05, 60.0)
+#: retries after the first attempt, on connection errors and 503 only
+DEFAULT_RETRIES = 3
+#: statuses retried; every other status, and every 4xx, is final
+RETRY_STATUSES = frozenset({503})
+PROBLEM_TYPE_BASE = "urn:attention-trace:problem:"
+
+# What the service accepts as a caller's X-Request-ID (it replaces anything else).
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+Request = Mapping[str, Any]
+
+
+def _client_version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # pragma: no cover
+        return "0+unknown"
+    try:
+        return version("attention-trace")
+    except PackageNotFoundError:  # a vendored copy (e.g. in a Gradescope autograder)
+        return "0+vendored"
+
+
+# --------------------------------------------------------------------- errors
+
+
+class ClientError(Exception):
+    """Base class of every error this client raises."""
+
+
+class ProblemError(ClientError):
+    """The service answered an error: RFC 9457 problem details.
+
+    ``status`` is the HTTP status; ``type`` a ``urn:attention-trace:problem:…``
+    URN (``kind`` is its last part, e.g. ``validation-error``); ``errors`` lists
+    one ``{"pointer", "message", "type"}`` per problem for validation errors.
+    A non-problem error body (say, from a proxy) is wrapped with type
+    ``about:blank``.
+    """
+
+    def __init__(self, status: int, type: str, title: str, detail: str,
+                 errors: list[dict[str, Any]] | None = None, *, instance: str | None = None,
+                 request_id: str | None = None, document: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{status} {title}: {detail}")
+        self.status = status
+        self.type = type
+        self.title = title
+        self.detail = detail
+        self.errors = errors
+        self.instance = instance
+        self.request_id = request_id
+        self.document = document if document is not None else self.to_dict()
+
+    @property
+    def kind(self) -> str:
+        """The problem type without its URN prefix: ``validation-error``, ``not-found``, …"""
+        return self.type[len(PROBLEM_TYPE_BASE):] if self.type.startswith(PROBLEM_TYPE_BASE) else self.type
+
+    @classmethod
+    def from_document(cls, doc: Mapping[str, Any], *, status: int | None = None,
+                      request_id: str | None = None) -> ProblemError:
+        errors = doc.get("errors")
+        return cls(int(status if status is not None else doc.get("status", 0)), str(doc.get("type", "about:blank")),
+                   str(doc.get("title", "")), str(doc.get("detail", "")),
+                   list(errors) if isinstance(errors, list) else None,
+                   instance=doc.get("instance"), request_id=request_id, document=dict(doc))
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"type": self.type, "title": self.title, "status": self.status,
+                               "detail": self.detail, "instance": self.instance}
+        if self.errors is not None:
+            doc["errors"] = self.errors
+        return doc
+
+    def __repr__(self) -> str:
+        return f"ProblemError(status={self.status!r}, type={self.type!r}, title={self.title!r}, detail={self.detail!r})"
+
+
+class TransportError(ClientError):
+    """The service could not be reached (after the retries), or did not answer in time.
+
+    ``attempts`` is how many requests were made; ``cause`` the last
+    ``requests`` exception.
+    """
+
+    def __init__(self, message: str, *, url: str, attempts: int, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.attempts = attempts
+        self.cause = cause
+
+
+# -------------------------------------------------------------------- results
+
+
+class Health(TypedDict):
+    status: str
+
+
+class VersionInfo(TypedDict):
+    service: str
+    service_version: str
+    schema_version: str
+    engine_version: str
+    libraries: dict[str, str]
+    limits: dict[str, Any]
+    stage_ids: list[str]
+    bugs: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Token:
+    index: int
+    text: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Config:
+    """The request's settings with defaults filled in, and the derived sizes."""
+
+    d_model: int
+    num_heads: int
+    seed: int
+    scale: bool
+    causal: bool
+    positional_encoding: str
+    include_parameters: bool
+    stages: list[str] | None
+    precision: int | None
+    d_k: int
+    scale_factor: float
+    n_tokens: int
+    n_parameters: int
+    n_matrices: int
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Config:
+        # Only the known fields: a newer service may add more.
+        return cls(**{f: doc.get(f) for f in cls.__dataclass_fields__})  # type: ignore[arg-type]
+
+
+def _to_array(values: Any) -> np.ndarray:
+    """Nested lists of numbers (and nulls) as float64; null becomes NaN."""
+    return np.array(values, dtype=np.float64)  # None -> nan
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the trace. ``values`` is the JSON as sent; :meth:`array` is numpy."""
+
+    id: str
+    step: int
+    title: str
+    formula: str
+    axes: tuple[str, ...]
+    shape: tuple[int, ...]
+    values: list[Any] = field(repr=False)
+
+    def array(self) -> np.ndarray:
+        """The values as a float64 array in ``axes`` order. Masked (null) entries
+        of ``masked_scores`` are NaN (see :attr:`mask`); the ``tokens`` stage gives
+        an array of strings."""
+        if self.id == "tokens":
+            return np.array(self.values, dtype=str)
+        return _to_array(self.values).reshape(self.shape)
+
+    @property
+    def mask(self) -> np.ndarray | None:
+        """True where a value is null (masked), for numeric stages; None for ``tokens``."""
+        if self.id == "tokens":
+            return None
+        return np.equal(np.array(self.values, dtype=object), None).reshape(self.shape)
+
+    @classmethod
+    def from_json(cls, sid: str, doc: Mapping[str, Any]) -> Stage:
+        return cls(sid, doc["step"], doc["title"], doc["formula"], tuple(doc["axes"]), tuple(doc["shape"]),
+                   doc["values"])
+
+
+class _Stages(dict):  # type: ignore[type-arg]
+    """A dict of stages whose KeyError says which stages there are."""
+
+    def __missing__(self, key: str) -> Stage:
+        raise KeyError(f"stage {key!r} is not in this trace; it has {', '.join(self)}"
+                       + (" (ask for it with stages=[...], or drop stages)" if self else ""))
+
+
+@dataclass(frozen=True)
+class Stats:
+    axes: tuple[str, ...]
+    entropy: np.ndarray  # [head, query], nats
+    max_weight: np.ndarray  # [head, query]
+
+
+@dataclass(frozen=True)
+class Parameters:
+    W_Q: np.ndarray  # [head, d_k, d_model]
+    W_K: np.ndarray  # [head, d_k, d_model]
+    W_V: np.ndarray  # [head, d_k, d_model]
+    W_O: np.ndarray  # [d_model, num_heads·d_k]
+
+
+@dataclass(frozen=True)
+class InjectedBug:
+    name: str
+    summary: str
+    warning: str
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A /trace response. ``raw`` is the JSON document exactly as received."""
+
+    schema_version: str
+    engine_version: str
+    config: Config
+    tokens: list[Token]
+    parameters_digest: str
+    stages: dict[str, Stage]
+    stats: Stats
+    parameters: Parameters | None
+    injected_bug: InjectedBug | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
+    request_id: str | None = field(default=None, compare=False)
+
+    def array(self, stage_id: str) -> np.ndarray:
+        """``trace.stages[stage_id].array()``."""
+        return self.stages[stage_id].array()
+
+    @property
+    def texts(self) -> list[str]:
+        """The tokens' texts, in order."""
+        return [t.text for t in self.tokens]
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], request_id: str | None = None) -> Trace:
+        st = doc["stats"]
+        p = doc.get("parameters")
+        bug = doc.get("injected_bug")
+        return cls(
+            schema_version=doc["schema_version"],
+            engine_version=doc["engine_version"],
+            config=Config.from_json(doc["config"]),
+            tokens=[Token(t["index"], t["text"], t["start"], t["end"]) for t in doc["tokens"]],
+            parameters_digest=doc["parameters_digest"],
+            stages=_Stages((sid, Stage.from_json(sid, s)) for sid, s in doc["stages"].items()),
+            stats=Stats(tuple(st["axes"]), _to_array(st["entropy"]), _to_array(st["max_weight"])),
+            parameters=None if p is None else Parameters(*(_to_array(p[k]) for k in ("W_Q", "W_K", "W_V", "W_O"))),
+            injected_bug=None if bug is None else InjectedBug(bug["name"], bug["summary"], bug["warning"]),
+            raw=doc,
+            request_id=request_id,
+        )
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    index: list[int]
+    expected: float | str | None
+    received: float | str | None
+
+
+@dataclass(frozen=True)
+class StageCheck:
+    """How one submitted stage compares with the reference."""
+
+    id: str
+    step: int
+    passed: bool
+    shape_ok: bool
+    expected_shape: list[int]
+    received_shape: list[int] | None
+    n_values: int
+    mismatches: int
+    max_abs_error: float | None
+    max_rel_error: float | None
+    first_mismatch: Mismatch | None
+    message: str
+
+    @classmethod
+    def from_json(cls, sid: str, doc: Mapping[str, Any]) -> StageCheck:
+        fm = doc.get("first_mismatch")
+        return cls(sid, doc["step"], doc["passed"], doc["shape_ok"], doc["expected_shape"], doc["received_shape"],
+                   doc["n_values"], doc["mismatches"], doc["max_abs_error"], doc["max_rel_error"],
+                   None if fm is None else Mismatch(fm["index"], fm["expected"], fm["received"]), doc["message"])
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    bug: str | None  # the known bug that reproduces the submission, if any
+    summary: str | None
+    matches: list[str]
+    message: str
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rtol: float
+    atol: float
+    rule: str
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """A /check response. ``raw`` is the JSON document exactly as received."""
+
+    passed: bool
+    first_wrong_stage: str | None
+    diagnosis: Diagnosis
+    message: str
+    stages: dict[str, StageCheck]
+    config: Config
+    tolerance: Tolerance
+    schema_version: str
+    engine_version: str
+    parameters_digest: str
+    raw: dict[str, Any] = field(repr=False, compare=False)
+    request_id: str | None = field(default=None, compare=False)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], request_id: str | None = None) -> CheckResult:
+        d, tol = doc["diagnosis"], doc["tolerance"]
+        return cls(
+            passed=doc["passed"],
+            first_wrong_stage=doc["first_wrong_stage"],
+            diagnosis=Diagnosis(d["bug"], d["summary"], list(d["matches"]), d["message"]),
+            message=doc["message"],
+            stages={sid: StageCheck.from_json(sid, s) for sid, s in doc["stages"].items()},
+            config=Config.from_json(doc["config"]),
+            tolerance=Tolerance(tol["rtol"], tol["atol"], tol["rule"]),
+            schema_version=doc["schema_version"],
+            engine_version=doc["engine_version"],
+            parameters_digest=doc["parameters_digest"],
+            raw=doc,
+            request_id=request_id,
+        )
+
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class BatchItem(Generic[R]):
+    """One item of a batch: ``result`` when ``status`` is 200, else ``problem``."""
+
+    index: int
+    status: int
+    result: R | None
+    problem: ProblemError | None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.result is not None
+
+    def unwrap(self) -> R:
+        """The result, or raise the item's ProblemError."""
+        if self.problem is not None:
+            raise self.problem
+        assert self.result is not None
+        return self.result
+
+
+# ------------------------------------------------------------------- requests
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.ndarray):
+        return o.tolist()  # masked entries of a numpy masked array become None (null)
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, (tuple, set, frozenset)):
+        return list(o)
+    raise TypeError(f"{type(o).__name__} is not JSON serialisable: send numbers, strings, lists, dicts or numpy arrays")
+
+
+def encode_json(payload: Any) -> bytes:
+    """JSON bytes of a request; numpy arrays and scalars become lists and numbers.
+
+    NaN and infinities are written as the literals NaN/Infinity, which the
+    service rejects with a 422 pointing at the value (a better message than a
+    client-side encoding error).
+    """
+    return json.dumps(payload, default=_json_default, separators=(",", ":"), allow_nan=True).encode("utf-8")
+
+
+def _merge(body: Request | None, fields: dict[str, Any]) -> dict[str, Any]:
+    if body is None:
+        return dict(fields)
+    if not isinstance(body, Mapping):
+        raise TypeError(f"the request must be a mapping (a JSON object), got {type(body).__name__}")
+    return {**body, **fields}
+
+
+RequestId = Union[str, Callable[[], str], None]
+
+
+def _check_request_id(rid: str | None) -> str | None:
+    if rid is not None and not _REQUEST_ID.fullmatch(rid):
+        raise ValueError(f"request_id {rid!r} must be 1 to 128 characters of A-Z a-z 0-9 . _ : - "
+                         "(the service would replace it)")
+    return rid
+
+
+class _Base:
+    """The API shared by Client and LocalClient; subclasses move the bytes."""
+
+    _default_request_id: RequestId = None
+
+    def _request(self, method: str, path: str, payload: Any, request_id: str | None) -> tuple[Any, str | None]:
+        raise NotImplementedError
+
+    def _rid(self, request_id: str | None) -> str | None:
+        if request_id is None:
+            d = self._default_request_id
+            request_id = d() if callable(d) else d
+        return _check_request_id(request_id)
+
+    def _call(self, method: str, path: str, payload: Any = None, request_id: str | None = None) -> tuple[Any, str | None]:
+        return self._request(method, path, payload, self._rid(request_id))
+
+    def trace(self, body: Request | None = None, /, *, request_id: str | None = None, **fields: Any) -> Trace:
+        """POST /trace: every stage of the layer for one sentence (or token list)."""
+        doc, rid = self._call("POST", "/trace", _merge(body, fields), request_id)
+        return Trace.from_json(doc, rid)
+
+    def check(self, body: Request | None = None, /, *, request_id: str | None = None, **fields: Any) -> CheckResult:
+        """POST /check: compare ``submission`` (stage id -> values) with the reference."""
+        doc, rid = self._call("POST", "/check", _merge(body, fields), request_id)
+        return CheckResult.from_json(doc, rid)
+
+    def _batch(self, path: str, items: Iterable[Request], wrap: Callable[[dict[str, Any], str | None], R],
+               request_id: str | None) -> list[BatchItem[R]]:
+        doc, rid = self._call("POST", path, {"items": [dict(i) for i in items]}, request_id)
+        out: list[BatchItem[R]] = []
+        for r in doc["results"]:
+            problem = None if r["problem"] is None else ProblemError.from_document(r["problem"], request_id=rid)
+            result = None if r["result"] is None else wrap(r["result"], rid)
+            out.append(BatchItem(r["index"], r["status"], result, problem))
+        return out
+
+    def trace_batch(self, items: Iterable[Request], *, request_id: str | None = None) -> list[BatchItem[Trace]]:
+        """POST /trace/batch: each item answered on its own; a bad item does not fail the rest."""
+        return self._batch("/trace/batch", items, Trace.from_json, request_id)
+
+    def check_batch(self, items: Iterable[Request], *, request_id: str | None = None) -> list[BatchItem[CheckResult]]:
+        """POST /check/batch."""
+        return self._batch("/check/batch", items, CheckResult.from_json, request_id)
+
+    def health(self, *, request_id: str | None = None) -> Health:
+        """GET /health: ``{"status": "ok"}``."""
+        return self._call("GET", "/health", None, request_id)[0]
+
+    def version(self, *, request_id: str | None = None) -> VersionInfo:
+        """GET /version: versions, limits, stage ids and the known bugs."""
+        return self._call("GET", "/version", None, request_id)[0]
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):  # noqa: ANN204
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ----------------------------------------------------------------------- HTTP
+
+
+class Client(_Base):
+    """The attention-trace service over HTTP.
+
+    ``timeout``: seconds, one number for both or ``(connect, read)``.
+    ``retries``: how many times to retry after the first attempt, only on a
+    connection error (refused, reset, DNS, connect timeout) or a 503; waits
+    ``backoff·2^(attempt−1)`` seconds (jittered, at most ``backoff_max``, longer
+    if the 503 says ``Retry-After``). A read timeout, any other status and
+    every 4xx are final: the service is stateless, but a request that timed
+    out is usually one that is too big, and retrying it would only add load.
+    ``request_id``: an ``X-Request-ID`` to send with every request, or a
+    function making one per call (each call may pass its own); retries of a
+    call reuse its ID.
+    """
+
+    def __init__(self, url: str, timeout: float | tuple[float, float] = DEFAULT_TIMEOUT,
+                 retries: int = DEFAULT_RETRIES, *, backoff: float = 0.25, backoff_max: float = 8.0,
+                 request_id: RequestId = None, session: requests.Session | None = None) -> None:
+        if not re.match(r"^https?://[^/]", url or ""):
+            raise ValueError(f"url must be an http:// or https:// URL, got {url!r}")
+        if isinstance(timeout, (int, float)):
+            timeout = (float(timeout), float(timeout))
+        connect, read = (float(t) for t in timeout)
+        if connect <= 0 or read <= 0:
+            raise ValueError(f"timeouts must be positive, got {timeout!r}")
+        if retries < 0 or backoff < 0 or backoff_max < 0:
+            raise ValueError("retries, backoff and backoff_max must not be negative")
+        self.url = url.rstrip("/")
+        self.timeout = (connect, read)
+        self.retries = int(retries)
+        self.backoff = float(backoff)
+        self.backoff_max = float(backoff_max)
+        if isinstance(request_id, str):
+            _check_request_id(request_id)
+        self._default_request_id = request_id
+        self._own_session = session is None
+        self.session = session or requests.Session()
+        if session is None:  # a caller's session keeps its own User-Agent
+            self.session.headers["User-Agent"] = (f"attention-trace-client/{_client_version()} "
+                                                  f"{requests.utils.default_user_agent()}")
+
+    def __repr__(self) -> str:
+        return f"Client({self.url!r}, timeout={self.timeout!r}, retries={self.retries!r})"
+
+    def close(self) -> None:
+        if self._own_session:
+            self.session.close()
+
+    def _delay(self, attempt: int, retry_after: str | None) -> float:
+        delay = min(self.backoff_max, self.backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+        if retry_after and retry_after.strip().isdigit():
+            delay = max(delay, min(self.backoff_max, float(retry_after)))
+        return delay
+
+    def _request(self, method: str, path: str, payload: Any, request_id: str | None) -> tuple[Any, str | None]:
+        url = self.url + path
+        headers = {"Accept": "application/json, application/problem+json"}
+        data = None
+        if payload is not None:
+            data = encode_json(payload)
+            headers["Content-Type"] = "application/json"
+        if request_id:
+            headers["X-Request-ID"] = request_id
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                resp = self.session.request(method, url, data=data, headers=headers, timeout=self.timeout,
+                                            allow_redirects=False)
+            except requests.ConnectionError as e:  # includes ConnectTimeout; not ReadTimeout
+                if attempt <= self.retries:
+                    time.sleep(self._delay(attempt, None))
+                    continue
+                raise TransportError(f"could not connect to {self.url} ({method} {path}) after {attempt} "
+                                     f"attempt{'s' if attempt > 1 else ''}: {_reason(e)}",
+                                     url=url, attempts=attempt, cause=e) from None
+            except requests.Timeout as e:
+                raise TransportError(f"{self.url} did not answer {method} {path} within {self.timeout[1]:g} s "
+                                     "(the read timeout; not retried)", url=url, attempts=attempt, cause=e) from None
+            except requests.RequestException as e:
+                raise TransportError(f"{method} {url} failed: {e}", url=url, attempts=attempt, cause=e) from None
+            if resp.status_code in RETRY_STATUSES and attempt <= self.retries:
+                delay = self._delay(attempt, resp.headers.get("Retry-After"))
+                resp.close()
+                time.sleep(delay)
+                continue
+            return _answer(resp, method, url)
+
+
+def _reason(e: BaseException) -> str:
+    """The innermost useful text of a requests/urllib3 connection error."""
+    text = str(e)
+    m = re.search(r"\[Errno -?\d+\] [^'\")\]]+|Connection refused|timed out|Name or service not known|"
+                  r"RemoteDisconnected\([^)]*\)|Connection reset by peer", text)
+    return m.group(0) if m else text[:300]
+
+
+def _answer(resp: requests.Response, method: str, url: str) -> tuple[Any, str | None]:
+    rid = resp.headers.get("X-Request-ID")
+    status = resp.status_code
+    try:
+        doc = resp.json()
+    except ValueError:
+        doc = None
+    if 200 <= status < 300:
+        if doc is None:
+            raise ClientError(f"{method} {url} answered {status} with a body that is not JSON "
+                              f"({resp.headers.get('Content-Type', 'no Content-Type')})")
+        return doc, rid
+    if isinstance(doc, dict) and "title" in doc and "status" in doc:
+        raise ProblemError.from_document(doc, status=status, request_id=rid)
+    if 300 <= status < 400:
+        detail = f"{method} {url} was redirected to {resp.headers.get('Location', '?')}; use that URL"
+    else:
+        snippet = " ".join(resp.text.split())[:200]
+        detail = f"{method} {url} answered {status} without problem details" + (f": {snippet}" if snippet else "")
+    raise ProblemError(status, "about:blank", resp.reason or f"HTTP {status}", detail, request_id=rid)
+
+
+# ------------------------------------------------------------------ in-process
+
+
+class LocalClient(_Base):
+    """The same interface, computed in this process by ``service.core``: no server.
+
+    Requests are encoded to JSON and validated by the service's own pydantic
+    models with the given limits (default ``Settings()``), so the results, and
+    the ProblemErrors for invalid requests, are the ones the service answers.
+    Needs the full package (service, engine, pydantic).
+    """
+
+    def __init__(self, settings: Any = None, *, request_id: RequestId = None) -> None:
+        try:
+            from service import core, serialize
+            from service.models import BatchRequest, CheckRequest, TraceRequest
+            from service.problems import validation_problem
+            from service.settings import Settings
+        except ImportError as e:  # pragma: no cover - only a client-only install lacks them
+            raise ImportError(f"LocalClient needs the attention-trace service package ({e}); "
+                              "install attention-trace, or use Client(url)") from e
+        self.settings = settings if settings is not None else Settings()
+        self._core, self._serialize, self._validation_problem = core, serialize, validation_problem
+        self._models = {"/trace": TraceRequest, "/check": CheckRequest}
+        self._batch_model = BatchRequest
+        if isinstance(request_id, str):
+            _check_request_id(request_id)
+        self._default_request_id = request_id
+
+    def __repr__(self) -> str:
+        return "LocalClient()"
+
+    # The service's problem documents, built the same way api.py builds them.
+    def _problem(self, e: Any, path: str, rid: str, pointer_prefix: str = "") -> ProblemError:
+        errors = None if e.errors is None else [{**err, "pointer": pointer_prefix + err["pointer"]} for err in e.errors]
+        doc: dict[str, Any] = {"type": PROBLEM_TYPE_BASE + e.kind, "title": e.title, "status": e.status,
+                               "detail": e.detail, "instance": path}
+        if errors is not None:
+            doc["errors"] = errors
+        return ProblemError.from_document(doc, request_id=rid)
+
+    def _engine_problem(self, e: Any) -> Any:
+        from service.problems import ProblemError as ServiceProblem
+
+        return ServiceProblem(422, "Invalid request", e.message, kind="validation-error",
+                              errors=[{"pointer": e.pointer, "message": e.message, "type": e.type}])
+
+    def _validate(self, model: Any, body: bytes, path: str, rid: str) -> Any:
+        from pydantic import ValidationError
+
+        try:
+            return model.model_validate_json(body, context={"settings": self.settings})
+        except ValidationError as e:
+            raise self._problem(self._validation_problem(e), path, rid) from None
+
+    def _answer_one(self, path: str, req: Any) -> dict[str, Any]:
+        core, dumps = self._core, self._serialize.dumps
+        if path.startswith("/trace"):
+            return json.loads(core.render_trace(req, self.settings))
+        return json.loads(dumps(core.check_document(req, self.settings)))
+
+    def _request(self, method: str, path: str, payload: Any, request_id: str | None) -> tuple[Any, str | None]:
+        rid = request_id or uuid.uuid4().hex
+        if method == "GET" and path == "/health":
+            return {"status": "ok"}, rid
+        if method == "GET" and path == "/version":
+            return self._version_doc(), rid
+        body = encode_json(payload)
+        if len(body) > self.settings.max_body_bytes:
+            raise ProblemError.from_document(
+                {"type": PROBLEM_TYPE_BASE + "payload-too-large", "title": "Request Entity Too Large", "status": 413,
+                 "detail": f"The request body is larger than the limit of {self.settings.max_body_bytes} bytes.",
+                 "instance": path}, request_id=rid)
+        if path in self._models:
+            req = self._validate(self._models[path], body, path, rid)
+            try:
+                return self._answer_one(path, req), rid
+            except self._core.RequestError as e:
+                raise self._problem(self._engine_problem(e), path, rid) from None
+        if path in ("/trace/batch", "/check/batch"):
+            return self._batch_doc(path, body, rid), rid
+        raise ValueError(f"LocalClient has no {method} {path}")  # pragma: no cover
+
+    def _batch_doc(self, path: str, body: bytes, rid: str) -> dict[str, Any]:
+        """What api._batch answers: validate each item alone, bound the total, answer in order."""
+        from pydantic import ValidationError
+        from service.problems import ProblemError as ServiceProblem
+
+        batch = self._validate(self._batch_model, body, path, rid)
+        model = self._models[path[: -len("/batch")]]
+        ctx = {"settings": self.settings}
+        parsed: list[Any] = []
+        for item in batch.items:
+            try:
+                parsed.append(model.model_validate(item, context=ctx))
+            except ValidationError as e:
+                parsed.append(self._validation_problem(e))
+        total = sum(p._value_count for p in parsed if not isinstance(p, ServiceProblem))
+        limit = self.settings.max_trace_values
+        if total > limit:
+            raise self._problem(ServiceProblem(
+                422, "Invalid request", f"the batch's traces would hold {total} numbers together, above the limit of "
+                f"{limit}; split it into smaller batches", kind="validation-error",
+                errors=[{"pointer": "/items", "type": "batch_too_large",
+                         "message": f"{total} numbers in all; the limit is {limit}"}]), path, rid)
+        results = []
+        for i, p in enumerate(parsed):
+            if not isinstance(p, ServiceProblem):
+                try:
+                    results.append({"index": i, "status": 200, "result": self._answer_one(path, p), "problem": None})
+                    continue
+                except self._core.RequestError as e:
+                    p = self._engine_problem(e)
+            results.append({"index": i, "status": p.status, "result": None,
+                            "problem": self._problem(p, path, rid, f"/items/{i}").document})
+        return {"results": results}
+
+    def _version_doc(self) -> dict[str, Any]:
+        import platform
+        from importlib import metadata
+
+        from engine import BUGS, ENGINE_VERSION, STAGE_IDS
+
+        def v(dist: str) -> str:
+            try:
+                return metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                return "unknown"
+
+        return {
+            "service": "attention-trace",
+            "service_version": v("attention-trace"),
+            "schema_version": self._serialize.SCHEMA_VERSION,
+            "engine_version": ENGINE_VERSION,
+            "libraries": {"python": platform.python_version(),
+                          **{n: v(n) for n in ("numpy", "flask", "pydantic", "gunicorn", "orjson", "regex")}},
+            "limits": self.settings.limits(),
+            "stage_ids": list(STAGE_IDS),
+            "bugs": {name: bug.summary for name, bug in BUGS.items()},
+        }
