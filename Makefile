@@ -32,5 +32,10 @@ browser:
 test: $(VENV)/.installed browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Real gunicorn under concurrent mixed load, with one worker SIGKILLed mid-run
+# (docs/reliability.md). E.g. make loadtest LOADTEST_ARGS="--duration 60 --threads 8"
+loadtest: $(VENV)/.installed
+	$(BIN)/python scripts/loadtest --kill-worker $(LOADTEST_ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

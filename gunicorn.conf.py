@@ -57,3 +57,10 @@ control_socket_disable = True
 import gunicorn.http.wsgi  # noqa: E402
 
 gunicorn.http.wsgi.SERVER = "attention-trace"
+
+# Access log values JSON-escaped; gunicorn's own error answers as problem+json;
+# a slow client timed out gets 408 (see service/gunicorn_support.py).
+from service.gunicorn_support import JsonAccessLogger, install  # noqa: E402
+
+logger_class = JsonAccessLogger
+install()

@@ -681,10 +681,7 @@ class LocalClient(_Base):
         return ProblemError.from_document(doc, request_id=rid)
 
     def _engine_problem(self, e: Any) -> Any:
-        from service.problems import ProblemError as ServiceProblem
-
-        return ServiceProblem(422, "Invalid request", e.message, kind="validation-error",
-                              errors=[{"pointer": e.pointer, "message": e.message, "type": e.type}])
+        return self._core.engine_problem(e)
 
     def _validate(self, model: Any, body: bytes, path: str, rid: str) -> Any:
         from pydantic import ValidationError
@@ -723,59 +720,14 @@ class LocalClient(_Base):
         raise ValueError(f"LocalClient has no {method} {path}")  # pragma: no cover
 
     def _batch_doc(self, path: str, body: bytes, rid: str) -> dict[str, Any]:
-        """What api._batch answers: validate each item alone, bound the total, answer in order."""
-        from pydantic import ValidationError
+        """What the service answers: the very same core.batch_document."""
         from service.problems import ProblemError as ServiceProblem
 
         batch = self._validate(self._batch_model, body, path, rid)
-        model = self._models[path[: -len("/batch")]]
-        ctx = {"settings": self.settings}
-        parsed: list[Any] = []
-        for item in batch.items:
-            try:
-                parsed.append(model.model_validate(item, context=ctx))
-            except ValidationError as e:
-                parsed.append(self._validation_problem(e))
-        total = sum(p._value_count for p in parsed if not isinstance(p, ServiceProblem))
-        limit = self.settings.max_trace_values
-        if total > limit:
-            raise self._problem(ServiceProblem(
-                422, "Invalid request", f"the batch's traces would hold {total} numbers together, above the limit of "
-                f"{limit}; split it into smaller batches", kind="validation-error",
-                errors=[{"pointer": "/items", "type": "batch_too_large",
-                         "message": f"{total} numbers in all; the limit is {limit}"}]), path, rid)
-        results = []
-        for i, p in enumerate(parsed):
-            if not isinstance(p, ServiceProblem):
-                try:
-                    results.append({"index": i, "status": 200, "result": self._answer_one(path, p), "problem": None})
-                    continue
-                except self._core.RequestError as e:
-                    p = self._engine_problem(e)
-            results.append({"index": i, "status": p.status, "result": None,
-                            "problem": self._problem(p, path, rid, f"/items/{i}").document})
-        return {"results": results}
+        try:  # through the service's JSON encoder: traces are embedded pre-encoded
+            return json.loads(self._serialize.dumps(self._core.batch_document(path, batch, self.settings)))
+        except ServiceProblem as e:
+            raise self._problem(e, path, rid) from None
 
     def _version_doc(self) -> dict[str, Any]:
-        import platform
-        from importlib import metadata
-
-        from engine import BUGS, ENGINE_VERSION, STAGE_IDS
-
-        def v(dist: str) -> str:
-            try:
-                return metadata.version(dist)
-            except metadata.PackageNotFoundError:
-                return "unknown"
-
-        return {
-            "service": "attention-trace",
-            "service_version": v("attention-trace"),
-            "schema_version": self._serialize.SCHEMA_VERSION,
-            "engine_version": ENGINE_VERSION,
-            "libraries": {"python": platform.python_version(),
-                          **{n: v(n) for n in ("numpy", "flask", "pydantic", "gunicorn", "orjson", "regex")}},
-            "limits": self.settings.limits(),
-            "stage_ids": list(STAGE_IDS),
-            "bugs": {name: bug.summary for name, bug in BUGS.items()},
-        }
+        return self._core.version_document(self.settings)

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import platform
-from importlib import metadata
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import orjson
 from flask import Blueprint, Response, current_app, request
 from pydantic import BaseModel, ValidationError
-
-from engine import BUGS, ENGINE_VERSION, STAGE_IDS
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from . import core, serialize
-from .models import BatchRequest, CheckRequest, TraceRequest, TraceSpec
-from .problems import TYPE_BASE, ProblemError, validation_problem
+from .models import BatchRequest, CheckRequest, TraceRequest
+from .problems import ProblemError, validation_problem
 from .settings import Settings
 
 bp = Blueprint("api", __name__)
@@ -32,6 +28,25 @@ def json_response(doc: object, status: int = 200) -> Response:
     return current_app.response_class(serialize.dumps(doc), status=status, mimetype="application/json")
 
 
+def read_body() -> bytes:
+    """The request body, at most max_body_bytes: 413 above it, whether or not
+    a Content-Length was sent (a chunked body has none), 400 if it cannot be read."""
+    limit = settings().max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise RequestEntityTooLarge()
+    try:
+        body = request.environ["wsgi.input"].read(limit + 1) if request.content_length is None \
+            else request.get_data(cache=False)
+    except HTTPException:
+        raise
+    except Exception as e:  # gunicorn's InvalidChunkSize, NoMoreData, ...: the client's framing
+        raise ProblemError(400, "Malformed JSON", f"The request body could not be read: {type(e).__name__}.",
+                           kind="malformed-json") from None
+    if len(body) > limit:
+        raise RequestEntityTooLarge()
+    return body
+
+
 def parse_body(model: type[M]) -> M:
     """Check the content type, read the bounded body and validate it with pydantic."""
     mimetype = request.mimetype
@@ -40,16 +55,11 @@ def parse_body(model: type[M]) -> M:
         raise ProblemError(415, "Unsupported Media Type",
                            f"Send the body as JSON with 'Content-Type: application/json' (got {got}).",
                            kind="unsupported-media-type", headers={"Accept-Post": "application/json"})
-    body = request.get_data(cache=False)  # werkzeug enforces MAX_CONTENT_LENGTH here (413)
+    body = read_body()
     try:
         return model.model_validate_json(body, context={"settings": settings()})
     except ValidationError as e:
         raise validation_problem(e) from None
-
-
-def engine_problem(e: core.RequestError) -> ProblemError:
-    return ProblemError(422, "Invalid request", e.message, kind="validation-error",
-                        errors=[{"pointer": e.pointer, "message": e.message, "type": e.type}])
 
 
 @bp.post("/trace")
@@ -58,7 +68,7 @@ def post_trace() -> Response:
     try:
         body = core.render_trace(req, settings())
     except core.RequestError as e:
-        raise engine_problem(e) from None
+        raise core.engine_problem(e) from None
     return current_app.response_class(body, mimetype="application/json")
 
 
@@ -68,56 +78,22 @@ def post_check() -> Response:
     try:
         return json_response(core.check_document(req, settings()))
     except core.RequestError as e:
-        raise engine_problem(e) from None
+        raise core.engine_problem(e) from None
 
 
-def _problem_doc(e: ProblemError, pointer_prefix: str) -> dict[str, Any]:
-    doc: dict[str, Any] = {"type": TYPE_BASE + e.kind, "title": e.title, "status": e.status, "detail": e.detail,
-                           "instance": request.path}
-    if e.errors is not None:
-        doc["errors"] = [{**err, "pointer": pointer_prefix + err["pointer"]} for err in e.errors]
-    return doc
-
-
-def _batch(model: type[TraceSpec], answer) -> Response:
-    """Validate and answer each item on its own; bound the total work first."""
+def _batch() -> Response:
     batch = parse_body(BatchRequest)
-    limits = settings()
-    ctx = {"settings": limits}
-    parsed: list[TraceSpec | ProblemError] = []
-    for item in batch.items:
-        try:
-            parsed.append(model.model_validate(item, context=ctx))
-        except ValidationError as e:
-            parsed.append(validation_problem(e))
-    total = sum(p._value_count for p in parsed if not isinstance(p, ProblemError))
-    if total > limits.max_trace_values:
-        raise ProblemError(422, "Invalid request",
-                           f"the batch's traces would hold {total} numbers together, above the limit of "
-                           f"{limits.max_trace_values}; split it into smaller batches", kind="validation-error",
-                           errors=[{"pointer": "/items", "type": "batch_too_large",
-                                    "message": f"{total} numbers in all; the limit is {limits.max_trace_values}"}])
-    results = []
-    for i, p in enumerate(parsed):
-        if not isinstance(p, ProblemError):
-            try:
-                results.append({"index": i, "status": 200, "result": answer(p, limits), "problem": None})
-                continue
-            except core.RequestError as e:
-                p = engine_problem(e)
-        results.append({"index": i, "status": p.status, "result": None, "problem": _problem_doc(p, f"/items/{i}")})
-    return json_response({"results": results})
+    return json_response(core.batch_document(request.path, batch, settings()))
 
 
 @bp.post("/trace/batch")
 def post_trace_batch() -> Response:
-    # Each trace is pre-encoded once and embedded as-is (no re-parsing).
-    return _batch(TraceRequest, lambda req, limits: orjson.Fragment(core.render_trace(req, limits)))
+    return _batch()
 
 
 @bp.post("/check/batch")
 def post_check_batch() -> Response:
-    return _batch(CheckRequest, core.check_document)
+    return _batch()
 
 
 @bp.get("/health")
@@ -125,28 +101,9 @@ def health() -> Response:
     return json_response({"status": "ok"})
 
 
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 @bp.get("/version")
 def version() -> Response:
-    return json_response({
-        "service": "attention-trace",
-        "service_version": _version("attention-trace"),
-        "schema_version": serialize.SCHEMA_VERSION,
-        "engine_version": ENGINE_VERSION,
-        "libraries": {
-            "python": platform.python_version(),
-            **{name: _version(name) for name in ("numpy", "flask", "pydantic", "gunicorn", "orjson", "regex")},
-        },
-        "limits": settings().limits(),
-        "stage_ids": list(STAGE_IDS),
-        "bugs": {name: bug.summary for name, bug in BUGS.items()},
-    })
+    return json_response(core.version_document(settings()))
 
 
 @bp.get("/openapi.yaml")

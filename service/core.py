@@ -4,16 +4,21 @@ command-line client runs it in-process."""
 
 from __future__ import annotations
 
+import platform
+from importlib import metadata
 from typing import Any
 
 import numpy as np
+import orjson
+from pydantic import ValidationError
 
 import engine
 from engine import BUGS, STAGE_IDS, STAGE_INFO, EngineError, TraceConfig
 from engine.params import explicit_parameters
 
 from . import serialize
-from .models import CheckRequest, TraceRequest, TraceSpec
+from .models import BatchRequest, CheckRequest, TraceRequest, TraceSpec
+from .problems import ProblemError, problem_document, validation_problem
 from .settings import Settings
 
 
@@ -25,6 +30,12 @@ class RequestError(Exception):
         self.message = error.message
         self.pointer = "/" + error.field.replace(".", "/") if error.field else ""
         self.type = type(error).__name__
+
+
+def engine_problem(e: RequestError) -> ProblemError:
+    """A 422 for what the engine refused."""
+    return ProblemError(422, "Invalid request", e.message, kind="validation-error",
+                        errors=[{"pointer": e.pointer, "message": e.message, "type": e.type}])
 
 
 def config_of(req: TraceSpec, limits: Settings) -> TraceConfig:
@@ -210,4 +221,75 @@ def check_document(req: CheckRequest, limits: Settings) -> dict[str, Any]:
         "diagnosis": {"bug": bug, "summary": BUGS[bug].summary if bug else None, "matches": matches,
                       "message": diag_msg},
         "message": message,
+    }
+
+
+# ------------------------------------------------------------------ batches and /version
+
+
+def answer(path: str, req: TraceSpec, limits: Settings) -> Any:
+    """The single endpoint's answer: /trace as pre-encoded bytes (embedded as-is), /check as a document."""
+    if path == "/trace":
+        return orjson.Fragment(render_trace(req, limits))  # type: ignore[arg-type]
+    return check_document(req, limits)  # type: ignore[arg-type]
+
+
+def batch_document(path: str, batch: BatchRequest, limits: Settings) -> dict[str, Any]:
+    """Validate and answer each item of /trace/batch or /check/batch on its own, in order.
+
+    The total work is bounded first: a batch whose traces would hold more than
+    max_trace_values numbers together is refused whole (ProblemError 422).
+    """
+    single = path.removesuffix("/batch")
+    model = {"/trace": TraceRequest, "/check": CheckRequest}[single]
+    ctx = {"settings": limits}
+    parsed: list[TraceSpec | ProblemError] = []
+    for item in batch.items:
+        try:
+            parsed.append(model.model_validate(item, context=ctx))
+        except ValidationError as e:
+            parsed.append(validation_problem(e))
+    total = sum(p._value_count for p in parsed if not isinstance(p, ProblemError))
+    if total > limits.max_trace_values:
+        raise ProblemError(422, "Invalid request",
+                           f"the batch's traces would hold {total} numbers together, above the limit of "
+                           f"{limits.max_trace_values}; split it into smaller batches", kind="validation-error",
+                           errors=[{"pointer": "/items", "type": "batch_too_large",
+                                    "message": f"{total} numbers in all; the limit is {limits.max_trace_values}"}])
+    results = []
+    for i, p in enumerate(parsed):
+        if not isinstance(p, ProblemError):
+            try:
+                results.append({"index": i, "status": 200, "result": answer(single, p, limits), "problem": None})
+                continue
+            except RequestError as e:
+                p = engine_problem(e)
+        results.append({"index": i, "status": p.status, "result": None,
+                        "problem": problem_document(p, path, f"/items/{i}")})
+    return {"results": results}
+
+
+def _dist_version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def version_document(limits: Settings) -> dict[str, Any]:
+    """GET /version: versions, the limits in force, the stage ids and the known bugs."""
+    return {
+        "service": "attention-trace",
+        "service_version": _dist_version("attention-trace"),
+        "schema_version": serialize.SCHEMA_VERSION,
+        "engine_version": engine.ENGINE_VERSION,
+        "libraries": {
+            "python": platform.python_version(),
+            # The libraries that make or check the numbers; the web framework and
+            # server are not named (no version banners, for the same reason as Server:).
+            **{name: _dist_version(name) for name in ("numpy", "pydantic", "orjson", "regex")},
+        },
+        "limits": limits.limits(),
+        "stage_ids": list(STAGE_IDS),
+        "bugs": {name: bug.summary for name, bug in BUGS.items()},
     }

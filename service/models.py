@@ -229,6 +229,7 @@ class TraceRequest(TraceSpec):
     stages: list[StageId] | None = Field(
         default=None,
         min_length=1,
+        max_length=len(STAGE_IDS),
         description="Return only these stages (by id); default: every stage. A grader that only needs "
         "`weights` gets only `weights`. `masked_scores` exists only with `causal: true`.",
     )

@@ -94,7 +94,8 @@ def build_spec() -> dict[str, Any]:
 
     def get_op(op_id: str, summary: str, description: str, schema: str, example: Any,
                mime: str = "application/json") -> dict[str, Any]:
-        content = {mime: {"schema": {"$ref": REF.format(model=schema)} if schema else {"type": "string"},
+        plain = {"type": "object"} if mime == "application/yaml" else {"type": "string"}  # YAML parses to a mapping
+        content = {mime: {"schema": {"$ref": REF.format(model=schema)} if schema else plain,
                           "example": example}}
         return {"get": {"operationId": op_id, "summary": summary, "description": description, "tags": ["meta"],
                         "responses": {"200": {"description": "OK", "headers": request_id, "content": content},

@@ -35,17 +35,19 @@ class ProblemError(Exception):
         self.errors, self.headers = errors, headers or {}
 
 
+def problem_document(e: ProblemError, instance: str | None, pointer_prefix: str = "") -> dict[str, Any]:
+    """The RFC 9457 body for a problem; ``pointer_prefix`` places it inside a batch item."""
+    body: dict[str, Any] = {"type": TYPE_BASE + e.kind, "title": e.title, "status": e.status, "detail": e.detail,
+                            "instance": instance}
+    if e.errors is not None:
+        body["errors"] = [{**err, "pointer": pointer_prefix + err["pointer"]} for err in e.errors]
+    return body
+
+
 def problem_response(status: int, title: str, detail: str, *, kind: str, errors: list[dict] | None = None,
                      headers: dict[str, str] | None = None) -> Response:
-    body: dict[str, Any] = {
-        "type": TYPE_BASE + kind,
-        "title": title,
-        "status": status,
-        "detail": detail,
-        "instance": request.path if request else None,
-    }
-    if errors is not None:
-        body["errors"] = errors
+    err = ProblemError(status, title, detail, kind=kind, errors=errors)
+    body = problem_document(err, request.path if request else None)
     resp = current_app.response_class(orjson.dumps(body), status=status, mimetype=PROBLEM_MIME)
     for k, v in (headers or {}).items():
         resp.headers[k] = v
@@ -57,16 +59,28 @@ def json_pointer(loc: tuple[int | str, ...]) -> str:
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in loc)
 
 
+#: most entries in a 422's `errors`; the rest are counted in `detail`. One entry
+#: per offending item let a 3 MB body answer 348 MiB (docs/reliability.md).
+MAX_ERRORS = 20
+#: longest field name echoed back in a pointer or message
+MAX_ECHO = 64
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_ECHO else text[:MAX_ECHO] + "…"
+
+
 def validation_problem(exc: ValidationError) -> ProblemError:
-    """422 with one entry per problem; malformed JSON is a 400 instead."""
+    """422 with one entry per problem (at most MAX_ERRORS); malformed JSON is a 400 instead."""
+    total = exc.error_count()
     errs = exc.errors(include_url=False, include_input=False, include_context=True)
     if any(e["type"] == "json_invalid" for e in errs):
         first = next(e for e in errs if e["type"] == "json_invalid")
         return ProblemError(400, "Malformed JSON", f"The request body is not valid JSON: {first['msg']}.",
                             kind="malformed-json")
     items = []
-    for e in errs:
-        loc = tuple(e["loc"])
+    for e in errs[:MAX_ERRORS]:
+        loc = tuple(_short(p) if isinstance(p, str) else p for p in e["loc"])
         ctx = e.get("ctx") or {}
         if "pointer" in ctx:
             pointer = ctx["pointer"]
@@ -79,8 +93,8 @@ def validation_problem(exc: ValidationError) -> ProblemError:
             message = "the request body must be a JSON object"
         items.append({"pointer": pointer, "message": message, "type": e["type"]})
     summary = "; ".join(f"{i['pointer'] or 'body'}: {i['message']}" for i in items[:3])
-    if len(items) > 3:
-        summary += f"; and {len(items) - 3} more"
+    if total > 3:
+        summary += f"; and {total - 3} more"
     return ProblemError(422, "Invalid request", summary, kind="validation-error", errors=items)
 
 
@@ -99,7 +113,8 @@ def register_error_handlers(app: Flask) -> None:
             405: f"{request.method} is not allowed on {request.path}.",
             413: f"The request body is larger than the limit of {current_app.config['MAX_CONTENT_LENGTH']} bytes.",
         }.get(e.code or 500, e.description or "")
-        kind = {404: "not-found", 405: "method-not-allowed", 413: "payload-too-large"}.get(e.code or 0, "http-error")
+        kind = {400: "bad-request", 404: "not-found", 405: "method-not-allowed",
+                413: "payload-too-large"}.get(e.code or 0, "http-error")
         return problem_response(e.code or 500, e.name, detail, kind=kind, headers=headers)
 
     @app.errorhandler(Exception)

@@ -1,0 +1,48 @@
+"""Load and faults, the CI version of scripts/loadtest: real gunicorn, several
+client threads for ~8 s, a mix of valid and invalid requests, and one worker
+SIGKILLed by its PID halfway. The long run is `scripts/loadtest --duration 60
+--kill-worker`; its figures are in docs/reliability.md."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def load_script(name: str):
+    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), str(ROOT / "scripts" / name))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[loader.name] = module  # dataclasses look their module up
+    loader.exec_module(module)
+    return module
+
+
+def test_load_with_a_worker_killed_midway():
+    loadtest = load_script("loadtest")
+    rep = loadtest.run(duration=8, threads=6, workers=2, kill_worker=True, kill_at=0.5, timeout=20, seed=5)
+    loadtest.print_report(rep)  # shown by pytest on failure
+    assert rep["requests_sent"] >= 200, rep["requests_sent"]
+    assert rep["valid_sent"] and rep["invalid_sent"]
+    assert rep["status_5xx"] == 0 and rep["log_5xx_lines"] == 0
+    assert rep["timeouts"] == 0
+    # Only the request(s) in flight on the killed worker may fail: a sync worker has at most one.
+    assert rep["unexplained_errors"] == 0, rep["error_kinds"]
+    assert rep["connection_errors"] == rep["connection_errors_in_flight_at_kill"] <= 1
+    # Same question, same answer: every response equals its in-process reference, byte for byte.
+    assert rep["not_identical"] == 0
+    assert rep["request_id_not_echoed"] == 0
+    kill = rep["kill"]
+    assert kill["killed_pid"] in kill["workers_before"]
+    assert kill["replacement_pid"] is not None and kill["killed_pid"] not in kill["workers_after"]
+    assert kill["replaced_after_s"] < 5
+    assert rep["workers_at_end"] == 2
+    assert rep["log_sigkill_seen"]
+    assert rep["passed"], rep["problems"]
