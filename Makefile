@@ -32,6 +32,19 @@ browser:
 test: $(VENV)/.installed browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Benchmark-only packages (torch CPU build, threadpoolctl), never runtime or test deps.
+$(VENV)/.bench-installed: $(VENV)/.installed bench/requirements.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r bench/requirements.txt
+	touch $@
+
+# The benchmark table (docs/performance.md); BENCH_ARGS=--quick for a ~1 minute run.
+# wrk from Debian is the load generator; the Python one stands in without it.
+# OPENBLAS_CORETYPE/L2_SIZE are unset for this command alone (they slow current numpy).
+bench: $(VENV)/.bench-installed
+	command -v wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq wrk; } \
+	  || echo "wrk could not be installed: the Python load generator stands in"
+	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BIN)/python -m bench.run $(BENCH_ARGS)
+
 # Real gunicorn under concurrent mixed load, with one worker SIGKILLed mid-run
 # (docs/reliability.md). E.g. make loadtest LOADTEST_ARGS="--duration 60 --threads 8"
 loadtest: $(VENV)/.installed

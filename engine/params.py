@@ -145,6 +145,16 @@ def generate_parameters(seed: int, d_model: int, num_heads: int) -> Parameters:
     return Parameters(per_head("W_Q"), per_head("W_K"), per_head("W_V"), _readonly(W_O))
 
 
+@lru_cache(maxsize=16)
+def generated_parameters_digest(seed: int, d_model: int, num_heads: int) -> str:
+    """``parameters_digest(generate_parameters(seed, d_model, num_heads))``, once per weight set.
+
+    Hashing 4·d_model² float64 (8 MiB at d_model 512) costs ~5 ms; the weights
+    are cached, so their digest can be too (same key, same bound).
+    """
+    return parameters_digest(generate_parameters(seed, d_model, num_heads))
+
+
 def parameters_digest(params: Parameters) -> str:
     """``sha256:<hex>`` over each matrix's name, shape and little-endian float64 bytes.
 

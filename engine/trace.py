@@ -19,6 +19,7 @@ Walkthrough order (stage ids are a public contract)::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 import numpy as np
@@ -26,7 +27,13 @@ import numpy as np
 from . import attention as A
 from .bugs import BUGS
 from .errors import EmptyInputError, InvalidSizeError, ShapeError, TooManyTokensError, UnknownBugError
-from .params import Parameters, generate_parameters, parameters_digest, token_embeddings
+from .params import (
+    Parameters,
+    generate_parameters,
+    generated_parameters_digest,
+    parameters_digest,
+    token_embeddings,
+)
 from .tokenize import Token, tokenize, tokens_from_list
 from .version import ENGINE_VERSION
 
@@ -220,7 +227,7 @@ def trace(
     if input is None:
         E = token_embeddings(config.seed, d_model, [t.text for t in toks])  # [n, d_model]
         if config.positional_encoding == "sinusoidal":
-            PE = A.sinusoidal_positional_encoding(n, d_model)  # [n, d_model]
+            PE = _positional_encoding(n, d_model)  # [n, d_model], cached, read-only
         else:
             PE = A.no_positional_encoding(n, d_model)  # [n, d_model]
         x = A.add_positional_encoding(E, PE)  # [n, d_model]
@@ -259,7 +266,8 @@ def trace(
         config=config,
         tokens=toks,
         parameters=params,
-        parameters_digest=parameters_digest(params),
+        parameters_digest=(generated_parameters_digest(config.seed, d_model, config.num_heads)
+                           if parameters is None else parameters_digest(params)),
         stages=stages,
         entropy=A.entropy(core["weights"]),
         max_weight=A.max_weight(core["weights"]),
@@ -267,6 +275,14 @@ def trace(
         input_source="generated" if input is None else "explicit",
         bug=bug,
     )
+
+
+@lru_cache(maxsize=32)
+def _positional_encoding(n: int, d_model: int) -> np.ndarray:
+    """Stage 3 for (n, d_model), computed once: it depends on nothing else (≤ 1 MiB each)."""
+    pe = A.sinusoidal_positional_encoding(n, d_model)  # [n, d_model]
+    pe.setflags(write=False)
+    return pe
 
 
 def attend(

@@ -38,6 +38,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions["attention_trace.openapi"] = find_openapi().read_bytes()
 
     from .api import bp
+    from .compression import maybe_compress
     from .problems import register_error_handlers
     from .viewer import bp as viewer_bp
 
@@ -61,6 +62,6 @@ def create_app(settings: Settings | None = None) -> Flask:
         resp.headers["X-Content-Type-Options"] = "nosniff"
         resp.headers.setdefault("Content-Security-Policy", API_CSP)
         resp.headers["Referrer-Policy"] = "no-referrer"
-        return resp
+        return maybe_compress(resp, settings)
 
     return app

@@ -33,6 +33,12 @@ class Settings:
     max_sentence_chars: int = 65_536
     #: browser origins allowed by CORS; "*" for any (credentials are never allowed)
     cors_origins: tuple[str, ...] = field(default=("*",))
+    #: response encodings offered, in order of preference ("br", "gzip"; empty or
+    #: "off" for none). brotli quality 1 pays for its CPU below ~450 Mbit/s;
+    #: gzip level 1 is slower for less (docs/performance.md), so it is opt-in.
+    compression: tuple[str, ...] = field(default=("br",))
+    #: smallest JSON body worth compressing, in bytes
+    compress_min_bytes: int = 16384
 
     @classmethod
     def from_env(cls, environ: os._Environ[str] | dict[str, str] | None = None) -> Settings:
@@ -43,8 +49,11 @@ class Settings:
             raw = env.get(ENV_PREFIX + f.name.upper())
             if raw is None or raw.strip() == "":
                 continue
-            if f.name == "cors_origins":
-                values[f.name] = tuple(o.strip() for o in raw.split(",") if o.strip())
+            if f.name in ("cors_origins", "compression"):
+                items = tuple(o.strip() for o in raw.split(",") if o.strip() and o.strip() != "off")
+                if f.name == "compression" and not set(items) <= {"br", "gzip"}:
+                    raise ValueError(f"{ENV_PREFIX}COMPRESSION must list br and/or gzip, or be off; got {raw!r}")
+                values[f.name] = items
                 continue
             try:
                 number = int(raw)
@@ -59,4 +68,5 @@ class Settings:
         """The limits in force, as reported by GET /version."""
         d = asdict(self)
         d["cors_origins"] = list(self.cors_origins)
+        d["compression"] = list(self.compression)
         return d

@@ -84,6 +84,21 @@ def spec_checker(spec: dict) -> SpecChecker:
     return SpecChecker(spec)
 
 
+def decoded(resp) -> bytes:
+    """A test response's body with any Content-Encoding undone."""
+    body = resp.get_data()
+    encoding = resp.headers.get("Content-Encoding")
+    if encoding == "br":
+        import brotli
+
+        return brotli.decompress(body)
+    if encoding == "gzip":
+        import gzip
+
+        return gzip.decompress(body)
+    return body
+
+
 class ValidatingClient(FlaskClient):
     """Flask test client that checks every response against openapi.yaml."""
 
@@ -93,7 +108,7 @@ class ValidatingClient(FlaskClient):
         resp = super().open(*args, **kwargs)
         req = resp.request
         if req.method != "OPTIONS":  # CORS preflights are answered by flask-cors, outside the contract
-            self.checker.check(req.path, req.method, resp.status_code, resp.content_type or "", resp.get_data())
+            self.checker.check(req.path, req.method, resp.status_code, resp.content_type or "", decoded(resp))
         return resp
 
 
