@@ -13,6 +13,7 @@ from pathlib import Path
 from flask import Flask, Response, g, request
 from flask_cors import CORS
 
+from .cache import ResponseCache
 from .settings import Settings
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -36,6 +37,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.config.update(MAX_CONTENT_LENGTH=settings.max_body_bytes)
     app.extensions["attention_trace.settings"] = settings
     app.extensions["attention_trace.openapi"] = find_openapi().read_bytes()
+    app.extensions["attention_trace.responses"] = (
+        ResponseCache(settings.response_cache_bytes) if settings.response_cache_bytes else None
+    )
 
     from .api import bp
     from .compression import maybe_compress

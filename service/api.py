@@ -47,15 +47,21 @@ def read_body() -> bytes:
     return body
 
 
-def parse_body(model: type[M]) -> M:
-    """Check the content type, read the bounded body and validate it with pydantic."""
+def read_json_body() -> bytes:
+    """Check the content type, then read the bounded body."""
     mimetype = request.mimetype
     if not (mimetype in _JSON_TYPES or (mimetype.startswith("application/") and mimetype.endswith("+json"))):
         got = f"'{request.content_type}'" if request.content_type else "no Content-Type"
         raise ProblemError(415, "Unsupported Media Type",
                            f"Send the body as JSON with 'Content-Type: application/json' (got {got}).",
                            kind="unsupported-media-type", headers={"Accept-Post": "application/json"})
-    body = read_body()
+    return read_body()
+
+
+def parse_body(model: type[M], body: bytes | None = None) -> M:
+    """Validate the JSON body (read here unless given) with pydantic."""
+    if body is None:
+        body = read_json_body()
     try:
         return model.model_validate_json(body, context={"settings": settings()})
     except ValidationError as e:
@@ -64,11 +70,17 @@ def parse_body(model: type[M]) -> M:
 
 @bp.post("/trace")
 def post_trace() -> Response:
-    req = parse_body(TraceRequest)
-    try:
-        body = core.render_trace(req, settings())
-    except core.RequestError as e:
-        raise core.engine_problem(e) from None
+    raw = read_json_body()
+    cache = current_app.extensions["attention_trace.responses"]
+    body = cache.get(raw) if cache is not None else None
+    if body is None:
+        req = parse_body(TraceRequest, raw)
+        try:
+            body = core.render_trace(req, settings())
+        except core.RequestError as e:
+            raise core.engine_problem(e) from None
+        if cache is not None:
+            cache.put(raw, body)
     return current_app.response_class(body, mimetype="application/json")
 
 

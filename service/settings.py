@@ -39,6 +39,9 @@ class Settings:
     compression: tuple[str, ...] = field(default=("br",))
     #: smallest JSON body worth compressing, in bytes
     compress_min_bytes: int = 16384
+    #: bytes of /trace answers each worker keeps, keyed by the exact request
+    #: body (answers up to 256 KiB); 0 turns the cache off
+    response_cache_bytes: int = 32 * 1024 * 1024
 
     @classmethod
     def from_env(cls, environ: os._Environ[str] | dict[str, str] | None = None) -> Settings:
@@ -59,7 +62,7 @@ class Settings:
                 number = int(raw)
             except ValueError:
                 raise ValueError(f"{ENV_PREFIX}{f.name.upper()} must be an integer, got {raw!r}") from None
-            if number < 1:
+            if number < (0 if f.name == "response_cache_bytes" else 1):
                 raise ValueError(f"{ENV_PREFIX}{f.name.upper()} must be at least 1, got {number}")
             values[f.name] = number
         return cls(**values)

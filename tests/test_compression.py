@@ -57,3 +57,30 @@ def test_compression_setting_from_env():
     assert Settings.from_env({"ATTENTION_TRACE_COMPRESSION": "gzip, br"}).compression == ("gzip", "br")
     with pytest.raises(ValueError, match="br and/or gzip"):
         Settings.from_env({"ATTENTION_TRACE_COMPRESSION": "zstd"})
+
+
+# ----------------------------------------------------------- the response cache
+
+
+def test_response_cache_gives_the_same_bytes_as_a_miss(app_factory):
+    cached = app_factory()
+    uncached = app_factory(response_cache_bytes=0)
+    body = b'{"sentence": "the cat sat", "d_model": 24, "num_heads": 4}'
+    first = cached.test_client().post("/trace", data=body, content_type="application/json")
+    second = cached.test_client().post("/trace", data=body, content_type="application/json")
+    plain = uncached.test_client().post("/trace", data=body, content_type="application/json")
+    assert first.get_data() == second.get_data() == plain.get_data()
+    assert len(cached.extensions["attention_trace.responses"]) == 1
+    assert uncached.extensions["attention_trace.responses"] is None
+
+
+def test_response_cache_keeps_only_successes_and_stays_bounded(app_factory):
+    app = app_factory(response_cache_bytes=20_000)  # room for about three one-token traces
+    client, cache = app.test_client(), app.extensions["attention_trace.responses"]
+    assert client.post("/trace", json={"sentence": "a", "num_heads": 5}).status_code == 422
+    assert len(cache) == 0  # errors are never cached: validation runs every time
+    for word in ("alpha", "beta", "gamma", "delta", "epsilon"):
+        assert client.post("/trace", json={"sentence": word}).status_code == 200
+    assert 0 < cache.size <= 20_000 and len(cache) < 5  # the oldest were evicted
+    big = client.post("/trace", json={"tokens": ["x"] * 64, "d_model": 64})  # > 256 KiB: not kept
+    assert len(big.get_data()) > 256 * 1024 and big.get_data() not in cache._entries.values()
