@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from service import API_CSP, create_app
+from service import API_CSP
 from service.viewer import STATIC_DIR, VIEWER_CSP
 
 ROOT = Path(__file__).resolve().parent.parent
