@@ -17,7 +17,7 @@ from engine import BUGS, STAGE_IDS, STAGE_INFO, EngineError, TraceConfig
 from engine.params import explicit_parameters
 
 from . import serialize
-from .models import BatchRequest, CheckRequest, TraceRequest, TraceSpec
+from .models import BatchRequest, CheckRequest, TraceRequest, TraceSpec, _shape_of
 from .problems import ProblemError, problem_document, validation_problem
 from .settings import Settings
 
@@ -110,8 +110,6 @@ def compare_stage(sid: str, expected: engine.Stage, received: list[Any], rtol: f
                                                               "received": received[first]},
                 "message": "the tokens match" if shape_ok and not bad else
                 f"the tokens differ: expected {want}, got {received}"}
-
-    from .models import _shape_of
 
     got_shape = _shape_of(received)
     if got_shape is None or list(got_shape) != exp_shape:
