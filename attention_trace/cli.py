@@ -308,7 +308,7 @@ def trace_parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=int, metavar="N", dest="num_heads", help="number of heads (default 1)")
     p.add_argument("--d-model", type=int, metavar="N", dest="d_model", help="model width (default 24)")
     p.add_argument("--seed", type=int, metavar="N", help="seed of the embeddings and weights (default 0)")
-    p.add_argument("--no-scale", action="store_true", help="do not divide the scores by √d_k")
+    p.add_argument("--no-scale", dest="unscaled", action="store_true", help="do not divide the scores by √d_k")
     p.add_argument("--causal", action="store_true", help="mask every key after its query")
     p.add_argument("--json", action="store_true", help="print the full trace JSON instead of the table")
     p.add_argument("--decimals", type=int, default=3, choices=range(0, 13), metavar="N",
@@ -360,7 +360,7 @@ def run_trace(args: argparse.Namespace, out: TextIO) -> int:
     for name in ("d_model", "num_heads", "seed"):
         if getattr(args, name) is not None:
             body[name] = getattr(args, name)
-    if args.no_scale:
+    if args.unscaled:
         body["scale"] = False
     if args.causal:
         body["causal"] = True

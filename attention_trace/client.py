@@ -25,7 +25,6 @@ import json
 import random
 import re
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, Union
@@ -606,7 +605,7 @@ class Client(_Base):
                 resp.close()
                 time.sleep(delay)
                 continue
-            return _answer(resp, method, url)
+            return _answer(resp.status_code, resp.headers, resp.content, resp.reason, method, url)
 
 
 def _reason(e: BaseException) -> str:
@@ -617,53 +616,51 @@ def _reason(e: BaseException) -> str:
     return m.group(0) if m else text[:300]
 
 
-def _answer(resp: requests.Response, method: str, url: str) -> tuple[Any, str | None]:
-    rid = resp.headers.get("X-Request-ID")
-    status = resp.status_code
+def _answer(status: int, headers: Mapping[str, str], content: bytes, reason: str | None, method: str,
+            url: str) -> tuple[Any, str | None]:
+    """A response's document, or the ProblemError it stands for (HTTP and in-process alike)."""
+    rid = headers.get("X-Request-ID")
     try:
-        doc = resp.json()
+        doc = json.loads(content)
     except ValueError:
         doc = None
     if 200 <= status < 300:
         if doc is None:
             raise ClientError(f"{method} {url} answered {status} with a body that is not JSON "
-                              f"({resp.headers.get('Content-Type', 'no Content-Type')})")
+                              f"({headers.get('Content-Type', 'no Content-Type')})")
         return doc, rid
     if isinstance(doc, dict) and "title" in doc and "status" in doc:
         raise ProblemError.from_document(doc, status=status, request_id=rid)
     if 300 <= status < 400:
-        detail = f"{method} {url} was redirected to {resp.headers.get('Location', '?')}; use that URL"
+        detail = f"{method} {url} was redirected to {headers.get('Location', '?')}; use that URL"
     else:
-        snippet = " ".join(resp.text.split())[:200]
+        snippet = " ".join(content.decode("utf-8", "replace").split())[:200]
         detail = f"{method} {url} answered {status} without problem details" + (f": {snippet}" if snippet else "")
-    raise ProblemError(status, "about:blank", resp.reason or f"HTTP {status}", detail, request_id=rid)
+    raise ProblemError(status, "about:blank", reason or f"HTTP {status}", detail, request_id=rid)
 
 
 # ------------------------------------------------------------------ in-process
 
 
 class LocalClient(_Base):
-    """The same interface, computed in this process by ``service.core``: no server.
+    """The same interface, answered in this process by the service itself: no server.
 
-    Requests are encoded to JSON and validated by the service's own pydantic
-    models with the given limits (default ``Settings()``), so the results, and
-    the ProblemErrors for invalid requests, are the ones the service answers.
-    Needs the full package (service, engine, pydantic).
+    Each call is an HTTP request to ``create_app(settings).test_client()``, the
+    very app that gunicorn serves (validation, engine, serialisation, problem
+    documents, request ids), so its answers are byte-identical to the
+    service's by construction. Needs the full package (service, engine,
+    flask, pydantic).
     """
 
     def __init__(self, settings: Any = None, *, request_id: RequestId = None) -> None:
         try:
-            from service import core, serialize
-            from service.models import BatchRequest, CheckRequest, TraceRequest
-            from service.problems import validation_problem
+            from service import create_app
             from service.settings import Settings
         except ImportError as e:  # pragma: no cover - only a client-only install lacks them
             raise ImportError(f"LocalClient needs the attention-trace service package ({e}); "
                               "install attention-trace, or use Client(url)") from e
         self.settings = settings if settings is not None else Settings()
-        self._core, self._serialize, self._validation_problem = core, serialize, validation_problem
-        self._models = {"/trace": TraceRequest, "/check": CheckRequest}
-        self._batch_model = BatchRequest
+        self._http = create_app(self.settings).test_client()
         if isinstance(request_id, str):
             _check_request_id(request_id)
         self._default_request_id = request_id
@@ -671,63 +668,14 @@ class LocalClient(_Base):
     def __repr__(self) -> str:
         return "LocalClient()"
 
-    # The service's problem documents, built the same way api.py builds them.
-    def _problem(self, e: Any, path: str, rid: str, pointer_prefix: str = "") -> ProblemError:
-        errors = None if e.errors is None else [{**err, "pointer": pointer_prefix + err["pointer"]} for err in e.errors]
-        doc: dict[str, Any] = {"type": PROBLEM_TYPE_BASE + e.kind, "title": e.title, "status": e.status,
-                               "detail": e.detail, "instance": path}
-        if errors is not None:
-            doc["errors"] = errors
-        return ProblemError.from_document(doc, request_id=rid)
-
-    def _engine_problem(self, e: Any) -> Any:
-        return self._core.engine_problem(e)
-
-    def _validate(self, model: Any, body: bytes, path: str, rid: str) -> Any:
-        from pydantic import ValidationError
-
-        try:
-            return model.model_validate_json(body, context={"settings": self.settings})
-        except ValidationError as e:
-            raise self._problem(self._validation_problem(e), path, rid) from None
-
-    def _answer_one(self, path: str, req: Any) -> dict[str, Any]:
-        core, dumps = self._core, self._serialize.dumps
-        if path.startswith("/trace"):
-            return json.loads(core.render_trace(req, self.settings))
-        return json.loads(dumps(core.check_document(req, self.settings)))
-
     def _request(self, method: str, path: str, payload: Any, request_id: str | None) -> tuple[Any, str | None]:
-        rid = request_id or uuid.uuid4().hex
-        if method == "GET" and path == "/health":
-            return {"status": "ok"}, rid
-        if method == "GET" and path == "/version":
-            return self._version_doc(), rid
-        body = encode_json(payload)
-        if len(body) > self.settings.max_body_bytes:
-            raise ProblemError.from_document(
-                {"type": PROBLEM_TYPE_BASE + "payload-too-large", "title": "Request Entity Too Large", "status": 413,
-                 "detail": f"The request body is larger than the limit of {self.settings.max_body_bytes} bytes.",
-                 "instance": path}, request_id=rid)
-        if path in self._models:
-            req = self._validate(self._models[path], body, path, rid)
-            try:
-                return self._answer_one(path, req), rid
-            except self._core.RequestError as e:
-                raise self._problem(self._engine_problem(e), path, rid) from None
-        if path in ("/trace/batch", "/check/batch"):
-            return self._batch_doc(path, body, rid), rid
-        raise ValueError(f"LocalClient has no {method} {path}")  # pragma: no cover
-
-    def _batch_doc(self, path: str, body: bytes, rid: str) -> dict[str, Any]:
-        """What the service answers: the very same core.batch_document."""
-        from service.problems import ProblemError as ServiceProblem
-
-        batch = self._validate(self._batch_model, body, path, rid)
-        try:  # through the service's JSON encoder: traces are embedded pre-encoded
-            return json.loads(self._serialize.dumps(self._core.batch_document(path, batch, self.settings)))
-        except ServiceProblem as e:
-            raise self._problem(e, path, rid) from None
-
-    def _version_doc(self) -> dict[str, Any]:
-        return self._core.version_document(self.settings)
+        headers = {"Accept": "application/json, application/problem+json"}
+        data = None
+        if payload is not None:
+            data = encode_json(payload)
+            headers["Content-Type"] = "application/json"
+        if request_id:
+            headers["X-Request-ID"] = request_id
+        resp = self._http.open(path, method=method, data=data, headers=headers)
+        return _answer(resp.status_code, resp.headers, resp.get_data(), resp.status.partition(" ")[2],
+                       method, f"local:{path}")

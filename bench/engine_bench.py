@@ -2,7 +2,7 @@
 
 * ``engine.trace`` with the parameter and embedding caches warm, and cold
   (``cache_clear()`` on both before every call), interleaved;
-* the attention core, ``engine.trace.attend`` (projections to output), against
+* the attention core, ``engine.layer.attend`` (projections to output), against
   torch's ``nn.MultiheadAttention`` in float64, one thread each, on the same
   input and weights, checked to agree to 1e-12 before timing, interleaved.
 
@@ -18,7 +18,7 @@ import numpy as np
 
 import engine
 from engine.params import generate_parameters, token_embedding_vector
-from engine.trace import attend
+from engine.layer import attend
 
 from . import torch_compare
 from .common import Table, fmt_ratio, fmt_time, interleaved
@@ -32,11 +32,12 @@ def config_of(w: Workload) -> engine.TraceConfig:
 def engine_caches() -> list[Any]:
     """Every functools cache in the engine's modules: the parameters and embeddings, and any added later."""
     import engine.attention
+    import engine.layer
     import engine.params
-    import engine.trace
+    import engine.tracing
 
     found = {generate_parameters, token_embedding_vector}
-    for mod in (engine.params, engine.trace, engine.attention):
+    for mod in (engine.params, engine.layer, engine.tracing, engine.attention):
         found |= {f for f in vars(mod).values() if callable(getattr(f, "cache_clear", None))}
     return sorted(found, key=lambda f: f.__qualname__)
 
@@ -73,11 +74,10 @@ def run(workloads: list[Workload], repeats: int, budget_s: float, results: dict[
 
         x = np.asarray(t.stages["input"].values)
         params = t.parameters
-        sf = cfg.scale_factor
-        core = attend(x, params, scale_factor=sf, causal=w.causal)
+        core = attend(x, vars(params), cfg)
 
         def numpy_core() -> Any:
-            return attend(x, params, scale_factor=sf, causal=w.causal)
+            return attend(x, vars(params), cfg)
 
         row: dict[str, Any] = {"trace_warm_s": warm, "trace_cold_s": cold_t}
         core_np = torch_t = None

@@ -24,7 +24,7 @@ import numpy as np
 
 import engine
 from engine.params import parameters_digest
-from engine.trace import attend
+from engine.layer import attend
 from service import create_app, serialize
 from service.settings import Settings
 
@@ -93,7 +93,7 @@ def measure(workloads: list[Workload], seq: dict[str, Any], repeats: int, budget
             wsgi,
             lambda: service_path.validate(raw, s),
             lambda: engine.trace(cfg, sentence=sentence),
-            lambda: attend(x, t.parameters, scale_factor=cfg.scale_factor, causal=cfg.causal),
+            lambda: attend(x, vars(t.parameters), cfg),
             digest_as_traced(t, cfg),
             lambda: serialize.trace_document(t, include_parameters=w.include_parameters),
             lambda: serialize.dumps(doc),

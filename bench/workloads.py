@@ -21,9 +21,15 @@ from typing import Any
 
 import orjson
 
+from engine.layer import TraceConfig, trace_value_count
 from engine.tokenize import tokenize
-from service.models import trace_value_count
 from service.settings import Settings
+
+def numbers(n: int, d_model: int, num_heads: int, causal: bool, with_parameters: bool) -> int:
+    """What the service counts against max_trace_values (the engine's own trace_value_count)."""
+    config = TraceConfig(d_model=d_model, num_heads=num_heads, causal=causal)
+    return trace_value_count(config, n, with_parameters=with_parameters)
+
 
 PARAGRAPH = (
     "Attention lets every token look at every other token, weigh how relevant each one is, and blend "
@@ -81,8 +87,7 @@ class Workload:
 
     @property
     def numbers(self) -> int:
-        return trace_value_count(self.n_tokens, self.d_model, self.num_heads, self.d_k, self.causal,
-                                 self.include_parameters)
+        return numbers(self.n_tokens, self.d_model, self.num_heads, self.causal, self.include_parameters)
 
     @property
     def shape(self) -> str:
@@ -100,7 +105,7 @@ def max_tokens_allowed(d_model: int, num_heads: int, causal: bool = False, param
     s = settings or Settings()
     best = 0
     for n in range(1, s.max_tokens + 1):
-        if trace_value_count(n, d_model, num_heads, d_model // num_heads, causal, params) > s.max_trace_values:
+        if numbers(n, d_model, num_heads, causal, params) > s.max_trace_values:
             break
         best = n
     return best
@@ -111,7 +116,7 @@ def largest_allowed(settings: Settings | None = None) -> Workload:
     s = settings or Settings()
     d, h = s.max_d_model, 8
     n = max_tokens_allowed(d, h, settings=s)
-    count = trace_value_count(n, d, h, d // h, False, False)
+    count = numbers(n, d, h, False, False)
     return Workload("XL", n, d, h, note=f"most tokens allowed at d_model {d}, 8 heads: "
                                          f"{count:,} of {s.max_trace_values:,} numbers")
 
@@ -127,7 +132,7 @@ def most_numbers_allowed(settings: Settings | None = None) -> tuple[int, int, in
             for params in (False, True):
                 n = max_tokens_allowed(d, h, causal, params, s)
                 if n:
-                    count = trace_value_count(n, d, h, d // h, causal, params)
+                    count = numbers(n, d, h, causal, params)
                     best = max(best, (count, n, h, causal, params))
     return best
 

@@ -6,36 +6,16 @@
 Shapes use n = tokens, h = num_heads, d_k = d_model / h. Every function is
 vectorised over heads and tokens (no Python loop over either), float64 only,
 and never produces NaN or ±inf: masked entries are carried as a boolean mask.
+
+These are the correct steps only. ``engine.layer`` chooses among them by
+configuration and runs them in order; ``engine.bugs`` holds the wrong ones.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .errors import HeadDivisionError, InvalidSizeError
-
 POSITIONAL_BASE = 10000.0
-
-
-def head_dim(d_model: int, num_heads: int) -> int:
-    """d_k = d_model / h, which must divide exactly."""
-    for name, value in (("d_model", d_model), ("num_heads", num_heads)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise InvalidSizeError(f"{name} must be a positive integer, got {value!r}", field=name)
-    if d_model % num_heads:
-        raise HeadDivisionError(
-            f"d_model {d_model} is not divisible by num_heads {num_heads} "
-            f"(d_k would be {d_model / num_heads:g}); choose num_heads among the divisors of d_model: "
-            f"{', '.join(str(h) for h in divisors(d_model, limit=12))}"
-        )
-    return d_model // num_heads
-
-
-def divisors(n: int, limit: int | None = None) -> list[int]:
-    """Divisors of n in increasing order (for error messages and frontends)."""
-    small = [i for i in range(1, int(n**0.5) + 1) if n % i == 0]
-    out = sorted(set(small + [n // i for i in small]))
-    return out[:limit] if limit else out
 
 
 def sinusoidal_positional_encoding(n: int, d_model: int) -> np.ndarray:
@@ -90,6 +70,23 @@ def scale_scores(scores: np.ndarray, factor: float) -> np.ndarray:
 def causal_mask(n: int) -> np.ndarray:
     """True where a key comes after its query (j > i): those keys are excluded."""
     return np.triu(np.ones((n, n), dtype=bool), k=1)  # [n, n]
+
+
+def no_mask(n: int) -> None:
+    """Encoder-style attention: every query sees every key."""
+    return None
+
+
+def apply_mask(scores: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Stage 8: the masked scores, and which entries are excluded ([h, n, n] booleans, or None).
+
+    Excluded entries hold 0.0 in the values, but they are carried by the mask:
+    JSON shows them as null and the softmax drops them; no fill value takes part.
+    """
+    if mask is None:
+        return scores, None
+    excluded = np.broadcast_to(mask, scores.shape)  # [n, n] -> [h, n, n]
+    return np.where(excluded, 0.0, scores), excluded  # [h, n, n]
 
 
 def softmax(scores: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:

@@ -50,8 +50,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .attention import head_dim
-from .errors import ShapeError
+from .checks import explicit_array, parameter_shapes
 
 _KEY_PREFIX = "attention-trace:v1"
 _TWO_53 = float(2**53)
@@ -172,24 +171,7 @@ def parameters_digest(params: Parameters) -> str:
 def explicit_parameters(
     W_Q: np.ndarray, W_K: np.ndarray, W_V: np.ndarray, W_O: np.ndarray, *, d_model: int, num_heads: int
 ) -> Parameters:
-    """Caller-supplied weights, checked against the configuration's shapes."""
-    d_k = head_dim(d_model, num_heads)  # raises on bad sizes or fractional d_k
-    expected = {
-        "W_Q": (num_heads, d_k, d_model),
-        "W_K": (num_heads, d_k, d_model),
-        "W_V": (num_heads, d_k, d_model),
-        "W_O": (d_model, num_heads * d_k),
-    }
-    arrays = {"W_Q": W_Q, "W_K": W_K, "W_V": W_V, "W_O": W_O}
-    for name, a in arrays.items():
-        a = np.asarray(a, dtype=np.float64)
-        if a.shape != expected[name]:
-            raise ShapeError(
-                f"parameters.{name} has shape {list(a.shape)} but must be {list(expected[name])} "
-                f"for d_model {d_model} and num_heads {num_heads}",
-                field=f"parameters/{name}",
-            )
-        if not np.isfinite(a).all():
-            raise ShapeError(f"parameters.{name} contains a non-finite value", field=f"parameters/{name}")
-        arrays[name] = _readonly(np.array(a, dtype=np.float64))
-    return Parameters(**arrays)
+    """Caller-supplied weights (arrays or nested lists), checked against the configuration's shapes."""
+    given = {"W_Q": W_Q, "W_K": W_K, "W_V": W_V, "W_O": W_O}
+    return Parameters(**{name: explicit_array(f"parameters.{name}", given[name], shape, axes)
+                         for name, (shape, axes) in parameter_shapes(d_model, num_heads).items()})

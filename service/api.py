@@ -74,11 +74,7 @@ def post_trace() -> Response:
     cache = current_app.extensions["attention_trace.responses"]
     body = cache.get(raw) if cache is not None else None
     if body is None:
-        req = parse_body(TraceRequest, raw)
-        try:
-            body = core.render_trace(req, settings())
-        except core.RequestError as e:
-            raise core.engine_problem(e) from None
+        body = core.render_trace(parse_body(TraceRequest, raw), settings())
         if cache is not None:
             cache.put(raw, body)
     return current_app.response_class(body, mimetype="application/json")
@@ -86,11 +82,7 @@ def post_trace() -> Response:
 
 @bp.post("/check")
 def post_check() -> Response:
-    req = parse_body(CheckRequest)
-    try:
-        return json_response(core.check_document(req, settings()))
-    except core.RequestError as e:
-        raise core.engine_problem(e) from None
+    return json_response(core.check_document(parse_body(CheckRequest), settings()))
 
 
 def _batch() -> Response:

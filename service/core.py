@@ -13,61 +13,31 @@ import orjson
 from pydantic import ValidationError
 
 import engine
-from engine import BUGS, STAGE_IDS, STAGE_INFO, EngineError, TraceConfig
+from engine import BUGS, STAGE_IDS, STAGE_INFO
+from engine.checks import shape_of
 from engine.params import explicit_parameters
 
 from . import serialize
-from .models import BatchRequest, CheckRequest, TraceRequest, TraceSpec, _shape_of
-from .problems import ProblemError, problem_document, validation_problem
+from .models import BatchRequest, CheckRequest, TraceRequest, TraceSpec
+from .problems import ProblemError, engine_problem, problem_document, validation_problem
 from .settings import Settings
 
 
-class RequestError(Exception):
-    """The engine refused a validated request (422); carries its field."""
+def run_trace(req: TraceSpec, bug: str | None = None) -> engine.Trace:
+    """The engine's trace for a validated request, with explicit arrays if given.
 
-    def __init__(self, error: EngineError) -> None:
-        super().__init__(error.message)
-        self.message = error.message
-        self.pointer = "/" + error.field.replace(".", "/") if error.field else ""
-        self.type = type(error).__name__
-
-
-def engine_problem(e: RequestError) -> ProblemError:
-    """A 422 for what the engine refused."""
-    return ProblemError(422, "Invalid request", e.message, kind="validation-error",
-                        errors=[{"pointer": e.pointer, "message": e.message, "type": e.type}])
-
-
-def config_of(req: TraceSpec, limits: Settings) -> TraceConfig:
-    return TraceConfig(
-        d_model=req.d_model,
-        num_heads=req.num_heads,
-        seed=req.seed,
-        scale=req.scale,
-        causal=req.causal,
-        positional_encoding=req.positional_encoding,
-        max_tokens=limits.max_tokens,
-    )
-
-
-def run_trace(req: TraceSpec, limits: Settings, bug: str | None = None) -> engine.Trace:
-    """The engine's trace for a validated request, with explicit arrays if given."""
-    try:
-        config = config_of(req, limits)
-        params = None
-        if req.parameters is not None:
-            p = req.parameters
-            params = explicit_parameters(np.array(p.W_Q), np.array(p.W_K), np.array(p.W_V), np.array(p.W_O),
-                                         d_model=req.d_model, num_heads=req.num_heads)
-        x = np.array(req.input, dtype=np.float64) if req.input is not None else None
-        return engine.trace(config, sentence=req.sentence, tokens=req.tokens, input=x, parameters=params, bug=bug)
-    except EngineError as e:
-        # The models check the same rules first; this keeps the engine's word final.
-        raise RequestError(e) from None
+    An EngineError that escapes (only an explicit input that overflows float64
+    can, after validation) becomes a 422 in the one handler, problems.engine_problem.
+    """
+    params = None
+    if req.parameters is not None:
+        p = req.parameters
+        params = explicit_parameters(p.W_Q, p.W_K, p.W_V, p.W_O, d_model=req.d_model, num_heads=req.num_heads)
+    return engine.trace(req.trace_config, split=req.split, input=req.input, parameters=params, bug=bug)
 
 
 def trace_document(req: TraceRequest, limits: Settings) -> dict[str, Any]:
-    t = run_trace(req, limits, bug=req.inject_bug)
+    t = run_trace(req, bug=req.inject_bug)
     doc = serialize.trace_document(t, include_parameters=req.include_parameters, stages=req.stages,
                                    precision=req.precision)
     if req.inject_bug:
@@ -111,7 +81,7 @@ def compare_stage(sid: str, expected: engine.Stage, received: list[Any], rtol: f
                 "message": "the tokens match" if shape_ok and not bad else
                 f"the tokens differ: expected {want}, got {received}"}
 
-    got_shape = _shape_of(received)
+    got_shape = shape_of(received)
     if got_shape is None or list(got_shape) != exp_shape:
         return {**base, "passed": False, "shape_ok": False,
                 "received_shape": None if got_shape is None else list(got_shape),
@@ -159,39 +129,21 @@ def _matches(t: engine.Trace, submission: dict[str, list[Any]], rtol: float, ato
                for sid, vals in submission.items())
 
 
-def _same_on(a: engine.Trace, b: engine.Trace, stages: list[str]) -> bool:
-    """Whether two traces are identical on the given stages (values and mask)."""
-    for sid in stages:
-        x, y = a.stages.get(sid), b.stages.get(sid)
-        if x is None or y is None or sid == "tokens":
-            continue
-        if x.shape != y.shape or not np.array_equal(x.values, y.values):
-            return False
-        if (x.mask is None) != (y.mask is None) or (x.mask is not None and not np.array_equal(x.mask, y.mask)):
-            return False
-    return True
-
-
 def check_document(req: CheckRequest, limits: Settings) -> dict[str, Any]:
     """Compare a submission with the reference; diagnose the first wrong stage."""
-    t = run_trace(req, limits)
-    order = [sid for sid in STAGE_IDS if sid in req.submission]
-    missing = [sid for sid in order if sid not in t.stages]
-    if missing:  # models reject these; keep the engine's word final
-        raise RequestError(EngineError(f"stage {missing[0]} is not part of this trace", field="submission"))
+    t = run_trace(req)
+    order = [sid for sid in STAGE_IDS if sid in req.submission]  # the models checked that t has them all
     results = {sid: compare_stage(sid, t.stages[sid], req.submission[sid], req.rtol, req.atol) for sid in order}
     first_wrong = next((sid for sid in order if not results[sid]["passed"]), None)
 
     matches: list[str] = []
     if first_wrong is not None:
-        for name in BUGS:
-            if name == "finite_mask_fill" and not req.causal:
-                continue
-            buggy = run_trace(req, limits, bug=name)
-            if _same_on(buggy, t, order):
+        for bug in engine.applicable_bugs(t.config, t.n_tokens):
+            buggy = engine.recompute(t, bug)  # from the bug's step on; earlier arrays are reused
+            if engine.same_numbers(buggy, t, order):
                 continue  # this bug changes nothing the student submitted
             if _matches(buggy, req.submission, req.rtol, req.atol):
-                matches.append(name)
+                matches.append(bug.name)
     bug = matches[0] if matches else None
 
     if first_wrong is None:
@@ -260,7 +212,7 @@ def batch_document(path: str, batch: BatchRequest, limits: Settings) -> dict[str
             try:
                 results.append({"index": i, "status": 200, "result": answer(single, p, limits), "problem": None})
                 continue
-            except RequestError as e:
+            except engine.EngineError as e:
                 p = engine_problem(e)
         results.append({"index": i, "status": p.status, "result": None,
                         "problem": problem_document(p, path, f"/items/{i}")})

@@ -13,15 +13,26 @@ from __future__ import annotations
 
 import math
 import unicodedata
-from typing import Annotated, Any, Literal
+from contextlib import contextmanager
+from typing import Annotated, Any, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine import BUG_NAMES, BUGS, STAGE_IDS
-from engine.attention import head_dim
-from engine.errors import EngineError
-from engine.tokenize import tokenize
+from engine import BUG_NAMES, BUGS, STAGE_IDS, EngineError, Token, TraceConfig, check_bug
+from engine.checks import (
+    MAX_EXPLICIT_VALUE,
+    SEED_MAX,
+    check_input_shape,
+    check_one_source,
+    check_parameter_shapes,
+    check_sentence,
+    check_token_count,
+    check_token_text,
+    check_trace_size,
+    split_tokens,
+)
+from engine.layer import POSITIONAL_ENCODINGS, check_stages, trace_value_count
 
 from .settings import Settings
 
@@ -43,10 +54,18 @@ def _bad_characters(text: str) -> str | None:
 
 BugName = Literal[BUG_NAMES]  # type: ignore[valid-type]
 
-# Explicit values are bounded so that no stage can overflow float64:
-# |x|, |W| ≤ 1e6 and d_model ≤ 512 keep every score below about 1e32.
-MAX_EXPLICIT = 1e6
-_Num = Annotated[float, Field(ge=-MAX_EXPLICIT, le=MAX_EXPLICIT)]
+PositionalEncodingName = Literal[tuple(POSITIONAL_ENCODINGS)]  # type: ignore[valid-type]
+
+_Num = Annotated[float, Field(ge=-MAX_EXPLICIT_VALUE, le=MAX_EXPLICIT_VALUE)]
+
+
+@contextmanager
+def engine_rules() -> Iterator[None]:
+    """Run the engine's own checks at the edge: an EngineError becomes this field's 422 entry."""
+    try:
+        yield
+    except EngineError as e:
+        raise PydanticCustomError(e.code, "{message}", {"message": e.message, "pointer": e.pointer}) from None
 _Matrix3 = list[list[list[_Num]]]
 
 
@@ -70,6 +89,9 @@ class TraceSpec(BaseModel):
 
     #: numbers the trace will hold, known once validated (bounds batches too)
     _value_count: int = PrivateAttr(default=0)
+    #: the engine's configuration and token count, known once validated
+    _config: TraceConfig | None = PrivateAttr(default=None)
+    _tokens: list[Token] = PrivateAttr(default_factory=list)
 
     sentence: Annotated[str, Field(min_length=1, max_length=_SENTENCE_HARD_MAX)] | None = Field(
         default=None,
@@ -84,10 +106,10 @@ class TraceSpec(BaseModel):
     )
     d_model: int = Field(default=24, ge=1, description="Model width; must be divisible by num_heads.")
     num_heads: int = Field(default=1, ge=1, description="Number of heads h; d_k = d_model / h exactly.")
-    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Seed for embeddings and weights.")
+    seed: int = Field(default=0, ge=0, le=SEED_MAX, description="Seed for embeddings and weights.")
     scale: bool = Field(default=True, description="Divide scores by √d_k (true) or by 1 (false).")
     causal: bool = Field(default=False, description="Mask keys after each query (decoder-style).")
-    positional_encoding: Literal["sinusoidal", "none"] = Field(
+    positional_encoding: PositionalEncodingName = Field(
         default="sinusoidal", description="Sinusoidal encodings added to the embeddings, or none."
     )
     input: list[list[_Num]] | None = Field(
@@ -117,10 +139,8 @@ class TraceSpec(BaseModel):
         bad = _bad_characters(v)
         if bad:
             raise PydanticCustomError("bad_character", "the sentence contains {what}", {"what": bad})
-        if v.isspace():
-            raise PydanticCustomError(
-                "empty_sentence", "the sentence is only whitespace: give at least one word or punctuation mark"
-            )
+        with engine_rules():
+            check_sentence(v)
         return v
 
     @field_validator("tokens")
@@ -128,17 +148,14 @@ class TraceSpec(BaseModel):
     def _token_texts(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
         if v is None:
             return v
-        limit = _settings(info).max_tokens
-        if len(v) > limit:
-            raise PydanticCustomError(
-                "too_many_tokens", "{count} tokens is more than the limit of {limit}", {"count": len(v), "limit": limit}
-            )
+        with engine_rules():
+            check_token_count(len(v), _settings(info).max_tokens)
         for i, t in enumerate(v):
             bad = _bad_characters(t)
             if bad:
                 raise PydanticCustomError("bad_character", "tokens[{i}] contains {what}", {"i": i, "what": bad})
-            if t.isspace():
-                raise PydanticCustomError("blank_token", "tokens[{i}] is only whitespace", {"i": i})
+            with engine_rules():
+                check_token_text(i, t)
         return v
 
     @field_validator("d_model")
@@ -163,50 +180,35 @@ class TraceSpec(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> TraceSpec:
-        if (self.sentence is None) == (self.tokens is None):
-            raise PydanticCustomError(
-                "sentence_xor_tokens",
-                "give exactly one of `sentence` (a string) or `tokens` (a list of strings), not "
-                + ("both" if self.sentence is not None else "neither"),
-            )
-        try:
-            d_k = head_dim(self.d_model, self.num_heads)
-        except EngineError as e:
-            raise PydanticCustomError("head_division", str(e)) from None
-        # Count tokens now (the tokenizer stops at limit + 1), so the size of
-        # the whole trace is known, and bounded, before any array exists.
         settings = _settings(info)
-        if self.sentence is not None:
-            n = len(tokenize(self.sentence, limit=settings.max_tokens + 1))
-            if n > settings.max_tokens:
-                raise PydanticCustomError(
-                    "too_many_tokens",
-                    "the sentence has more than {limit} tokens (the limit); shorten it",
-                    {"limit": settings.max_tokens},
-                )
-        else:
-            n = len(self.tokens or ())
-        _check_shape("input", self.input, (n, self.d_model), "[token, d_model]")
-        if self.parameters is not None:
-            h = self.num_heads
-            for name, expected, axes in (
-                ("W_Q", (h, d_k, self.d_model), "[head, d_k, d_model]"),
-                ("W_K", (h, d_k, self.d_model), "[head, d_k, d_model]"),
-                ("W_V", (h, d_k, self.d_model), "[head, d_k, d_model]"),
-                ("W_O", (self.d_model, h * d_k), "[d_model, num_heads·d_k]"),
-            ):
-                _check_shape(f"parameters.{name}", getattr(self.parameters, name), expected, axes)
-        with_params = getattr(self, "include_parameters", False)
-        count = trace_value_count(n, self.d_model, self.num_heads, d_k, self.causal, with_params)
-        self._value_count = count
-        if count > settings.max_trace_values:
-            raise PydanticCustomError(
-                "trace_too_large",
-                "this trace would return {count} numbers ({n} tokens, d_model {d_model}, {h} heads), above the "
-                "limit of {limit}; use fewer tokens, a smaller d_model or fewer heads",
-                {"count": count, "n": n, "d_model": self.d_model, "h": self.num_heads, "limit": settings.max_trace_values},
-            )
+        with engine_rules():
+            check_one_source(self.sentence, self.tokens)
+            config = TraceConfig(d_model=self.d_model, num_heads=self.num_heads, seed=self.seed, scale=self.scale,
+                                 causal=self.causal, positional_encoding=self.positional_encoding,
+                                 max_tokens=settings.max_tokens)
+            # Count tokens now (the tokenizer stops at limit + 1), so the size of
+            # the whole trace is known, and bounded, before any array exists.
+            tokens = split_tokens(sentence=self.sentence, tokens=self.tokens, max_tokens=settings.max_tokens)
+            n = len(tokens)
+            if self.input is not None:
+                check_input_shape(self.input, n, self.d_model)
+            if self.parameters is not None:
+                check_parameter_shapes(dict(self.parameters), self.d_model, self.num_heads)
+            count = trace_value_count(config, n, with_parameters=getattr(self, "include_parameters", False))
+            check_trace_size(count, settings.max_trace_values, n=n, d_model=self.d_model, num_heads=self.num_heads)
+        self._config, self._tokens, self._value_count = config, tokens, count
         return self
+
+    @property
+    def trace_config(self) -> TraceConfig:
+        """The engine's configuration, built (and checked) by the engine during validation."""
+        assert self._config is not None, "validate the request first"
+        return self._config
+
+    @property
+    def split(self) -> list[Token]:
+        """The tokens, split (and checked) once during validation."""
+        return self._tokens
 
 
 class TraceRequest(TraceSpec):
@@ -217,7 +219,7 @@ class TraceRequest(TraceSpec):
             "examples": [
                 {"sentence": "the cat sat", "d_model": 24, "num_heads": 4},
                 {"tokens": ["the", "cat", "sat"], "d_model": 24, "num_heads": 1, "scale": False, "causal": True},
-                {"sentence": "the cat sat", "d_model": 24, "num_heads": 4, "inject_bug": "scale_after_softmax",
+                {"sentence": "the cat sat", "d_model": 24, "num_heads": 4, "inject_bug": BUG_NAMES[0],
                  "stages": ["weights"], "precision": 4},
             ]
         },
@@ -245,19 +247,19 @@ class TraceRequest(TraceSpec):
         default=None,
         description="Return the trace with one known bug injected (clearly labelled in `injected_bug`): "
         + "; ".join(f"`{b.name}`: {b.summary}" for b in BUGS.values())
-        + ". `finite_mask_fill` needs `causal: true`.",
+        + ". " + ", ".join(f"`{b.name}`" for b in BUGS.values() if b.needs_causal) + " needs `causal: true`. "
+        "A bug that would change no number of this trace (a scaling bug with `scale: false` or d_k = 1, "
+        "averaging one head, a softmax or mask bug on one token) is refused with a 422 that says why.",
     )
 
     @model_validator(mode="after")
     def _options(self) -> TraceRequest:
-        if self.stages is not None and "masked_scores" in self.stages and not self.causal:
-            raise PydanticCustomError(
-                "stage_needs_causal", "the masked_scores stage exists only with causal: true; add it or drop the stage"
-            )
-        if self.inject_bug == "finite_mask_fill" and not self.causal:
-            raise PydanticCustomError(
-                "bug_needs_causal", "the finite_mask_fill bug needs causal: true (there is no mask without it)"
-            )
+        with engine_rules():
+            if self.stages is not None:
+                # A filter: stages that an explicit input skips are just absent from the answer.
+                check_stages(self.stages, self.trace_config, explicit_input=False, field="stages")
+            if self.inject_bug is not None:
+                check_bug(self.inject_bug, self.trace_config, len(self._tokens))
         return self
 
 
@@ -305,18 +307,9 @@ class CheckRequest(TraceSpec):
 
     @model_validator(mode="after")
     def _stages_exist(self) -> CheckRequest:
-        if "masked_scores" in self.submission and not self.causal:
-            raise PydanticCustomError(
-                "stage_needs_causal",
-                "the masked_scores stage exists only with causal: true; add it or drop the stage",
-                {"pointer": "/submission/masked_scores"},
-            )
-        if self.input is not None and {"token_embedding", "positional_encoding"} & set(self.submission):
-            raise PydanticCustomError(
-                "stage_not_computed",
-                "token_embedding and positional_encoding are not computed when you give your own input; "
-                "drop them from the submission",
-            )
+        with engine_rules():
+            check_stages(list(self.submission), self.trace_config, explicit_input=self.input is not None,
+                         field="submission", keyed=True)
         return self
 
 
@@ -364,40 +357,6 @@ def _leaf_problem(values: Any, depth: int) -> str | None:
     return None
 
 
-def _shape_of(value: Any) -> tuple[int, ...] | None:
-    """The shape of a nested list, or None if it is ragged."""
-    if not isinstance(value, list):
-        return ()
-    if not value:
-        return (0,)
-    inner = [_shape_of(v) for v in value]
-    if any(s is None or s != inner[0] for s in inner):
-        return None
-    return (len(value), *inner[0])
-
-
-def _check_shape(name: str, value: Any, expected: tuple[int, ...], axes: str) -> None:
-    if value is None:
-        return
-    shape = _shape_of(value)
-    if shape != expected:
-        got = "a ragged array" if shape is None else f"shape {list(shape)}"
-        raise PydanticCustomError(
-            "array_shape",
-            "{name} has {got} but must be {expected} {axes}",
-            {"name": name, "got": got, "expected": str(list(expected)), "axes": axes,
-             "pointer": "/" + name.replace(".", "/")},
-        )
-
-
-def trace_value_count(n: int, d_model: int, h: int, d_k: int, causal: bool, with_params: bool) -> int:
-    """How many numbers a trace returns: the bound checked before computing it."""
-    per_token = 5 * d_model + 4 * h * d_k  # E, PE, x, concat, output; q, k, v, context
-    per_pair = (4 if causal else 3) * h  # scores, scaled, (masked), weights
-    params = 4 * h * d_k * d_model if with_params else 0
-    return n * per_token + n * n * per_pair + 2 * h * n + params
-
-
 def _settings(info: ValidationInfo) -> Settings:
     ctx = info.context or {}
     return ctx.get("settings") or Settings()
@@ -431,7 +390,7 @@ class ConfigOut(BaseModel):
     seed: int
     scale: bool
     causal: bool
-    positional_encoding: Literal["sinusoidal", "none"]
+    positional_encoding: PositionalEncodingName
     include_parameters: bool
     stages: list[StageId] | None = Field(description="The stages asked for; null means all.")
     precision: int | None = Field(description="Decimal places numbers were rounded to; null means exact.")

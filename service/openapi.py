@@ -40,12 +40,14 @@ def _example_trace() -> dict[str, Any]:
 
 
 def _example_check() -> dict[str, Any]:
-    """A real /check answer for a submission with the scale-after-softmax bug."""
+    """A real /check answer for a submission with the first documented bug."""
+    from engine import BUG_NAMES
+
     from .core import check_document, trace_document
     from .models import CheckRequest, TraceRequest
 
     base = {"sentence": "the cat sat", "d_model": 4, "num_heads": 1}
-    buggy = trace_document(TraceRequest(**base, inject_bug="scale_after_softmax", stages=["weights"]), Settings())
+    buggy = trace_document(TraceRequest(**base, inject_bug=BUG_NAMES[0], stages=["weights"]), Settings())
     submission = {"weights": buggy["stages"]["weights"]["values"].tolist()}
     return check_document(CheckRequest(**base, submission=submission), Settings())
 

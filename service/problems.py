@@ -9,21 +9,10 @@ from flask import Flask, Response, current_app, request
 from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
+from engine import EngineError
+
 PROBLEM_MIME = "application/problem+json"
 TYPE_BASE = "urn:attention-trace:problem:"
-
-# Errors that pydantic raises from a model-level validator carry no field
-# location; these point them at the field a client has to change.
-_MODEL_ERROR_POINTERS = {
-    "head_division": "/num_heads",
-    "too_many_tokens": "/sentence",
-    "sentence_xor_tokens": "",
-    "trace_too_large": "",
-    "stage_needs_causal": "/stages",
-    "bug_needs_causal": "/inject_bug",
-    "stage_not_computed": "/submission",
-}
-
 
 class ProblemError(Exception):
     """Raise anywhere in a request to answer with a problem document."""
@@ -85,23 +74,36 @@ def validation_problem(exc: ValidationError) -> ProblemError:
         if "pointer" in ctx:
             pointer = ctx["pointer"]
         else:
-            pointer = json_pointer(loc) if loc else _MODEL_ERROR_POINTERS.get(e["type"], "")
+            pointer = json_pointer(loc)  # the engine's errors carry their own pointer (models.engine_rules)
         message = e["msg"]
         if e["type"] == "extra_forbidden":
             message = f"unknown field {loc[-1]!r}: check the spelling; see the API's list of request fields"
         elif e["type"] == "model_type" and not loc:
             message = "the request body must be a JSON object"
         items.append({"pointer": pointer, "message": message, "type": e["type"]})
+    return _invalid(items, total)
+
+
+def _invalid(items: list[dict[str, str]], total: int) -> ProblemError:
     summary = "; ".join(f"{i['pointer'] or 'body'}: {i['message']}" for i in items[:3])
     if total > 3:
         summary += f"; and {total - 3} more"
     return ProblemError(422, "Invalid request", summary, kind="validation-error", errors=items)
 
 
+def engine_problem(e: EngineError) -> ProblemError:
+    """The 422 for anything the engine refuses: the same shape as a validation error."""
+    return _invalid([{"pointer": e.pointer, "message": e.message, "type": e.code}], 1)
+
+
 def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(ProblemError)
     def _problem(e: ProblemError) -> Response:
         return problem_response(e.status, e.title, e.detail, kind=e.kind, errors=e.errors, headers=e.headers)
+
+    @app.errorhandler(EngineError)
+    def _engine(e: EngineError) -> Response:
+        return _problem(engine_problem(e))
 
     @app.errorhandler(HTTPException)
     def _http(e: HTTPException) -> Response:

@@ -24,8 +24,10 @@ from engine import (
 
 def test_every_error_is_an_engine_error_and_a_value_error():
     for cls in (EmptyInputError, HeadDivisionError, InvalidSizeError, ShapeError, TooManyTokensError,
-                engine.UnknownBugError):
+                engine.UnknownBugError, engine.BugNotApplicableError, engine.NonFiniteInputError,
+                engine.NumericOverflowError, engine.StageUnavailableError, engine.TraceTooLargeError):
         assert issubclass(cls, EngineError)
+        assert cls.code != EngineError.code, f"{cls.__name__} needs its own code"
     assert issubclass(EngineError, ValueError)
 
 
@@ -77,30 +79,32 @@ def test_largest_seed_is_accepted():
 # Tokens
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("sentence", ["", "   ", "\t\n\u3000"])
-def test_sentence_without_tokens(sentence):
-    with pytest.raises(EmptyInputError, match="the sentence has no tokens") as exc:
+@pytest.mark.parametrize("sentence, what", [("", "empty"), ("   ", "only whitespace"),
+                                            ("\t\n\u3000", "only whitespace")])
+def test_sentence_without_tokens(sentence, what):
+    with pytest.raises(EmptyInputError, match=f"the sentence is {what}: give at least one word") as exc:
         engine.trace(TraceConfig(), sentence=sentence)
-    assert exc.value.field == "sentence"
+    assert exc.value.field == "sentence" and exc.value.code == "empty_sentence"
 
 
 def test_empty_token_list():
-    with pytest.raises(EmptyInputError) as exc:
+    with pytest.raises(EmptyInputError, match="the token list is empty") as exc:
         engine.trace(TraceConfig(), tokens=[])
     assert exc.value.field == "tokens"
 
 
 @pytest.mark.parametrize("bad", ["", "  "])
 def test_token_list_with_an_empty_or_blank_string(bad):
-    with pytest.raises(EmptyInputError, match=r"tokens\[1\] is empty or only whitespace") as exc:
+    with pytest.raises(EmptyInputError, match=r"tokens\[1\] is only whitespace") as exc:
         engine.trace(TraceConfig(), tokens=["the", bad, "cat"])
     assert exc.value.field == "tokens/1"
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"sentence": "a", "tokens": ["a"]}])
 def test_exactly_one_of_sentence_or_tokens(kwargs):
-    with pytest.raises(EmptyInputError, match="give exactly one of sentence or tokens"):
+    with pytest.raises(EmptyInputError, match="give exactly one of `sentence` .* or `tokens`") as exc:
         engine.trace(TraceConfig(), **kwargs)
+    assert exc.value.pointer == "" and exc.value.code == "sentence_xor_tokens"
 
 
 def test_sentence_over_the_token_limit():
@@ -134,7 +138,7 @@ def weights_for(d_model: int, num_heads: int) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("shape", [(2, 24), (3, 12), (3,), (1, 3, 24)])
 def test_explicit_input_with_wrong_shape(shape):
-    with pytest.raises(ShapeError, match=r"input has shape .* but must be \[3, 24\] \(\[token, d_model\]\)") as exc:
+    with pytest.raises(ShapeError, match=r"input has shape .* but must be \[3, 24\] \[token, d_model\]") as exc:
         engine.trace(TraceConfig(), sentence="the cat sat", input=np.zeros(shape))
     assert exc.value.field == "input"
 
@@ -149,9 +153,8 @@ def test_explicit_parameters_with_wrong_shape(name, shape, expected):
     W[name] = np.zeros(shape)
     with pytest.raises(ShapeError) as exc:
         explicit_parameters(**W, d_model=24, num_heads=4)
-    assert exc.value.message == (
-        f"parameters.{name} has shape {list(shape)} but must be {expected} for d_model 24 and num_heads 4"
-    )
+    axes = "[d_model, num_heads·d_k]" if name == "W_O" else "[head, d_k, d_model]"
+    assert exc.value.message == f"parameters.{name} has shape {list(shape)} but must be {expected} {axes}"
     assert exc.value.field == f"parameters/{name}"
 
 
@@ -160,17 +163,16 @@ def test_explicit_parameters_with_non_finite_values(bad):
     W = weights_for(24, 1)
     W["W_V"] = W["W_V"].copy()
     W["W_V"][0, 3, 5] = bad
-    with pytest.raises(ShapeError, match="parameters.W_V contains a non-finite value"):
+    with pytest.raises(engine.NonFiniteInputError, match="parameters.W_V contains a non-finite value"):
         explicit_parameters(**W, d_model=24, num_heads=1)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_explicit_input_with_non_finite_values_is_rejected(bad):
-    # ShapeError's contract covers "non-finite values" of any explicit array, and the
-    # engine promises no NaN/inf in a trace (found while writing this suite: NaN got through).
+    # The engine promises no NaN/inf in a trace (found while writing this suite: NaN got through).
     x = np.zeros((3, 24))
     x[1, 2] = bad
-    with pytest.raises(ShapeError, match="input contains a non-finite value") as exc:
+    with pytest.raises(engine.NonFiniteInputError, match="input contains a non-finite value") as exc:
         engine.trace(TraceConfig(), sentence="the cat sat", input=x)
     assert exc.value.field == "input"
 
@@ -181,21 +183,21 @@ def test_explicit_input_with_non_finite_values_is_rejected(bad):
 )
 def test_parameters_that_do_not_fit_the_config_are_rejected(d_model, num_heads):
     params = explicit_parameters(**weights_for(d_model, num_heads), d_model=d_model, num_heads=num_heads)
-    with pytest.raises(ShapeError, match="but the configuration has d_model 24 and num_heads 1") as exc:
+    with pytest.raises(ShapeError, match=r"parameters.W_Q has shape \[.*\] but must be \[1, 24, 24\]") as exc:
         engine.trace(TraceConfig(d_model=24, num_heads=1), sentence="the cat sat", parameters=params)
-    assert exc.value.field == "parameters"
+    assert exc.value.field == "parameters/W_Q"
 
 
 # --- Overflow of huge but finite explicit values ----------------------------------------
 
 def test_finite_but_huge_explicit_input_is_rejected_cleanly():
-    # 1e160 is finite, but q·k overflows float64. The engine must reject it with a ShapeError
+    # 1e160 is finite, but q·k overflows float64. The engine must reject it with an error
     # and without numpy RuntimeWarnings on the way (found while writing this suite: first it
     # returned NaN, then it raised only after numpy had warned).
     x = np.full((3, 24), 1e160)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with pytest.raises(ShapeError, match="overflow float64") as exc:
+        with pytest.raises(engine.NumericOverflowError, match="overflow float64") as exc:
             engine.trace(TraceConfig(), sentence="the cat sat", input=x)
     assert exc.value.field == "input"
 
@@ -212,7 +214,7 @@ def test_no_stage_keeps_an_infinity_when_the_weights_stay_finite():
     try:
         tr = engine.trace(TraceConfig(d_model=2, num_heads=1, scale=False), tokens=["a", "b"], input=x,
                           parameters=params)
-    except ShapeError:
+    except engine.NumericOverflowError:
         return  # rejecting the request is one correct answer
     for stage_id, stage in tr.stages.items():
         if stage_id != "tokens":

@@ -11,6 +11,8 @@ only by scripts/regen-golden; these tests read them and never write.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import hashlib
 import json
 from pathlib import Path
@@ -19,6 +21,8 @@ import numpy as np
 import pytest
 
 import engine
+import engine.layer
+import engine.tracing
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 CASES = ["the_cat_sat.d24.h1", "the_cat_sat.d24.h4", "the_cat_sat.d24.h4.causal"]
@@ -138,7 +142,13 @@ def test_golden_catches_a_change_in_the_last_digits_that_matter(case, monkeypatc
     # The 1e-12 comparison still fails loudly on a tiny real change: a scale
     # factor off by one part in 1e9 moves every scaled score.
     golden = load(case)
-    monkeypatch.setattr(engine.attention, "scale_factor", lambda d_k, scale: float(np.sqrt(d_k)) * (1 + 1e-9))
+    real = engine.layer.layer_steps
+
+    def skewed(config, **kwargs):
+        return tuple(replace(s, fn=lambda d_k, scale: float(np.sqrt(d_k)) * (1 + 1e-9)) if s.name == "scale_factor"
+                     else s for s in real(config, **kwargs))
+
+    monkeypatch.setattr(engine.tracing, "layer_steps", skewed)
     tr = fresh_trace(golden)
     with pytest.raises(pytest.fail.Exception, match="GOLDEN MISMATCH"):
         assert_within_1e12(tr.stages["scaled_scores"].values, golden["stages"]["scaled_scores"]["values"], case)

@@ -93,7 +93,7 @@ def test_non_finite_explicit_values_are_rejected(client):
 
 
 def test_engine_refuses_overflowing_explicit_input():
-    with pytest.raises(engine.ShapeError, match="overflow float64"):
+    with pytest.raises(engine.NumericOverflowError, match="overflow float64"):
         engine.trace(TraceConfig(d_model=2), tokens=["a", "b"], input=np.array([[1e300, 1e300], [1e300, -1e300]]))
 
 

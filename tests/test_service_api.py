@@ -200,7 +200,7 @@ def test_same_request_same_bytes(client):
         ({"sentence": 5}, "/sentence", "valid string"),
         ({"tokens": []}, "/tokens", "at least 1 item"),
         ({"tokens": ["a", ""]}, "/tokens/1", "at least 1 character"),
-        ({"tokens": ["a", "  "]}, "/tokens", "tokens[1] is only whitespace"),
+        ({"tokens": ["a", "  "]}, "/tokens/1", "tokens[1] is only whitespace"),
         ({"sentence": "nul\u0000byte"}, "/sentence", "control character U+0000"),
         ({"sentence": "x " * 300}, "/sentence", "more than 256 tokens"),
         ({"tokens": ["x"] * 300}, "/tokens", "300 tokens is more than the limit of 256"),
