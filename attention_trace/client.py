@@ -435,6 +435,18 @@ def encode_json(payload: Any) -> bytes:
     return json.dumps(payload, default=_json_default, separators=(",", ":"), allow_nan=True).encode("utf-8")
 
 
+def _encode_request(payload: Any, request_id: str | None) -> tuple[bytes | None, dict[str, str]]:
+    """The body and headers of one call, the same over HTTP and in-process."""
+    headers = {"Accept": "application/json, application/problem+json"}
+    data = None
+    if payload is not None:
+        data = encode_json(payload)
+        headers["Content-Type"] = "application/json"
+    if request_id:
+        headers["X-Request-ID"] = request_id
+    return data, headers
+
+
 def _merge(body: Request | None, fields: dict[str, Any]) -> dict[str, Any]:
     if body is None:
         return dict(fields)
@@ -575,13 +587,7 @@ class Client(_Base):
 
     def _request(self, method: str, path: str, payload: Any, request_id: str | None) -> tuple[Any, str | None]:
         url = self.url + path
-        headers = {"Accept": "application/json, application/problem+json"}
-        data = None
-        if payload is not None:
-            data = encode_json(payload)
-            headers["Content-Type"] = "application/json"
-        if request_id:
-            headers["X-Request-ID"] = request_id
+        data, headers = _encode_request(payload, request_id)
         attempt = 0
         while True:
             attempt += 1
@@ -669,13 +675,7 @@ class LocalClient(_Base):
         return "LocalClient()"
 
     def _request(self, method: str, path: str, payload: Any, request_id: str | None) -> tuple[Any, str | None]:
-        headers = {"Accept": "application/json, application/problem+json"}
-        data = None
-        if payload is not None:
-            data = encode_json(payload)
-            headers["Content-Type"] = "application/json"
-        if request_id:
-            headers["X-Request-ID"] = request_id
+        data, headers = _encode_request(payload, request_id)
         resp = self._http.open(path, method=method, data=data, headers=headers)
         return _answer(resp.status_code, resp.headers, resp.get_data(), resp.status.partition(" ")[2],
                        method, f"local:{path}")
