@@ -94,14 +94,20 @@ def softmax(scores: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
 
     Subtracting each row's max makes the largest exponent exp(0) = 1, so scores
     of ±1e6 cannot overflow. Masked keys get a weight of exactly 0 by setting
-    their exponentials to 0, never by a finite fill value. Every row keeps at
-    least one key (its own diagonal under a causal mask), so no row is empty.
+    their exponentials to 0, never by a finite fill value. A causal mask keeps
+    each query's own key; a row whose every key is masked (only a wrong mask
+    does that) attends to nothing: all its weights are 0, never NaN.
     """
-    if mask is not None:
-        scores = np.where(mask, -np.inf, scores)  # masked keys drop out of the max
-    shifted = scores - scores.max(axis=-1, keepdims=True)  # [h, n, n], max entry 0
-    e = np.exp(shifted)  # exp(-inf) = 0 exactly for masked keys
-    return e / e.sum(axis=-1, keepdims=True)  # [h, n, n], rows sum to 1
+    if mask is None:
+        shifted = scores - scores.max(axis=-1, keepdims=True)  # [h, n, n], max entry 0
+        e = np.exp(shifted)
+        return e / e.sum(axis=-1, keepdims=True)  # [h, n, n], rows sum to 1
+    scores = np.where(mask, -np.inf, scores)  # masked keys drop out of the max
+    peak = scores.max(axis=-1, keepdims=True)  # [h, n, 1]
+    peak = np.where(peak == -np.inf, 0.0, peak)  # an all-masked row: exp(-inf - 0) = 0, not NaN
+    e = np.exp(scores - peak)  # exp(-inf) = 0 exactly for masked keys
+    total = e.sum(axis=-1, keepdims=True)  # [h, n, 1]
+    return e / np.where(total > 0, total, 1.0)  # [h, n, n], rows sum to 1 (0 for an all-masked row)
 
 
 def weighted_values(weights: np.ndarray, v: np.ndarray) -> np.ndarray:

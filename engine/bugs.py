@@ -11,7 +11,10 @@ the reference's trace from each bug's step on.
 
 A bug also says when it changes nothing (``unchanged_when``): showing or
 diagnosing it there would label correct numbers as wrong, so such a request
-is refused with the reason. The names are a public contract.
+is refused with the reason; likewise when a trace cannot show it
+(``cannot_show``: a positional-encoding mistake with a given x, a
+log-softmax's −inf under a mask). The names are a public contract; new bugs
+go at the end, since diagnosis names the first match in this order.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class Bug:
     #: why it would change no number for this configuration and token count, or None when it does
     unchanged_when: Callable[[TraceConfig, int], str | None]
     needs_causal: bool = False  # it is a mistake in the mask, so it needs one
+    #: why a trace of this configuration cannot show it (given explicit_input), or None when it can
+    cannot_show: Callable[[TraceConfig, bool], str | None] | None = None
 
 
 # ---------------------------------------------------------------- the wrong steps
@@ -76,6 +81,49 @@ def _tiled_output(concat: np.ndarray, W_O: np.ndarray) -> np.ndarray:
     return A.output_projection(tiled, W_O)  # [n, h·d_k] -> [n, d_model]
 
 
+def _project_without_transpose(x: np.ndarray, W: np.ndarray) -> np.ndarray:
+    h, d_k, d_model = W.shape
+    y = x @ W.reshape(h * d_k, d_model)  # [n, d_model] @ [h·d_k, d_model]: the missing .T (square, so it runs)
+    return y.reshape(x.shape[0], h, d_k).transpose(1, 0, 2)  # [n, h·d_k] -> [h, n, d_k]
+
+
+def _split_heads_without_transpose(x: np.ndarray, W: np.ndarray) -> np.ndarray:
+    h, d_k, d_model = W.shape
+    y = x @ W.reshape(h * d_k, d_model).T  # [n, d_model] @ [d_model, h·d_k] -> [n, h·d_k]
+    return y.reshape(h, x.shape[0], d_k)  # [n, h·d_k] -> [h, n, d_k] with no transpose: heads mix tokens
+
+
+def _mask_with_diagonal(n: int) -> np.ndarray:
+    return np.triu(np.ones((n, n), dtype=bool), k=0)  # [n, n]: j >= i, so a query cannot see itself
+
+
+def _mask_after_softmax(scores: np.ndarray, excluded: np.ndarray) -> np.ndarray:
+    return np.where(excluded, 0.0, A.softmax(scores))  # [h, n, n]: future keys zeroed, rows not renormalised
+
+
+def _log_softmax(scores: np.ndarray, excluded: None) -> np.ndarray:
+    shifted = scores - scores.max(axis=-1, keepdims=True)  # [h, n, n]
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # [h, n, n]: log-probabilities, ≤ 0
+
+
+def _concat_token_major(context: np.ndarray) -> np.ndarray:
+    h, n, d_k = context.shape
+    return context.reshape(n, h * d_k)  # [h, n, d_k] -> [n, h·d_k] without the transpose: rows mix tokens
+
+
+def _first_block_output(concat: np.ndarray, W_O: np.ndarray) -> np.ndarray:
+    return A.output_projection(concat, W_O[:, : concat.shape[1]])  # [n, d_k] @ [d_k, d_model]: one head's block
+
+
+def _embedding_only(token_embedding: np.ndarray) -> np.ndarray:
+    return token_embedding.copy()  # [n, d_model]: the positional encoding was never added
+
+
+def _encoding_added_twice(token_embedding: np.ndarray, positional_encoding: np.ndarray) -> np.ndarray:
+    x = A.add_positional_encoding(token_embedding, positional_encoding)  # [n, d_model]
+    return A.add_positional_encoding(x, positional_encoding)  # [n, d_model]: x += PE once more
+
+
 # ------------------------------------------------------ when a bug changes nothing
 
 
@@ -103,8 +151,41 @@ def _one_head(config: TraceConfig, n: int) -> str | None:
     return "with one head the mean of the heads is that head" if config.num_heads == 1 else None
 
 
+def _square_one(config: TraceConfig, n: int) -> str | None:
+    return "with d_model 1 every weight matrix is its own transpose" if config.d_model == 1 else None
+
+
+def _one_head_or_token(config: TraceConfig, n: int) -> str | None:
+    if config.num_heads == 1:
+        return "with one head there is nothing to interleave"
+    return "with one token there is nothing to interleave" if n == 1 else None
+
+
+def _no_encoding(config: TraceConfig, n: int) -> str | None:
+    if config.positional_encoding == "none":
+        return "with positional_encoding: none the encoding is zero"
+    if n == 1 and config.d_model == 1:
+        return "one token at d_model 1 has the encoding sin(0) = 0"
+    return None
+
+
+def _generated_input(config: TraceConfig, explicit_input: bool) -> str | None:
+    return "with your own input x there is no positional encoding step to get wrong" if explicit_input else None
+
+
+def _no_mask(config: TraceConfig, explicit_input: bool) -> str | None:
+    return ("with causal: true a log-softmax gives −inf to the masked keys, which no trace can hold; "
+            "show it with causal: false") if config.causal else None
+
+
 _SCALE_AFTER = Step("weights", _softmax_then_scale, ("masked_scores", "excluded", "d_k", "scale"),
                     "softmax({masked_scores})/√d_k")
+_MEAN_OF_HEADS = Step("concat", _mean_of_heads, ("context",), "Mean(head₁, …, head_h)")
+
+
+def _projections(fn: Callable[[np.ndarray, np.ndarray], np.ndarray], how: str) -> tuple[Step, ...]:
+    """A mistake in project() is made for each of its three calls."""
+    return tuple(Step(name, fn, ("input", f"W_{name.upper()}"), f"{name.upper()}ᵢ = {how}") for name in "qkv")
 
 BUGS: dict[str, Bug] = {
     b.name: b
@@ -136,19 +217,67 @@ BUGS: dict[str, Bug] = {
         Bug("average_heads",
             "the heads were averaged instead of concatenated, which mixes their outputs and loses information",
             "concat",
-            (Step("concat", _mean_of_heads, ("context",), "Mean(head₁, …, head_h)"),
-             Step("output", _tiled_output, ("concat", "W_O"), "Tile({concat})·W_Oᵀ")), _one_head),
+            (_MEAN_OF_HEADS, Step("output", _tiled_output, ("concat", "W_O"), "Tile({concat})·W_Oᵀ")), _one_head),
+        Bug("projection_not_transposed",
+            "the projections used x·W instead of x·Wᵀ (the heads' [d_k, d_model] matrices stacked but not "
+            "transposed), so every query, key and value is wrong", "q",
+            _projections(_project_without_transpose, "x·W (W stacked [h·d_k, d_model], not transposed)"),
+            _square_one),
+        Bug("heads_split_without_transpose",
+            "the projection [n, h·d_k] was reshaped straight to [h, n, d_k], without going through [n, h, d_k] "
+            "and transposing, so each head mixes pieces of different tokens", "q",
+            _projections(_split_heads_without_transpose, "reshape(x·Wᵀ, [h, n, d_k]) (no transpose)"),
+            _one_head_or_token),
+        Bug("mask_includes_diagonal",
+            "the causal mask also hid each query's own key (j ≥ i instead of j > i), so the first query sees "
+            "nothing and every other query ignores itself", "masked_scores",
+            (Step("mask", _mask_with_diagonal, ("n",)),
+             Step("masked_scores", A.apply_mask, ("scaled_scores", "mask"), "mask_diag({scaled_scores})",
+                  note=": keys at and after the query are excluded, the query's own key too",
+                  outputs=("masked_scores", "excluded"))),
+            lambda config, n: None, needs_causal=True),
+        Bug("mask_after_softmax",
+            "the mask was applied after the softmax, zeroing the future keys' weights without renormalising, "
+            "so rows sum to less than 1", "weights",
+            (Step("weights", _mask_after_softmax, ("scaled_scores", "excluded"), "mask(softmax({scaled_scores}))"),),
+            _one_token, needs_causal=True),
+        Bug("log_softmax",
+            "log-softmax was used instead of softmax, so the weights are log-probabilities (all ≤ 0) "
+            "instead of probabilities that sum to 1", "weights",
+            (Step("weights", _log_softmax, ("masked_scores", "excluded"), "log_softmax({masked_scores})"),),
+            lambda config, n: None, cannot_show=_no_mask),
+        Bug("concat_token_major",
+            "the heads' [h, n, d_k] context was reshaped straight to [n, h·d_k] without moving the head axis "
+            "next to d_k, so each row mixes different tokens", "concat",
+            (Step("concat", _concat_token_major, ("context",), "reshape(context, [n, h·d_k]) (no transpose)"),),
+            _one_head_or_token),
+        Bug("average_heads_sliced_W_O",
+            "the heads were averaged and multiplied by W_O[:, :d_k], one head's block of W_O, instead of "
+            "concatenated and multiplied by all of W_O", "concat",
+            (_MEAN_OF_HEADS, Step("output", _first_block_output, ("concat", "W_O"), "{concat}·W_O[:, :d_k]ᵀ")),
+            _one_head),
+        Bug("positional_encoding_missing",
+            "the positional encoding was never added to the embeddings, so the model cannot tell positions apart",
+            "input", (Step("input", _embedding_only, ("token_embedding",), "x = E (PE forgotten)"),),
+            _no_encoding, cannot_show=_generated_input),
+        Bug("positional_encoding_twice",
+            "the positional encoding was added twice, x = E + 2·PE", "input",
+            (Step("input", _encoding_added_twice, ("token_embedding", "positional_encoding"), "x = E + PE + PE"),),
+            _no_encoding, cannot_show=_generated_input),
     )
 }
 
 BUG_NAMES: tuple[str, ...] = tuple(BUGS)
 
 
-def why_unchanged(bug: Bug, config: TraceConfig, n: int) -> BugNotApplicableError | None:
-    """The error that says why ``bug`` would change no number of this trace, or None when it would."""
+def refusal(bug: Bug, config: TraceConfig, n: int, *, explicit_input: bool = False) -> BugNotApplicableError | None:
+    """The error that says why ``bug`` cannot be shown here or would change no number, or None when it would."""
     if bug.needs_causal and not config.causal:
         return BugNotApplicableError(f"the {bug.name} bug needs causal: true (there is no mask without it)",
                                      code="bug_needs_causal")
+    reason = bug.cannot_show(config, explicit_input) if bug.cannot_show else None
+    if reason:
+        return BugNotApplicableError(f"the {bug.name} bug cannot be shown here: {reason}", code="bug_not_applicable")
     reason = bug.unchanged_when(config, n)
     if reason:
         return BugNotApplicableError(f"the {bug.name} bug changes no number of this trace: {reason}; "
@@ -156,16 +285,16 @@ def why_unchanged(bug: Bug, config: TraceConfig, n: int) -> BugNotApplicableErro
     return None
 
 
-def check_bug(name: str, config: TraceConfig, n: int) -> Bug:
+def check_bug(name: str, config: TraceConfig, n: int, *, explicit_input: bool = False) -> Bug:
     """The bug of that name, if it exists and changes this trace; else an EngineError that says why."""
     if name not in BUGS:
         raise UnknownBugError(f"unknown bug {name!r}; known bugs: {', '.join(BUGS)}")
-    error = why_unchanged(BUGS[name], config, n)
+    error = refusal(BUGS[name], config, n, explicit_input=explicit_input)
     if error:
         raise error
     return BUGS[name]
 
 
-def applicable_bugs(config: TraceConfig, n: int) -> list[Bug]:
+def applicable_bugs(config: TraceConfig, n: int, *, explicit_input: bool = False) -> list[Bug]:
     """The bugs that change a trace of this configuration, in the documented order (for diagnosis)."""
-    return [b for b in BUGS.values() if why_unchanged(b, config, n) is None]
+    return [b for b in BUGS.values() if refusal(b, config, n, explicit_input=explicit_input) is None]

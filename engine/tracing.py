@@ -90,7 +90,7 @@ def trace(
     """
     toks = split if split is not None else split_tokens(sentence=sentence, tokens=tokens,
                                                         max_tokens=config.max_tokens)
-    wrong = check_bug(bug, config, len(toks)) if bug is not None else None
+    wrong = check_bug(bug, config, len(toks), explicit_input=input is not None) if bug is not None else None
     if parameters is None:
         params = generate_parameters(config.seed, config.d_model, config.num_heads)
         digest = generated_parameters_digest(config.seed, config.d_model, config.num_heads)

@@ -138,7 +138,7 @@ def check_document(req: CheckRequest, limits: Settings) -> dict[str, Any]:
 
     matches: list[str] = []
     if first_wrong is not None:
-        for bug in engine.applicable_bugs(t.config, t.n_tokens):
+        for bug in engine.applicable_bugs(t.config, t.n_tokens, explicit_input=t.input_source == "explicit"):
             buggy = engine.recompute(t, bug)  # from the bug's step on; earlier arrays are reused
             if engine.same_numbers(buggy, t, order):
                 continue  # this bug changes nothing the student submitted

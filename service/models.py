@@ -259,7 +259,7 @@ class TraceRequest(TraceSpec):
                 # A filter: stages that an explicit input skips are just absent from the answer.
                 check_stages(self.stages, self.trace_config, explicit_input=False, field="stages")
             if self.inject_bug is not None:
-                check_bug(self.inject_bug, self.trace_config, len(self._tokens))
+                check_bug(self.inject_bug, self.trace_config, len(self._tokens), explicit_input=self.input is not None)
         return self
 
 

@@ -100,9 +100,16 @@ def test_engine_refuses_overflowing_explicit_input():
 # ------------------------------------------------------------------- inject_bug
 
 BUGGY = {"sentence": "the cat sat on the mat", "d_model": 24, "num_heads": 4, "causal": True}
+# Every bug a trace of BUGGY can show (a log-softmax's −inf under the mask cannot be: tests/test_bugs.py).
+SHOWN = [name for name, b in BUGS.items()
+         if engine.bugs.refusal(b, TraceConfig(d_model=24, num_heads=4, causal=True), 6) is None]
 
 
-@pytest.mark.parametrize("bug", list(BUGS))
+def test_buggy_config_shows_all_but_the_log_softmax():
+    assert set(BUGS) - set(SHOWN) == {"log_softmax"}
+
+
+@pytest.mark.parametrize("bug", SHOWN)
 def test_injected_bug_is_labelled_and_matches_the_engine(client, bug):
     doc = client.post("/trace", json=BUGGY | {"inject_bug": bug}).get_json()
     assert doc["injected_bug"]["name"] == bug
@@ -168,9 +175,11 @@ def test_correct_submission_passes(client):
                                 "rule": "|received − expected| ≤ atol + rtol·|expected|"}
 
 
-@pytest.mark.parametrize("bug", list(BUGS))
+@pytest.mark.parametrize("bug", SHOWN)
 def test_each_known_bug_is_diagnosed(client, bug):
-    sub = submission_from(client, BUGGY, bug)
+    first = engine.STAGE_IDS.index(BUGS[bug].stage)
+    stages = list(dict.fromkeys([*engine.STAGE_IDS[first:first + 3], *CHECKED]))  # from the bug's stage on
+    sub = submission_from(client, BUGGY, bug, stages=stages)
     if bug == "average_heads":
         sub["concat"] = sub["concat"]  # [n, d_k]: the shape itself is part of the evidence
     doc = client.post("/check", json=BUGGY | {"submission": sub}).get_json()
