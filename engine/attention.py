@@ -3,9 +3,12 @@
     MultiHead(X) = Concat(head₁, …, head_h) · W_Oᵀ
     headᵢ        = softmax(Qᵢ Kᵢᵀ / √d_k) Vᵢ,   Qᵢ = X W_Qᵢᵀ, Kᵢ = X W_Kᵢᵀ, Vᵢ = X W_Vᵢᵀ
 
-Shapes use n = tokens, h = num_heads, d_k = d_model / h. Every function is
-vectorised over heads and tokens (no Python loop over either), float64 only,
-and never produces NaN or ±inf: masked entries are carried as a boolean mask.
+Shapes use n = tokens (the queries), m = keys (m = n in self-attention; the
+context's tokens in cross-attention), h = num_heads, g = K/V heads (g = h
+unless grouped-query attention shares them), d_k = d_model / h. Every function
+is vectorised over heads and tokens (no Python loop over either), float64
+only, and never produces NaN or ±inf: masked entries are carried as a boolean
+mask.
 
 These are the correct steps only. ``engine.layer`` chooses among them by
 configuration and runs them in order; ``engine.bugs`` holds the wrong ones.
@@ -36,6 +39,11 @@ def no_positional_encoding(n: int, d_model: int) -> np.ndarray:
     return np.zeros((n, d_model))  # [n, d_model]
 
 
+def embedding_as_input(token_embedding: np.ndarray) -> np.ndarray:
+    """Stage 4 with RoPE: x = E, no additive encoding (position enters by rotating q and k)."""
+    return token_embedding.copy()  # [n, d_model]
+
+
 def add_positional_encoding(token_embedding: np.ndarray, positional_encoding: np.ndarray) -> np.ndarray:
     """Stage 4: x = token_embedding + positional_encoding."""
     return token_embedding + positional_encoding  # [n, d_model]
@@ -52,9 +60,49 @@ def project(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     return y.reshape(x.shape[0], h, d_k).transpose(1, 0, 2)  # [n, h·d_k] -> [h, n, d_k]
 
 
+def rope_angles(positions: np.ndarray, d_k: int, base: float) -> np.ndarray:
+    """RoPE's rotation angles: θ[p, i] = p · (1 / base^(2i/d_k)) for position p and pair i < d_k/2.
+
+    RoFormer's θᵢ = base^(−2(i−1)/d) with i from 1; computed as the Llama and
+    GPT-NeoX code does (``inv_freq = 1 / base ** (arange(0, d_k, 2) / d_k)``,
+    then an outer product with the positions), in float64.
+    """
+    inv_freq = 1.0 / np.power(float(base), np.arange(0, d_k, 2, dtype=np.float64) / d_k)  # [d_k/2]
+    return np.asarray(positions, dtype=np.float64)[:, None] * inv_freq  # [n, 1] * [d_k/2] -> [n, d_k/2]
+
+
+def rotate_half(x: np.ndarray, angles: np.ndarray) -> np.ndarray:
+    """RoPE, GPT-NeoX/Llama pairing: coordinate j turns with coordinate j + d_k/2 by angle θ[pos, j].
+
+    (x₁, x₂) -> (x₁·cos θ − x₂·sin θ, x₂·cos θ + x₁·sin θ), Hugging Face's
+    ``q·cos + rotate_half(q)·sin`` term by term.
+    """
+    half = x.shape[-1] // 2
+    cos, sin = np.cos(angles), np.sin(angles)  # [n, d_k/2] each
+    x1, x2 = x[..., :half], x[..., half:]  # [h, n, d_k] -> 2 × [h, n, d_k/2]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)  # 2 × [h, n, d_k/2] -> [h, n, d_k]
+
+
+def rotate_interleaved(x: np.ndarray, angles: np.ndarray) -> np.ndarray:
+    """RoPE, RoFormer pairing: coordinates 2i and 2i + 1 turn together by angle θ[pos, i]."""
+    cos, sin = np.cos(angles), np.sin(angles)  # [n, d_k/2] each
+    x1, x2 = x[..., 0::2], x[..., 1::2]  # [h, n, d_k] -> 2 × [h, n, d_k/2]
+    pairs = np.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)  # -> [h, n, d_k/2, 2]
+    return pairs.reshape(x.shape)  # [h, n, d_k/2, 2] -> [h, n, d_k]
+
+
+def share_kv_heads(kv: np.ndarray, group: int) -> np.ndarray:
+    """Grouped-query attention: K/V head j serves query heads j·group … j·group + group − 1.
+
+    Query head i reads K/V head ⌊i / group⌋, as torch's ``repeat_interleave``
+    and ``scaled_dot_product_attention(..., enable_gqa=True)`` do.
+    """
+    return np.repeat(kv, group, axis=0)  # [g, m, d_k] -> [g·group, m, d_k] = [h, m, d_k]
+
+
 def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     """Stage 6: raw scores = q · kᵀ for every query and key, per head."""
-    return q @ k.transpose(0, 2, 1)  # [h, n, d_k] @ [h, d_k, n] -> [h, n, n]
+    return q @ k.transpose(0, 2, 1)  # [h, n, d_k] @ [h, d_k, m] -> [h, n, m]
 
 
 def scale_factor(d_k: int, scale: bool) -> float:
@@ -64,12 +112,22 @@ def scale_factor(d_k: int, scale: bool) -> float:
 
 def scale_scores(scores: np.ndarray, factor: float) -> np.ndarray:
     """Stage 7: scaled_scores = scores / factor."""
-    return scores / factor  # [h, n, n]
+    return scores / factor  # [h, n, m]
 
 
 def causal_mask(n: int) -> np.ndarray:
     """True where a key comes after its query (j > i): those keys are excluded."""
     return np.triu(np.ones((n, n), dtype=bool), k=1)  # [n, n]
+
+
+def sliding_window_mask(n: int, window: int) -> np.ndarray:
+    """True where a key comes after its query, or window or more positions before it (i − j ≥ window).
+
+    Each query sees at most ``window`` keys, its own included: j in [i − window + 1, i]
+    (Mistral's and Longformer's local attention; window ≥ n is the causal mask).
+    """
+    offset = np.arange(n)[:, None] - np.arange(n)[None, :]  # [n, 1] - [1, n] -> [n, n]: query − key
+    return (offset < 0) | (offset >= window)  # [n, n]
 
 
 def no_mask(n: int) -> None:
@@ -86,7 +144,7 @@ def apply_mask(scores: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray,
     if mask is None:
         return scores, None
     excluded = np.broadcast_to(mask, scores.shape)  # [n, n] -> [h, n, n]
-    return np.where(excluded, 0.0, scores), excluded  # [h, n, n]
+    return np.where(excluded, 0.0, scores), excluded  # [h, n, n]  (masks are self-attention only: m = n)
 
 
 def softmax(scores: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
@@ -99,9 +157,9 @@ def softmax(scores: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
     does that) attends to nothing: all its weights are 0, never NaN.
     """
     if mask is None:
-        shifted = scores - scores.max(axis=-1, keepdims=True)  # [h, n, n], max entry 0
+        shifted = scores - scores.max(axis=-1, keepdims=True)  # [h, n, m], max entry 0
         e = np.exp(shifted)
-        return e / e.sum(axis=-1, keepdims=True)  # [h, n, n], rows sum to 1
+        return e / e.sum(axis=-1, keepdims=True)  # [h, n, m], rows sum to 1
     scores = np.where(mask, -np.inf, scores)  # masked keys drop out of the max
     peak = scores.max(axis=-1, keepdims=True)  # [h, n, 1]
     peak = np.where(peak == -np.inf, 0.0, peak)  # an all-masked row: exp(-inf - 0) = 0, not NaN
@@ -112,7 +170,7 @@ def softmax(scores: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
 
 def weighted_values(weights: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Stage 10: context = weights · v, a convex blend of value rows per query."""
-    return weights @ v  # [h, n, n] @ [h, n, d_k] -> [h, n, d_k]
+    return weights @ v  # [h, n, m] @ [h, m, d_k] -> [h, n, d_k]
 
 
 def concat_heads(context: np.ndarray) -> np.ndarray:
@@ -126,12 +184,23 @@ def output_projection(concat: np.ndarray, W_O: np.ndarray) -> np.ndarray:
     return concat @ W_O.T  # [n, h·d_k] @ [h·d_k, d_model] -> [n, d_model]
 
 
+def append_to_cache(cache: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """KV-cache decoding: the cache after this step holds every earlier position's row and the new one."""
+    return np.concatenate([cache, new], axis=-2)  # [g, c, d_k] + [g, 1, d_k] -> [g, c + 1, d_k]
+
+
+def append_to_window_cache(cache: np.ndarray, new: np.ndarray, window: int) -> np.ndarray:
+    """Sliding-window decoding (Mistral's rolling buffer): only the last ``window`` positions stay."""
+    grown = np.concatenate([cache, new], axis=-2)  # [g, c, d_k] + [g, 1, d_k] -> [g, c + 1, d_k]
+    return grown[..., -window:, :]  # [g, c + 1, d_k] -> [g, min(c + 1, window), d_k]
+
+
 def entropy(weights: np.ndarray) -> np.ndarray:
     """Each row's entropy in nats, −Σ w·ln w with 0·ln 0 = 0."""
     safe = np.where(weights > 0, weights, 1.0)  # ln 1 = 0 where w = 0, no warnings
-    return 0.0 - (weights * np.log(safe)).sum(axis=-1)  # [h, n, n] -> [h, n]; 0 - x avoids -0.0
+    return 0.0 - (weights * np.log(safe)).sum(axis=-1)  # [h, n, m] -> [h, n]; 0 - x avoids -0.0
 
 
 def max_weight(weights: np.ndarray) -> np.ndarray:
     """Each row's largest weight: near 1 means softmax has saturated."""
-    return weights.max(axis=-1)  # [h, n, n] -> [h, n]
+    return weights.max(axis=-1)  # [h, n, m] -> [h, n]

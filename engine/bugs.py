@@ -12,8 +12,9 @@ the reference's trace from each bug's step on.
 A bug also says when it changes nothing (``unchanged_when``): showing or
 diagnosing it there would label correct numbers as wrong, so such a request
 is refused with the reason; likewise when a trace cannot show it
-(``cannot_show``: a positional-encoding mistake with a given x, a
-log-softmax's −inf under a mask). The names are a public contract; new bugs
+(``cannot_show``: a positional-encoding mistake with a given x or under
+RoPE, a log-softmax's −inf under a mask, a projection mistake in
+cross-attention). The names are a public contract; new bugs
 go at the end, since diagnosis names the first match in this order.
 """
 
@@ -35,11 +36,13 @@ class Bug:
     summary: str  # one line, fit to show a student
     stage: str  # the first stage it changes
     replaces: tuple[Step, ...]  # the wrong steps, each replacing the correct step of its name
-    #: why it would change no number for this configuration and token count, or None when it does
-    unchanged_when: Callable[[TraceConfig, int], str | None]
+    #: why it would change no number for this configuration, n queries and m keys (m = n in
+    #: self-attention, the context's length in cross-attention), or None when it does
+    unchanged_when: Callable[[TraceConfig, int, int], str | None]
     needs_causal: bool = False  # it is a mistake in the mask, so it needs one
-    #: why a trace of this configuration cannot show it (given explicit_input), or None when it can
-    cannot_show: Callable[[TraceConfig, bool], str | None] | None = None
+    #: why a trace of this configuration cannot show it (given explicit_input, and cross for
+    #: cross-attention), or None when it can
+    cannot_show: Callable[..., str | None] | None = None
 
 
 # ---------------------------------------------------------------- the wrong steps
@@ -93,8 +96,9 @@ def _split_heads_without_transpose(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     return y.reshape(h, x.shape[0], d_k)  # [n, h·d_k] -> [h, n, d_k] with no transpose: heads mix tokens
 
 
-def _mask_with_diagonal(n: int) -> np.ndarray:
-    return np.triu(np.ones((n, n), dtype=bool), k=0)  # [n, n]: j >= i, so a query cannot see itself
+def _mask_with_diagonal(scores: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    own = np.eye(mask.shape[-1], dtype=bool)  # [n, n]: each query's own key
+    return A.apply_mask(scores, mask | own)  # causal: j >= i, so a query cannot see itself (a window stays)
 
 
 def _mask_after_softmax(scores: np.ndarray, excluded: np.ndarray) -> np.ndarray:
@@ -127,7 +131,7 @@ def _encoding_added_twice(token_embedding: np.ndarray, positional_encoding: np.n
 # ------------------------------------------------------ when a bug changes nothing
 
 
-def _factor_is_one(config: TraceConfig, n: int) -> str | None:
+def _factor_is_one(config: TraceConfig, n: int, m: int) -> str | None:
     if not config.scale:
         return "with scale: false the scores are not divided at all"
     if config.d_k == 1:
@@ -135,7 +139,7 @@ def _factor_is_one(config: TraceConfig, n: int) -> str | None:
     return None
 
 
-def _d_model_is_d_k(config: TraceConfig, n: int) -> str | None:
+def _d_model_is_d_k(config: TraceConfig, n: int, m: int) -> str | None:
     if config.scale and config.num_heads == 1:
         return "with one head d_k = d_model, so √d_model is √d_k"
     if not config.scale and config.d_model == 1:
@@ -143,25 +147,33 @@ def _d_model_is_d_k(config: TraceConfig, n: int) -> str | None:
     return None
 
 
-def _one_token(config: TraceConfig, n: int) -> str | None:
+def _one_token(config: TraceConfig, n: int, m: int) -> str | None:
     return "with one token there is nothing to mask or normalise across" if n == 1 else None
 
 
-def _one_head(config: TraceConfig, n: int) -> str | None:
+def _one_visible_key(config: TraceConfig, n: int, m: int) -> str | None:
+    if n == 1 and m == 1:
+        return "with one token there is nothing to mask or normalise across"
+    if config.window == 1:
+        return "with window 1 each query sees only its own key, so each row and each column holds one weight, 1"
+    return None
+
+
+def _one_head(config: TraceConfig, n: int, m: int) -> str | None:
     return "with one head the mean of the heads is that head" if config.num_heads == 1 else None
 
 
-def _square_one(config: TraceConfig, n: int) -> str | None:
+def _square_one(config: TraceConfig, n: int, m: int) -> str | None:
     return "with d_model 1 every weight matrix is its own transpose" if config.d_model == 1 else None
 
 
-def _one_head_or_token(config: TraceConfig, n: int) -> str | None:
+def _one_head_or_token(config: TraceConfig, n: int, m: int) -> str | None:
     if config.num_heads == 1:
         return "with one head there is nothing to interleave"
     return "with one token there is nothing to interleave" if n == 1 else None
 
 
-def _no_encoding(config: TraceConfig, n: int) -> str | None:
+def _no_encoding(config: TraceConfig, n: int, m: int) -> str | None:
     if config.positional_encoding == "none":
         return "with positional_encoding: none the encoding is zero"
     if n == 1 and config.d_model == 1:
@@ -169,13 +181,36 @@ def _no_encoding(config: TraceConfig, n: int) -> str | None:
     return None
 
 
-def _generated_input(config: TraceConfig, explicit_input: bool) -> str | None:
-    return "with your own input x there is no positional encoding step to get wrong" if explicit_input else None
+def _added_encoding(config: TraceConfig, explicit_input: bool, cross: bool = False) -> str | None:
+    if explicit_input:
+        return "with your own input x there is no positional encoding step to get wrong"
+    if config.rope:
+        return ("with RoPE no positional encoding is added to x: position enters by rotating q and k; "
+                "show it with positional_encoding \"sinusoidal\"")
+    if cross:
+        return ("in cross-attention the sentence and the context each add their own encoding; "
+                "show it in self-attention")
+    return None
 
 
-def _no_mask(config: TraceConfig, explicit_input: bool) -> str | None:
+def _no_mask(config: TraceConfig, explicit_input: bool, cross: bool = False) -> str | None:
     return ("with causal: true a log-softmax gives −inf to the masked keys, which no trace can hold; "
             "show it with causal: false") if config.causal else None
+
+
+def _self_projection(config: TraceConfig, explicit_input: bool, cross: bool = False) -> str | None:
+    if cross:
+        return ("in cross-attention the keys and values are projected from the context, not from x; "
+                "show it in self-attention")
+    return None
+
+
+def _square_projection(config: TraceConfig, explicit_input: bool, cross: bool = False) -> str | None:
+    if config.grouped:
+        return (f"with {config.kv_heads} K/V heads the stacked W_K is [{config.kv_heads * config.d_k}, "
+                f"{config.d_model}], not square, so x·W fails with a shape error instead of giving wrong numbers; "
+                "show it with num_kv_heads equal to num_heads")
+    return _self_projection(config, explicit_input, cross)
 
 
 _SCALE_AFTER = Step("weights", _softmax_then_scale, ("masked_scores", "excluded", "d_k", "scale"),
@@ -213,7 +248,7 @@ BUGS: dict[str, Bug] = {
             "the softmax was taken over the queries (columns) instead of the keys (rows), so rows do not sum to 1",
             "weights",
             (Step("weights", _softmax_over_queries, ("masked_scores", "excluded"),
-                  "softmax_over_queries({masked_scores})"),), _one_token),
+                  "softmax_over_queries({masked_scores})"),), _one_visible_key),
         Bug("average_heads",
             "the heads were averaged instead of concatenated, which mixes their outputs and loses information",
             "concat",
@@ -222,20 +257,19 @@ BUGS: dict[str, Bug] = {
             "the projections used x·W instead of x·Wᵀ (the heads' [d_k, d_model] matrices stacked but not "
             "transposed), so every query, key and value is wrong", "q",
             _projections(_project_without_transpose, "x·W (W stacked [h·d_k, d_model], not transposed)"),
-            _square_one),
+            _square_one, cannot_show=_square_projection),
         Bug("heads_split_without_transpose",
             "the projection [n, h·d_k] was reshaped straight to [h, n, d_k], without going through [n, h, d_k] "
             "and transposing, so each head mixes pieces of different tokens", "q",
             _projections(_split_heads_without_transpose, "reshape(x·Wᵀ, [h, n, d_k]) (no transpose)"),
-            _one_head_or_token),
+            _one_head_or_token, cannot_show=_self_projection),
         Bug("mask_includes_diagonal",
             "the causal mask also hid each query's own key (j ≥ i instead of j > i), so the first query sees "
             "nothing and every other query ignores itself", "masked_scores",
-            (Step("mask", _mask_with_diagonal, ("n",)),
-             Step("masked_scores", A.apply_mask, ("scaled_scores", "mask"), "mask_diag({scaled_scores})",
+            (Step("masked_scores", _mask_with_diagonal, ("scaled_scores", "mask"), "mask_diag({scaled_scores})",
                   note=": keys at and after the query are excluded, the query's own key too",
-                  outputs=("masked_scores", "excluded"))),
-            lambda config, n: None, needs_causal=True),
+                  outputs=("masked_scores", "excluded")),),
+            lambda config, n, m: None, needs_causal=True),
         Bug("mask_after_softmax",
             "the mask was applied after the softmax, zeroing the future keys' weights without renormalising, "
             "so rows sum to less than 1", "weights",
@@ -245,7 +279,7 @@ BUGS: dict[str, Bug] = {
             "log-softmax was used instead of softmax, so the weights are log-probabilities (all ≤ 0) "
             "instead of probabilities that sum to 1", "weights",
             (Step("weights", _log_softmax, ("masked_scores", "excluded"), "log_softmax({masked_scores})"),),
-            lambda config, n: None, cannot_show=_no_mask),
+            lambda config, n, m: None, cannot_show=_no_mask),
         Bug("concat_token_major",
             "the heads' [h, n, d_k] context was reshaped straight to [n, h·d_k] without moving the head axis "
             "next to d_k, so each row mixes different tokens", "concat",
@@ -259,42 +293,50 @@ BUGS: dict[str, Bug] = {
         Bug("positional_encoding_missing",
             "the positional encoding was never added to the embeddings, so the model cannot tell positions apart",
             "input", (Step("input", _embedding_only, ("token_embedding",), "x = E (PE forgotten)"),),
-            _no_encoding, cannot_show=_generated_input),
+            _no_encoding, cannot_show=_added_encoding),
         Bug("positional_encoding_twice",
             "the positional encoding was added twice, x = E + 2·PE", "input",
             (Step("input", _encoding_added_twice, ("token_embedding", "positional_encoding"), "x = E + PE + PE"),),
-            _no_encoding, cannot_show=_generated_input),
+            _no_encoding, cannot_show=_added_encoding),
     )
 }
 
 BUG_NAMES: tuple[str, ...] = tuple(BUGS)
 
 
-def refusal(bug: Bug, config: TraceConfig, n: int, *, explicit_input: bool = False) -> BugNotApplicableError | None:
-    """The error that says why ``bug`` cannot be shown here or would change no number, or None when it would."""
+def refusal(bug: Bug, config: TraceConfig, n: int, *, explicit_input: bool = False,
+            n_context: int | None = None) -> BugNotApplicableError | None:
+    """The error that says why ``bug`` cannot be shown here or would change no number, or None when it would.
+
+    ``n_context`` is the context's token count in cross-attention (None in self-attention).
+    """
     if bug.needs_causal and not config.causal:
         return BugNotApplicableError(f"the {bug.name} bug needs causal: true (there is no mask without it)",
                                      code="bug_needs_causal")
-    reason = bug.cannot_show(config, explicit_input) if bug.cannot_show else None
+    cross = n_context is not None
+    reason = bug.cannot_show(config, explicit_input, cross) if bug.cannot_show else None
     if reason:
         return BugNotApplicableError(f"the {bug.name} bug cannot be shown here: {reason}", code="bug_not_applicable")
-    reason = bug.unchanged_when(config, n)
+    reason = bug.unchanged_when(config, n, n if n_context is None else n_context)
     if reason:
         return BugNotApplicableError(f"the {bug.name} bug changes no number of this trace: {reason}; "
                                      "choose another bug or configuration", code="bug_changes_nothing")
     return None
 
 
-def check_bug(name: str, config: TraceConfig, n: int, *, explicit_input: bool = False) -> Bug:
+def check_bug(name: str, config: TraceConfig, n: int, *, explicit_input: bool = False,
+              n_context: int | None = None) -> Bug:
     """The bug of that name, if it exists and changes this trace; else an EngineError that says why."""
     if name not in BUGS:
         raise UnknownBugError(f"unknown bug {name!r}; known bugs: {', '.join(BUGS)}")
-    error = refusal(BUGS[name], config, n, explicit_input=explicit_input)
+    error = refusal(BUGS[name], config, n, explicit_input=explicit_input, n_context=n_context)
     if error:
         raise error
     return BUGS[name]
 
 
-def applicable_bugs(config: TraceConfig, n: int, *, explicit_input: bool = False) -> list[Bug]:
+def applicable_bugs(config: TraceConfig, n: int, *, explicit_input: bool = False,
+                    n_context: int | None = None) -> list[Bug]:
     """The bugs that change a trace of this configuration, in the documented order (for diagnosis)."""
-    return [b for b in BUGS.values() if refusal(b, config, n, explicit_input=explicit_input) is None]
+    return [b for b in BUGS.values()
+            if refusal(b, config, n, explicit_input=explicit_input, n_context=n_context) is None]

@@ -9,18 +9,23 @@ Bounds that the API schema also publishes (``SEED_MAX``,
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from .errors import (
+    DecodeUnavailableError,
     EmptyInputError,
     HeadDivisionError,
     InvalidSizeError,
+    KVHeadDivisionError,
     NonFiniteInputError,
+    RotaryDimensionError,
     ShapeError,
     TooManyTokensError,
     TraceTooLargeError,
+    VariantConflictError,
 )
 from .tokenize import Token, tokenize, tokens_from_list
 
@@ -56,6 +61,103 @@ def head_dim(d_model: int, num_heads: int) -> int:
     return d_model // num_heads
 
 
+def kv_heads(num_heads: int, num_kv_heads: int | None) -> int:
+    """The number of K/V heads (GQA; 1 is MQA): num_heads when None, else a divisor of num_heads."""
+    if num_kv_heads is None:
+        return num_heads
+    if not _is_int(num_kv_heads) or num_kv_heads < 1:
+        raise InvalidSizeError(f"num_kv_heads must be a positive integer (or null for num_heads), got {num_kv_heads!r}",
+                               field="num_kv_heads")
+    if num_heads % num_kv_heads:
+        raise KVHeadDivisionError(
+            f"num_heads {num_heads} is not divisible by num_kv_heads {num_kv_heads}, so the query heads cannot "
+            f"share the K/V heads evenly; choose num_kv_heads among the divisors of num_heads: "
+            f"{', '.join(str(g) for g in divisors(num_heads))}"
+        )
+    return num_kv_heads
+
+
+def check_rope(d_model: int, num_heads: int) -> None:
+    """RoPE rotates coordinates in pairs, so d_k must be even."""
+    d_k = d_model // num_heads
+    if d_k % 2:
+        even = [h for h in divisors(d_model) if (d_model // h) % 2 == 0]
+        fix = (f"choose num_heads among {', '.join(str(h) for h in even[:12])} (d_k even)" if even
+               else "choose an even d_model")
+        raise RotaryDimensionError(
+            f"RoPE rotates the coordinates of each head in pairs, so d_k must be even, but d_k = d_model / num_heads "
+            f"= {d_model} / {num_heads} = {d_k}; {fix}, or use positional_encoding \"sinusoidal\""
+        )
+
+
+def check_rope_base(base: Any) -> None:
+    """rope_base: the RoPE frequency base, a finite number above 1."""
+    number = not isinstance(base, bool) and isinstance(base, (int, float, np.integer, np.floating))
+    if not number or not math.isfinite(base) or base <= 1:
+        raise InvalidSizeError(f"rope_base must be a finite number greater than 1 (10000 in RoFormer and Llama 2, "
+                               f"500000 in Llama 3), got {base!r}", field="rope_base")
+
+
+def check_window(window: Any, causal: bool) -> None:
+    """A sliding window: a positive number of keys, each query's own included, and only with the causal mask."""
+    if window is None:
+        return
+    if not _is_int(window) or window < 1:
+        raise InvalidSizeError(f"window must be a positive integer (how many keys a query sees, its own included) "
+                               f"or null, got {window!r}", field="window")
+    if not causal:
+        raise VariantConflictError(
+            "a sliding window limits how far back a query looks under the causal mask, so it needs causal: true; "
+            "set causal: true or drop window", field="window", code="window_needs_causal")
+
+
+def check_cross_attention(*, causal: bool, window: int | None, positional_encoding: str) -> None:
+    """Cross-attention (keys and values from a context) has no causal mask and no RoPE."""
+    if causal:
+        drop = "set causal: false and drop window" if window is not None else "set causal: false"
+        raise VariantConflictError(
+            "cross-attention has no causal mask: its keys are the context's tokens, not earlier tokens of the "
+            "sentence, so every query sees the whole context (as in the Transformer decoder's cross-attention); "
+            + drop, field="causal", code="cross_attention_causal")
+    if positional_encoding == "rope":
+        raise VariantConflictError(
+            "RoPE encodes the offset between a query and a key of one sequence, but the sentence and the context "
+            "are two sequences, each with its own positions; cross-attention adds each one's own encoding instead: "
+            "use positional_encoding \"sinusoidal\" or \"none\"", field="positional_encoding",
+            code="cross_attention_rope")
+
+
+def check_explicit_context(*, input_given: bool, context_input_given: bool, cross: bool) -> None:
+    """Your own x comes for both sides of cross-attention or for neither."""
+    if context_input_given and not cross:
+        raise VariantConflictError(
+            "context_input is the context's x, used only in cross-attention: give context_sentence or "
+            "context_tokens, or drop context_input", field="context_input", code="context_input_without_context")
+    if cross and input_given != context_input_given:
+        missing, axes = (("context_input", "[context token, d_model]") if input_given
+                         else ("input", "[token, d_model]"))
+        raise VariantConflictError(
+            f"in cross-attention give your own x for both the sentence and the context, or for neither: "
+            f"add {missing} {axes}", field=missing, code="explicit_input_pair")
+
+
+def check_decodable(*, causal: bool, cross: bool, bug: str | None) -> None:
+    """KV-cache decoding re-runs causal self-attention, one token at a time, without a mistake."""
+    if cross:
+        raise DecodeUnavailableError(
+            "KV-cache decoding generates the sentence one token at a time from its own cached keys and values, "
+            "but in cross-attention the keys and values come from the context; drop the context to decode",
+            code="decode_cross_attention")
+    if not causal:
+        raise DecodeUnavailableError(
+            "KV-cache decoding generates one token at a time, so each query sees only the tokens before it: "
+            "it needs causal: true", code="decode_needs_causal")
+    if bug is not None:
+        raise DecodeUnavailableError(
+            "decoding re-runs the correct layer step by step; trace without inject_bug to decode",
+            code="decode_with_bug")
+
+
 def check_seed(seed: int) -> None:
     if not _is_int(seed) or not 0 <= seed <= SEED_MAX:
         raise InvalidSizeError(f"seed must be an integer from 0 to 2^32 - 1, got {seed!r}", field="seed")
@@ -67,24 +169,24 @@ def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise InvalidSizeError(f"{name} must be {options}, got {value!r}", field=name)
 
 
-def check_token_count(count: int, limit: int) -> None:
+def check_token_count(count: int, limit: int, *, field: str = "tokens") -> None:
     """A token list may hold at most ``limit`` tokens."""
     if count > limit:
-        raise TooManyTokensError(f"{count} tokens is more than the limit of {limit}", field="tokens")
+        raise TooManyTokensError(f"{count} tokens is more than the limit of {limit}", field=field)
 
 
-def check_token_text(index: int, text: str) -> None:
+def check_token_text(index: int, text: str, *, field: str = "tokens") -> None:
     """A given token must hold something other than whitespace."""
     if not text or text.isspace():
-        raise EmptyInputError(f"tokens[{index}] is only whitespace", field=f"tokens/{index}", code="blank_token")
+        raise EmptyInputError(f"{field}[{index}] is only whitespace", field=f"{field}/{index}", code="blank_token")
 
 
-def check_sentence(sentence: str) -> None:
+def check_sentence(sentence: str, *, field: str = "sentence") -> None:
     """A sentence must hold at least one token: something other than whitespace."""
     if not sentence or sentence.isspace():
         what = "only whitespace" if sentence else "empty"
-        raise EmptyInputError(f"the sentence is {what}: give at least one word or punctuation mark",
-                              field="sentence", code="empty_sentence")
+        raise EmptyInputError(f"the {field.replace('_', ' ')} is {what}: give at least one word or punctuation mark",
+                              field=field, code="empty_sentence")
 
 
 def check_one_source(sentence: str | None, tokens: list[str] | None) -> None:
@@ -99,20 +201,42 @@ def check_one_source(sentence: str | None, tokens: list[str] | None) -> None:
 def split_tokens(*, sentence: str | None, tokens: list[str] | None, max_tokens: int) -> list[Token]:
     """Stage 1 with every token rule: exactly one source, at least one and at most ``max_tokens`` tokens."""
     check_one_source(sentence, tokens)
+    return _split(sentence, tokens, max_tokens, "sentence", "tokens")
+
+
+def check_one_context(context_sentence: str | None, context_tokens: list[str] | None) -> None:
+    if context_sentence is not None and context_tokens is not None:
+        raise EmptyInputError("give at most one of `context_sentence` (a string) or `context_tokens` (a list of "
+                              "strings), not both", code="context_sentence_xor_tokens")
+
+
+def split_context(*, context_sentence: str | None, context_tokens: list[str] | None,
+                  max_tokens: int) -> list[Token] | None:
+    """The context of cross-attention (its stage ``context_tokens``), under the same token rules; None without one."""
+    check_one_context(context_sentence, context_tokens)
+    if context_sentence is None and context_tokens is None:
+        return None
+    return _split(context_sentence, context_tokens, max_tokens, "context_sentence", "context_tokens")
+
+
+def _split(sentence: str | None, tokens: list[str] | None, max_tokens: int, sentence_field: str,
+           tokens_field: str) -> list[Token]:
     if tokens is not None:
         if not tokens:
-            raise EmptyInputError("the token list is empty: give at least one token", field="tokens",
+            what = tokens_field.removesuffix("tokens").replace("_", " ")  # "" or "context "
+            raise EmptyInputError(f"the {what}token list is empty: give at least one token", field=tokens_field,
                                   code="empty_tokens")
-        check_token_count(len(tokens), max_tokens)
+        check_token_count(len(tokens), max_tokens, field=tokens_field)
         for i, t in enumerate(tokens):
-            check_token_text(i, t)
+            check_token_text(i, t, field=tokens_field)
         return tokens_from_list(tokens)
     assert sentence is not None
-    check_sentence(sentence)
+    check_sentence(sentence, field=sentence_field)
     out = tokenize(sentence, limit=max_tokens + 1)  # stops counting just past the limit
     if len(out) > max_tokens:
         raise TooManyTokensError(
-            f"the sentence has more than {max_tokens} tokens (the limit); shorten it", field="sentence"
+            f"the {sentence_field.replace('_', ' ')} has more than {max_tokens} tokens (the limit); shorten it",
+            field=sentence_field
         )
     return out
 
@@ -151,16 +275,20 @@ def explicit_array(name: str, value: Any, expected: tuple[int, ...], axes: str) 
     return a
 
 
-def parameter_shapes(d_model: int, num_heads: int) -> dict[str, tuple[tuple[int, ...], str]]:
-    """The shape, and axis names, of each of the layer's weight matrices."""
+def parameter_shapes(d_model: int, num_heads: int,
+                     num_kv_heads: int | None = None) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The shape, and axis names, of each of the layer's weight matrices (W_K, W_V per K/V head under GQA)."""
     d_k = head_dim(d_model, num_heads)
+    g = kv_heads(num_heads, num_kv_heads)
     per_head = ((num_heads, d_k, d_model), "[head, d_k, d_model]")
-    return {"W_Q": per_head, "W_K": per_head, "W_V": per_head,
+    per_kv_head = per_head if g == num_heads else ((g, d_k, d_model), "[kv_head, d_k, d_model]")
+    return {"W_Q": per_head, "W_K": per_kv_head, "W_V": per_kv_head,
             "W_O": ((d_model, num_heads * d_k), "[d_model, num_heads·d_k]")}
 
 
-def check_parameter_shapes(parameters: dict[str, Any], d_model: int, num_heads: int) -> None:
-    for name, (expected, axes) in parameter_shapes(d_model, num_heads).items():
+def check_parameter_shapes(parameters: dict[str, Any], d_model: int, num_heads: int,
+                           num_kv_heads: int | None = None) -> None:
+    for name, (expected, axes) in parameter_shapes(d_model, num_heads, num_kv_heads).items():
         check_shape(f"parameters.{name}", parameters[name], expected, axes)
 
 
@@ -168,10 +296,12 @@ def check_input_shape(x: Any, n: int, d_model: int) -> None:
     check_shape("input", x, (n, d_model), "[token, d_model]")
 
 
-def check_trace_size(count: int, limit: int, *, n: int, d_model: int, num_heads: int) -> None:
+def check_trace_size(count: int, limit: int, *, n: int, d_model: int, num_heads: int,
+                     n_context: int | None = None) -> None:
     """A trace may hold at most ``limit`` numbers: checked before any array exists."""
     if count > limit:
+        tokens = f"{n} tokens" if n_context is None else f"{n} tokens, {n_context} context tokens"
         raise TraceTooLargeError(
-            f"this trace would return {count} numbers ({n} tokens, d_model {d_model}, {num_heads} heads), above "
+            f"this trace would return {count} numbers ({tokens}, d_model {d_model}, {num_heads} heads), above "
             f"the limit of {limit}; use fewer tokens, a smaller d_model or fewer heads"
         )

@@ -105,3 +105,30 @@ class BugNotApplicableError(EngineError):
 
     field = "inject_bug"
     code = "bug_not_applicable"
+
+
+class KVHeadDivisionError(EngineError):
+    """num_heads is not an exact multiple of num_kv_heads, so the query heads cannot share K/V heads evenly."""
+
+    field = "num_kv_heads"
+    code = "kv_head_division"
+
+
+class RotaryDimensionError(EngineError):
+    """RoPE rotates pairs of coordinates, so it needs an even d_k."""
+
+    field = "positional_encoding"
+    code = "rope_odd_d_k"
+
+
+class VariantConflictError(EngineError):
+    """Two settings that cannot go together (a window without the causal mask, RoPE in cross-attention, ...)."""
+
+    code = "variant_conflict"
+
+
+class DecodeUnavailableError(EngineError):
+    """KV-cache decoding was asked of a trace it cannot re-run (not causal, cross-attention, a bug)."""
+
+    field = "decode"
+    code = "decode_unavailable"

@@ -12,13 +12,18 @@ Algorithm (``ENGINE_VERSION`` 1.x)
 1. A *stream key* is a UTF-8 string (lone surrogates are encoded with
    ``surrogatepass``)::
 
-       attention-trace:v1:<kind>:seed=<seed>:d_model=<d_model>[:num_heads=<h>:head=<i>][:text=<token text>]
+       attention-trace:v1:<kind>:seed=<seed>:d_model=<d_model>[:num_heads=<h>[:num_kv_heads=<g>]:head=<i>]
+                          [:text=<token text>]
 
    with ``<kind>`` one of ``embedding``, ``W_Q``, ``W_K``, ``W_V``, ``W_O``
    and integers in plain decimal; heads are numbered from 0. Embeddings use ``seed``, ``d_model`` and
    ``text`` (the text is last, so any text is unambiguous); ``W_Q/W_K/W_V``
    use ``seed``, ``d_model``, ``num_heads`` and ``head``; ``W_O`` uses
-   ``seed``, ``d_model`` and ``num_heads``.
+   ``seed``, ``d_model`` and ``num_heads``. Under grouped-query attention
+   (``num_kv_heads`` g ≠ h) the keys of ``W_K`` and ``W_V`` (one per K/V head
+   i < g) gain ``:num_kv_heads=<g>`` before ``:head=<i>``; ``W_Q`` and ``W_O``
+   keep theirs, so a GQA layer has the same queries and output projection as
+   the multi-head layer of the same seed.
 2. ``SHAKE256(key)`` is read for ``8·count`` bytes, taken as ``count``
    little-endian unsigned 64-bit integers ``r``.
 3. ``b = r >> 11`` keeps the top 53 bits; ``z = (2·b + 1 − 2^53) / 2^53`` is
@@ -35,7 +40,7 @@ Algorithm (``ENGINE_VERSION`` 1.x)
      ``q = x·W_Qᵢᵀ`` (a sum of ``d_model`` terms) has variance about 1, and the
      raw ``q·k`` has variance about ``d_k``: the seeds' reason for ``/√d_k``.
    * ``W_O``: ``var = 1/(num_heads·d_k) = 1/d_model``.
-5. Values fill arrays in row-major (C) order: ``W_Qᵢ`` is ``[d_k, d_model]``,
+5. Values fill arrays in row-major (C) order: ``W_Qᵢ`` (and ``W_Kⱼ``, ``W_Vⱼ``) is ``[d_k, d_model]``,
    ``W_O`` is ``[d_model, num_heads·d_k]``, an embedding is ``[d_model]``.
 
 Generated arrays are cached (bounded LRU, keyed by everything they depend on)
@@ -44,9 +49,14 @@ and returned read-only, so a cache hit gives the very same bytes as a miss.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import threading
+from collections import OrderedDict, namedtuple
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -60,16 +70,20 @@ EMBEDDING_VARIANCE = 0.5
 
 @dataclass(frozen=True)
 class Parameters:
-    """The 3·h + 1 weight matrices of one multi-head attention layer."""
+    """The h + 2·g + 1 weight matrices of one attention layer (3·h + 1 when g = h, multi-head)."""
 
     W_Q: np.ndarray  # [h, d_k, d_model]
-    W_K: np.ndarray  # [h, d_k, d_model]
-    W_V: np.ndarray  # [h, d_k, d_model]
+    W_K: np.ndarray  # [g, d_k, d_model], g = num_kv_heads
+    W_V: np.ndarray  # [g, d_k, d_model]
     W_O: np.ndarray  # [d_model, h * d_k]
 
     @property
     def num_heads(self) -> int:
         return self.W_Q.shape[0]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.W_K.shape[0]
 
     @property
     def d_k(self) -> int:
@@ -81,7 +95,7 @@ class Parameters:
 
     @property
     def n_matrices(self) -> int:
-        return 3 * self.num_heads + 1
+        return self.num_heads + 2 * self.num_kv_heads + 1
 
     @property
     def n_parameters(self) -> int:
@@ -110,7 +124,83 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     return a
 
 
-@lru_cache(maxsize=4096)
+# ------------------------------------------------------------------ caches
+
+CacheInfo = namedtuple("CacheInfo", ["hits", "misses", "maxsize", "currsize", "bytes", "max_bytes"])
+
+
+class ByteBoundedCache:
+    """``functools.lru_cache``'s interface (``cache_clear``, ``cache_info``), bounded
+    by the bytes of the arrays it holds rather than by a count of entries.
+
+    A count is no bound on memory: 16 weight sets are 16 KiB at d_model 8 and
+    128 MiB at d_model 512. Thread-safe (the service computes in threads); two
+    threads that miss the same key both compute it, and the values are equal.
+    An entry larger than the whole bound is returned but not kept.
+    """
+
+    def __init__(self, fn: Callable[..., Any], max_bytes: int, size_of: Callable[[Any], int]) -> None:
+        functools.update_wrapper(self, fn)
+        self._fn, self._size_of = fn, size_of
+        self.max_bytes = max_bytes
+        self._data: OrderedDict[tuple, tuple[Any, int]] = OrderedDict()
+        self._bytes = self._hits = self._misses = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any) -> Any:
+        with self._lock:
+            found = self._data.get(args)
+            if found is not None:
+                self._data.move_to_end(args)
+                self._hits += 1
+                return found[0]
+            self._misses += 1
+        value = self._fn(*args)
+        size = self._size_of(value)
+        with self._lock:
+            if args not in self._data and size <= self.max_bytes:
+                self._data[args] = (value, size)
+                self._bytes += size
+                while self._bytes > self.max_bytes:
+                    _, (_, dropped) = self._data.popitem(last=False)
+                    self._bytes -= dropped
+        return value
+
+    def cache_clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self._bytes = self._hits = self._misses = 0
+
+    def cache_info(self) -> CacheInfo:
+        with self._lock:
+            return CacheInfo(self._hits, self._misses, None, len(self._data), self._bytes, self.max_bytes)
+
+    def set_max_bytes(self, max_bytes: int) -> None:
+        with self._lock:
+            self.max_bytes = max_bytes
+            while self._bytes > self.max_bytes and self._data:
+                _, (_, dropped) = self._data.popitem(last=False)
+                self._bytes -= dropped
+
+
+def byte_bounded_cache(max_bytes: int, size_of: Callable[[Any], int]) -> Callable[[Callable[..., Any]], ByteBoundedCache]:
+    return lambda fn: ByteBoundedCache(fn, max_bytes, size_of)
+
+
+#: default bounds, per process (service.settings: weight_cache_bytes, embedding_cache_bytes)
+WEIGHT_CACHE_BYTES = 32 * 1024 * 1024  # 4 weight sets at d_model 512 (8 MiB each)
+EMBEDDING_CACHE_BYTES = 8 * 1024 * 1024  # 2 048 token vectors at d_model 512
+
+
+def set_cache_bytes(weights: int | None = None, embeddings: int | None = None) -> None:
+    """Bound the weight and embedding caches of this process (the service does, from its settings)."""
+    if weights is not None:
+        generate_parameters.set_max_bytes(weights)
+    if embeddings is not None:
+        token_embedding_vector.set_max_bytes(embeddings)
+
+
+@byte_bounded_cache(EMBEDDING_CACHE_BYTES, lambda a: a.nbytes)
 def token_embedding_vector(seed: int, d_model: int, text: str) -> np.ndarray:
     """One token's context-free embedding: depends only on (seed, d_model, text)."""
     key = stream_key("embedding", seed=seed, d_model=d_model, text=text)
@@ -125,33 +215,42 @@ def token_embeddings(seed: int, d_model: int, texts: list[str]) -> np.ndarray:
     return out
 
 
-# 16 entries of at most 4·512²·8 bytes (8 MiB at the default d_model limit).
-@lru_cache(maxsize=16)
-def generate_parameters(seed: int, d_model: int, num_heads: int) -> Parameters:
-    """The seeded W_Qᵢ, W_Kᵢ, W_Vᵢ for each head i, and W_O. Caller checks sizes."""
+# Bounded by bytes: 4·d_model²·8 bytes a set (8 MiB at d_model 512).
+@byte_bounded_cache(WEIGHT_CACHE_BYTES, lambda p: p.W_Q.nbytes + p.W_K.nbytes + p.W_V.nbytes + p.W_O.nbytes)
+def generate_parameters(seed: int, d_model: int, num_heads: int, num_kv_heads: int | None = None) -> Parameters:
+    """The seeded W_Qᵢ for each head i, W_Kⱼ, W_Vⱼ for each K/V head j, and W_O. Caller checks sizes.
+
+    ``num_kv_heads`` None (or equal to num_heads) is multi-head attention, with
+    the stream keys of engine 1.0; otherwise the K/V keys name it (module docstring).
+    """
     d_k = d_model // num_heads
     var = 1.0 / d_model
+    g = num_heads if num_kv_heads is None else num_kv_heads
+    kv_key = {} if g == num_heads else {"num_kv_heads": g}
 
-    def per_head(kind: str) -> np.ndarray:
+    def per_head(kind: str, count: int, extra: dict[str, int]) -> np.ndarray:
         heads = [
-            _scaled(stream_key(kind, seed=seed, d_model=d_model, num_heads=num_heads, head=i), d_k * d_model, var)
-            for i in range(num_heads)
+            _scaled(stream_key(kind, seed=seed, d_model=d_model, num_heads=num_heads, **extra, head=i),
+                    d_k * d_model, var)
+            for i in range(count)
         ]
-        return _readonly(np.stack(heads).reshape(num_heads, d_k, d_model))  # h × [d_k·d_model] -> [h, d_k, d_model]
+        stacked = np.stack(heads)  # count × [d_k·d_model] -> [count, d_k·d_model]
+        return _readonly(stacked.reshape(count, d_k, d_model))  # -> [count, d_k, d_model]
 
     W_O = _scaled(stream_key("W_O", seed=seed, d_model=d_model, num_heads=num_heads), d_model * num_heads * d_k, var)
     W_O = W_O.reshape(d_model, num_heads * d_k)  # [d_model·h·d_k] -> [d_model, h·d_k]
-    return Parameters(per_head("W_Q"), per_head("W_K"), per_head("W_V"), _readonly(W_O))
+    return Parameters(per_head("W_Q", num_heads, {}), per_head("W_K", g, kv_key), per_head("W_V", g, kv_key),
+                      _readonly(W_O))
 
 
-@lru_cache(maxsize=16)
-def generated_parameters_digest(seed: int, d_model: int, num_heads: int) -> str:
-    """``parameters_digest(generate_parameters(seed, d_model, num_heads))``, once per weight set.
+@lru_cache(maxsize=256)  # 71-character strings: 256 of them are ~30 KiB
+def generated_parameters_digest(seed: int, d_model: int, num_heads: int, num_kv_heads: int | None = None) -> str:
+    """``parameters_digest(generate_parameters(seed, d_model, num_heads, num_kv_heads))``, once per weight set.
 
     Hashing 4·d_model² float64 (8 MiB at d_model 512) costs ~5 ms; the weights
     are cached, so their digest can be too (same key, same bound).
     """
-    return parameters_digest(generate_parameters(seed, d_model, num_heads))
+    return parameters_digest(generate_parameters(seed, d_model, num_heads, num_kv_heads))
 
 
 def parameters_digest(params: Parameters) -> str:
@@ -169,9 +268,10 @@ def parameters_digest(params: Parameters) -> str:
 
 
 def explicit_parameters(
-    W_Q: np.ndarray, W_K: np.ndarray, W_V: np.ndarray, W_O: np.ndarray, *, d_model: int, num_heads: int
+    W_Q: np.ndarray, W_K: np.ndarray, W_V: np.ndarray, W_O: np.ndarray, *, d_model: int, num_heads: int,
+    num_kv_heads: int | None = None,
 ) -> Parameters:
     """Caller-supplied weights (arrays or nested lists), checked against the configuration's shapes."""
     given = {"W_Q": W_Q, "W_K": W_K, "W_V": W_V, "W_O": W_O}
     return Parameters(**{name: explicit_array(f"parameters.{name}", given[name], shape, axes)
-                         for name, (shape, axes) in parameter_shapes(d_model, num_heads).items()})
+                         for name, (shape, axes) in parameter_shapes(d_model, num_heads, num_kv_heads).items()})

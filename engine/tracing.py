@@ -4,12 +4,14 @@ Walkthrough order (stage ids are a public contract)::
 
      1 tokens               sentence -> words and punctuation
      2 token_embedding      E[token]                         [token, d_model]
-     3 positional_encoding  PE(pos)                          [token, d_model]
+     3 positional_encoding  PE(pos)  (not with RoPE)         [token, d_model]
      4 input                x = E + PE                       [token, d_model]
-     5 q, k, v              x·W_Qᵢᵀ, x·W_Kᵢᵀ, x·W_Vᵢᵀ        [head, token, d_k]
+     1–4 context_*          the same for the context         [token, d_model]   (cross-attention only)
+     5 q, k, v              x·W_Qᵢᵀ, x·W_Kᵢᵀ, x·W_Vᵢᵀ        [head, token, d_k] (k, v: [kv_head, …] in GQA)
+     5 q_rotated, k_rotated RoPE(q), RoPE(k)                 [head, token, d_k] (RoPE only)
      6 scores               QKᵀ                              [head, query, key]
      7 scaled_scores        QKᵀ/√d_k  (or /1)                [head, query, key]
-     8 masked_scores        causal mask (only when causal)   [head, query, key]
+     8 masked_scores        causal mask (only when causal)   [head, query, key] (and the sliding window)
      9 weights              softmax(·) per row               [head, query, key]
     10 context              weights·V                        [head, token, d_k]
     11 concat               Concat(head₁…head_h)             [token, h·d_k]
@@ -23,15 +25,34 @@ trace from one known mistake's step on (``engine.bugs``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
 
 from . import attention as A
 from .bugs import Bug, check_bug
-from .checks import check_parameter_shapes, explicit_array, split_tokens
+from .checks import (
+    check_cross_attention,
+    check_explicit_context,
+    check_parameter_shapes,
+    explicit_array,
+    split_context,
+    split_tokens,
+)
 from .errors import BugNotApplicableError, NonFiniteInputError, NumericOverflowError
-from .layer import STAGE_INFO, Step, TraceConfig, formulas, initial_state, layer_steps, rerun, run, stage_ids
+from .layer import (
+    STAGE_INFO,
+    Step,
+    TraceConfig,
+    formulas,
+    initial_state,
+    layer_steps,
+    rerun,
+    run,
+    stage_axes,
+    stage_ids,
+)
 from .params import Parameters, generate_parameters, generated_parameters_digest, parameters_digest
 from .tokenize import Token
 from .version import ENGINE_VERSION
@@ -43,6 +64,10 @@ class Stage:
     formula: str
     values: np.ndarray | list[str]
     mask: np.ndarray | None = None  # True = masked (null in JSON); same shape as values
+    #: axis names for this trace: info.axes, except "kv_head" for k, v, k_rotated under GQA/MQA
+    axes: tuple[str, ...] = ()
+    #: per axis, the token list it indexes: "tokens", "context_tokens" (cross-attention's keys) or None
+    axis_tokens: tuple[str | None, ...] = ()
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -56,8 +81,6 @@ class Trace:
     parameters: Parameters
     parameters_digest: str
     stages: dict[str, Stage]
-    entropy: np.ndarray  # [head, query]
-    max_weight: np.ndarray  # [head, query]
     engine_version: str = ENGINE_VERSION
     parameters_source: Literal["generated", "explicit"] = "generated"
     input_source: Literal["generated", "explicit"] = "generated"
@@ -65,10 +88,33 @@ class Trace:
     # What the steps computed, for recomputing from any step on (engine.layer.rerun).
     steps: tuple[Step, ...] = field(default=(), repr=False)
     state: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: cross-attention: the context's tokens, which the keys and values come from (None in self-attention)
+    context_tokens: list[Token] | None = None
 
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
+
+    # Computed on first use: diagnosis recomputes a trace per known bug and never reads them.
+    @cached_property
+    def entropy(self) -> np.ndarray:
+        """Each weights row's entropy in nats, [head, query]."""
+        return A.entropy(self.state["weights"])
+
+    @cached_property
+    def max_weight(self) -> np.ndarray:
+        """Each weights row's largest weight, [head, query]."""
+        return A.max_weight(self.state["weights"])
+
+    @property
+    def cross(self) -> bool:
+        """Whether this is cross-attention (keys and values from a context)."""
+        return self.context_tokens is not None
+
+    @property
+    def n_context(self) -> int | None:
+        """How many context tokens (keys) there are in cross-attention; None in self-attention."""
+        return None if self.context_tokens is None else len(self.context_tokens)
 
 
 def trace(
@@ -80,6 +126,10 @@ def trace(
     parameters: Parameters | None = None,
     bug: str | None = None,
     split: list[Token] | None = None,
+    context_sentence: str | None = None,
+    context_tokens: list[str] | None = None,
+    context_input: np.ndarray | None = None,
+    context_split: list[Token] | None = None,
 ) -> Trace:
     """Run every stage for one sentence (or pre-split tokens) and return them all.
 
@@ -87,26 +137,46 @@ def trace(
     ``bug`` names one of ``engine.bugs.BUGS`` to inject (the result is labelled).
     ``split`` is what ``engine.checks.split_tokens`` already made of that
     sentence or tokens, so a caller that checked them need not split twice.
+
+    Cross-attention: ``context_sentence`` or ``context_tokens`` (or the
+    already checked ``context_split``) gives the keys' and values' tokens;
+    the queries come from the sentence. With your own ``input``, give the
+    context's x as ``context_input`` [context token, d_model] too.
     """
     toks = split if split is not None else split_tokens(sentence=sentence, tokens=tokens,
                                                         max_tokens=config.max_tokens)
-    wrong = check_bug(bug, config, len(toks), explicit_input=input is not None) if bug is not None else None
+    ctx = context_split if context_split is not None else split_context(
+        context_sentence=context_sentence, context_tokens=context_tokens, max_tokens=config.max_tokens)
+    cross = ctx is not None
+    if cross:
+        check_cross_attention(causal=config.causal, window=config.window,
+                              positional_encoding=config.positional_encoding)
+    check_explicit_context(input_given=input is not None, context_input_given=context_input is not None, cross=cross)
+    n_context = None if ctx is None else len(ctx)
+    wrong = (check_bug(bug, config, len(toks), explicit_input=input is not None, n_context=n_context)
+             if bug is not None else None)
     if parameters is None:
-        params = generate_parameters(config.seed, config.d_model, config.num_heads)
-        digest = generated_parameters_digest(config.seed, config.d_model, config.num_heads)
+        # Engine 1.0's call (and cache key) unless K/V heads are shared.
+        sizes = (config.seed, config.d_model, config.num_heads, *((config.kv_heads,) if config.grouped else ()))
+        params = generate_parameters(*sizes)
+        digest = generated_parameters_digest(*sizes)
     else:
-        check_parameter_shapes(vars(parameters), config.d_model, config.num_heads)
+        check_parameter_shapes(vars(parameters), config.d_model, config.num_heads, config.num_kv_heads)
         for name, W in vars(parameters).items():
             if not np.isfinite(W).all():
                 raise NonFiniteInputError(f"parameters.{name} contains a non-finite value", field=f"parameters/{name}")
         params, digest = parameters, parameters_digest(parameters)
     x = None if input is None else explicit_array("input", input, (len(toks), config.d_model), "[token, d_model]")
+    x_ctx = None if context_input is None or ctx is None else explicit_array(
+        "context_input", context_input, (len(ctx), config.d_model), "[context token, d_model]")
 
-    steps = layer_steps(config, explicit_input=x is not None)
-    state = initial_state(config, [t.text for t in toks], vars(params), x)
+    steps = layer_steps(config, explicit_input=x is not None, cross=cross)
+    state = initial_state(config, [t.text for t in toks], vars(params), x,
+                          context_texts=None if ctx is None else [t.text for t in ctx], context_x=x_ctx)
     with np.errstate(over="ignore", invalid="ignore"):  # huge explicit values: checked in _assemble
         run(steps, state)
-    t = _assemble(config, toks, params, digest, steps, state, explicit_parameters=parameters is not None)
+    t = _assemble(config, toks, params, digest, steps, state, explicit_parameters=parameters is not None,
+                  context=ctx)
     return inject_bug(t, wrong) if wrong is not None else t
 
 
@@ -115,7 +185,7 @@ def recompute(t: Trace, bug: Bug) -> Trace:
     with np.errstate(over="ignore", invalid="ignore"):
         steps, state = rerun(t.steps, t.state, bug.replaces)
     return _assemble(t.config, t.tokens, t.parameters, t.parameters_digest, steps, state,
-                     explicit_parameters=t.parameters_source == "explicit", bug=bug.name)
+                     explicit_parameters=t.parameters_source == "explicit", bug=bug.name, context=t.context_tokens)
 
 
 def inject_bug(t: Trace, bug: Bug) -> Trace:
@@ -132,7 +202,7 @@ def same_numbers(a: Trace, b: Trace, stage_ids: list[str]) -> bool:
     """Whether two traces hold identical values (and masks) in the given stages."""
     for sid in stage_ids:
         x, y = a.stages.get(sid), b.stages.get(sid)
-        if x is None or y is None or sid == "tokens":
+        if x is None or y is None or isinstance(x.values, list):  # the token lists
             continue
         if x.shape != y.shape or not np.array_equal(x.values, y.values):
             return False
@@ -142,14 +212,17 @@ def same_numbers(a: Trace, b: Trace, stage_ids: list[str]) -> bool:
 
 
 def _assemble(config: TraceConfig, toks: list[Token], params: Parameters, digest: str, steps: tuple[Step, ...],
-              state: dict[str, Any], *, explicit_parameters: bool, bug: str | None = None) -> Trace:
+              state: dict[str, Any], *, explicit_parameters: bool, bug: str | None = None,
+              context: list[Token] | None = None) -> Trace:
     """The Trace of a finished run: its stages, in walkthrough order, and the weights' statistics."""
     explicit_input = "token_embedding" not in state  # x was given, so stages 2–3 were never computed
     explicit = explicit_input or explicit_parameters
+    cross = context is not None
     shown = formulas(steps)
     stages = {sid: Stage(STAGE_INFO[sid], shown[sid], state[sid],
-                         state["excluded"] if sid == "masked_scores" else None)
-              for sid in stage_ids(config, explicit_input=explicit_input)}
+                         state["excluded"] if sid == "masked_scores" else None,
+                         *stage_axes(sid, config, cross=cross))
+              for sid in stage_ids(config, explicit_input=explicit_input, cross=cross)}
     if explicit and not all(np.isfinite(s.values).all() for s in stages.values() if not isinstance(s.values, list)):
         # Only explicit inputs this large (|x|·|W| beyond ~1e150) can overflow float64.
         raise NumericOverflowError("the explicit input and parameters overflow float64; use smaller values")
@@ -159,11 +232,10 @@ def _assemble(config: TraceConfig, toks: list[Token], params: Parameters, digest
         parameters=params,
         parameters_digest=digest,
         stages=stages,
-        entropy=A.entropy(state["weights"]),
-        max_weight=A.max_weight(state["weights"]),
         parameters_source="explicit" if explicit_parameters else "generated",
         input_source="explicit" if explicit_input else "generated",
         bug=bug,
         steps=steps,
         state=state,
+        context_tokens=context,
     )

@@ -231,3 +231,23 @@ def test_local_client_answers_through_the_app_itself():
     assert t.request_id == "design-test-1"  # the app's own request-id middleware answered
     raw = local._http.post("/trace", json={"sentence": "the cat sat", "d_model": 8, "num_heads": 2})
     assert np.array_equal(t.array("weights"), np.array(raw.get_json()["stages"]["weights"]["values"]))
+
+
+def test_the_check_values_docs_engine_md_gives_to_ports():
+    import hashlib
+
+    from engine.params import stream_key, token_embedding_vector
+
+    doc = (ROOT / "docs" / "engine.md").read_text(encoding="utf-8")
+    key = stream_key("embedding", seed=0, d_model=24, text="the")
+    assert key == "attention-trace:v1:embedding:seed=0:d_model=24:text=the"
+    values = {
+        hashlib.shake_256(key.encode()).hexdigest(8),
+        repr(float(token_embedding_vector(0, 24, "the")[0])),
+        repr(float(engine.generate_parameters(0, 24, 4).W_Q[0, 0, 0])),
+        engine.trace(TraceConfig(d_model=24, num_heads=4), sentence="the cat sat").parameters_digest,
+    }
+    assert all(f"`{v}`" in doc for v in values), values
+    for text, tokens in (("你\u200d好", ["你", "\u200d", "好"]), ("a\u200db", ["a\u200db"]),
+                         ("café's", ["café", "'", "s"]), ("ー漢字かなカナabc", ["ー", "漢", "字", "か", "な", "カ", "ナ", "abc"])):
+        assert [t.text for t in engine.tokenize(text)] == tokens
