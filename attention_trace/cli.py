@@ -35,7 +35,9 @@ CONTEXT_PER_LINE = 8
 
 # Request fields as the command-line options that set them (for error messages).
 FIELD_FLAGS = {"/sentence": "SENTENCE", "/d_model": "--d-model", "/num_heads": "--heads", "/seed": "--seed",
-               "/scale": "--no-scale", "/causal": "--causal"}
+               "/scale": "--no-scale", "/causal": "--causal", "/positional_encoding": "--rope",
+               "/rope_base": "--rope-base", "/rope_pairing": "--rope-pairing", "/num_kv_heads": "--kv-heads",
+               "/window": "--window", "/context_sentence": "--context", "/decode": "--decode"}
 
 
 class UsageError(Exception):
@@ -156,7 +158,9 @@ def render_walkthrough(t: Trace, query: int, heads: Sequence[int], *, decimals: 
     style = style or Style(False)
     cfg = t.config
     texts = t.texts
-    n = len(texts)
+    # The keys: the sentence's own tokens, or the context's in cross-attention.
+    keys = [k["text"] for k in t.raw["context_tokens"]] if t.raw.get("context_tokens") else texts
+    n = len(keys)
     pdec = percent_decimals(decimals)
     scores = t.array("scores")  # [head, query, key]
     scaled = t.array("scaled_scores")
@@ -167,9 +171,17 @@ def render_walkthrough(t: Trace, query: int, heads: Sequence[int], *, decimals: 
                  else "scores not scaled (÷ 1)")
     subject = f'"{sentence}"' if sentence is not None else " ".join(texts)
     head_word = "head" if cfg.num_heads == 1 else "heads"
-    out = [style.bold(subject) + f" · {n} token{'s' if n != 1 else ''} · d_model {cfg.d_model} · "
+    raw_cfg = t.raw["config"]
+    variants = "".join([
+        f" · RoPE ({raw_cfg['rope_pairing']}, base {raw_cfg['rope_base']:g})" if "rope_base" in raw_cfg else "",
+        f" · {raw_cfg['num_kv_heads']} K/V heads {raw_cfg['query_heads_of_kv_head']}" if "num_kv_heads" in raw_cfg
+        else "",
+        f" · window {raw_cfg['window']}" if "window" in raw_cfg else "",
+        f" · cross-attention to {json.dumps(' '.join(keys), ensure_ascii=False)}" if keys is not texts else "",
+    ])
+    out = [style.bold(subject) + f" · {len(texts)} token{'s' if len(texts) != 1 else ''} · d_model {cfg.d_model} · "
            f"{cfg.num_heads} {head_word} · d_k {cfg.d_k} · seed {cfg.seed} · {scale_txt}"
-           + (" · causal" if cfg.causal else "")]
+           + (" · causal" if cfg.causal else "") + variants]
     out.append(f"Query: {json.dumps(texts[query], ensure_ascii=False)} (token {query})")
     if layout == "auto":
         layout = "rows" if n <= ROW_LAYOUT_MAX_KEYS else "table"
@@ -185,13 +197,13 @@ def render_walkthrough(t: Trace, query: int, heads: Sequence[int], *, decimals: 
         if layout == "rows":
             labels, cells = ["Score QKᵀ", scale_label], [raw, sc]
             if masked is not None:
-                labels.append("Mask (causal)")
+                labels.append("Mask (window)" if "window" in raw_cfg else "Mask (causal)")
                 cells.append(["masked" if m else s for m, s in zip(is_masked, sc)])
             labels.append("Softmax")
             cells.append(soft)
             width = max(len(label) for label in [*labels, "Weight V"])
             prefix_of = {label: f"  {label.ljust(width)} | " for label in [*labels, "Weight V"]}
-            out.extend(_cell_rows(labels, cells, texts, prefix_of))
+            out.extend(_cell_rows(labels, cells, keys, prefix_of))
             prefix = prefix_of["Weight V"] + "context = "
             out.append(prefix + fmt_vector(ctx, decimals, len(prefix)))
         else:
@@ -199,7 +211,7 @@ def render_walkthrough(t: Trace, query: int, heads: Sequence[int], *, decimals: 
             headers += (["mask"] if masked is not None else []) + ["softmax"]
             rows = []
             for j in range(n):
-                row = [str(j), texts[j], raw[j], sc[j]]
+                row = [str(j), keys[j], raw[j], sc[j]]
                 if masked is not None:
                     row.append("masked" if is_masked[j] else "")
                 row.append(soft[j])
@@ -217,6 +229,12 @@ def render_walkthrough(t: Trace, query: int, heads: Sequence[int], *, decimals: 
             out.extend(line(r) for r in rows)
             prefix = "  Weight V: context = "
             out.append(prefix + fmt_vector(ctx, decimals, len(prefix)))
+        if t.raw.get("decode"):
+            step = t.raw["decode"][query]
+            cached = step["cache_positions"]
+            out.append(f"  KV-cache decoding, step {query}: the cache holds the keys and values of positions "
+                       f"{cached[0]}…{cached[-1]} ({len(cached)} of {len(texts)}); this query's weights over them: "
+                       + " ".join(fmt_percent(w, pdec) for w in step["weights"][h]))
     return "\n".join(out)
 
 
@@ -230,7 +248,7 @@ def render_check(r: CheckResult, source: str, style: Style | None = None) -> str
     out = [style.bold(f"Check of {source}") + f": {cfg.n_tokens} tokens · d_model {cfg.d_model} · "
            f"{cfg.num_heads} head{'s' if cfg.num_heads != 1 else ''} · d_k {cfg.d_k} · seed {cfg.seed}"
            + ("" if cfg.scale else " · not scaled") + (" · causal" if cfg.causal else "")
-           + f" · rtol {r.tolerance.rtol:g} · atol {r.tolerance.atol:g}", ""]
+           + f" · {r.tolerance}", ""]
     headers = ["step", "stage", "result", "wrong", "message"]
     rows = [[str(s.step), sid, "pass" if s.passed else "FAIL", f"{s.mismatches}/{s.n_values}", s.message]
             for sid, s in r.stages.items()]
@@ -310,6 +328,20 @@ def trace_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, metavar="N", help="seed of the embeddings and weights (default 0)")
     p.add_argument("--no-scale", dest="unscaled", action="store_true", help="do not divide the scores by √d_k")
     p.add_argument("--causal", action="store_true", help="mask every key after its query")
+    v = p.add_argument_group("attention variants")
+    v.add_argument("--rope", action="store_true", help="rotary position embeddings (RoPE) instead of sinusoidal "
+                                                        "encodings: q and k are rotated by position")
+    v.add_argument("--rope-base", type=float, metavar="B", dest="rope_base", help="RoPE's frequency base (10000)")
+    v.add_argument("--rope-pairing", choices=("rotate_half", "interleaved"), dest="rope_pairing",
+                   help="RoPE's pairs: rotate_half (Llama, default) or interleaved (RoFormer)")
+    v.add_argument("--kv-heads", type=int, metavar="G", dest="num_kv_heads",
+                   help="grouped-query attention: G K/V heads shared by the query heads (1 = multi-query)")
+    v.add_argument("--window", type=int, metavar="W", help="sliding window (with --causal): each query sees at most "
+                                                           "W keys, its own included")
+    v.add_argument("--context", metavar="TEXT", dest="context_sentence",
+                   help="cross-attention: the keys and values come from this context sentence")
+    v.add_argument("--decode", action="store_true",
+                   help="also show the KV-cache decoding step of the query token (with --causal)")
     p.add_argument("--json", action="store_true", help="print the full trace JSON instead of the table")
     p.add_argument("--decimals", type=int, default=3, choices=range(0, 13), metavar="N",
                    help="decimals of scores and context (default 3; percentages get two fewer, at least one)")
@@ -364,6 +396,13 @@ def run_trace(args: argparse.Namespace, out: TextIO) -> int:
         body["scale"] = False
     if args.causal:
         body["causal"] = True
+    if args.rope:
+        body["positional_encoding"] = "rope"
+    for name in ("rope_base", "rope_pairing", "num_kv_heads", "window", "context_sentence"):
+        if getattr(args, name) is not None:
+            body[name] = getattr(args, name)
+    if args.decode:
+        body["decode"] = True
     if not args.json:
         body["stages"] = [s for s in TABLE_STAGES if s != "masked_scores" or args.causal]
     with make_client(args) as client:

@@ -42,7 +42,7 @@ __all__ = [
     "ClientError", "ProblemError", "TransportError",
     "Client", "LocalClient",
     "Trace", "Stage", "Token", "Config", "Stats", "Parameters", "InjectedBug",
-    "CheckResult", "StageCheck", "Mismatch", "Diagnosis", "Tolerance",
+    "CheckResult", "StageCheck", "Mismatch", "NonFinite", "Diagnosis", "Hint", "Tolerance",
     "BatchItem", "Health", "VersionInfo", "encode_json",
 ]
 
@@ -308,13 +308,31 @@ class Trace:
 @dataclass(frozen=True)
 class Mismatch:
     index: list[int]
-    expected: float | str | None
-    received: float | str | None
+    expected: float | str | None  # None: the reference masks it
+    received: float | str | None  # None: null was sent; "NaN", "Infinity", "-Infinity": a non-finite value
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """The NaN and ±Infinity values of a submitted stage (schema 1.1.0)."""
+
+    count: int
+    first: list[tuple[list[int], str]]  # (index, "NaN" | "Infinity" | "-Infinity"), the first few
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any] | None) -> NonFinite | None:
+        if doc is None:
+            return None
+        return cls(doc["count"], [(list(v["index"]), v["value"]) for v in doc["first"]])
 
 
 @dataclass(frozen=True)
 class StageCheck:
-    """How one submitted stage compares with the reference."""
+    """How one submitted stage compares with the reference.
+
+    ``rel_error``, ``abs_tolerance``, ``non_finite`` and ``treated_as_masked``
+    are new in schema 1.1.0: None (0 for ``treated_as_masked``) from a 1.0.0 service.
+    """
 
     id: str
     step: int
@@ -328,13 +346,28 @@ class StageCheck:
     max_rel_error: float | None
     first_mismatch: Mismatch | None
     message: str
+    rel_error: float | None = None
+    abs_tolerance: float | None = None
+    non_finite: NonFinite | None = None
+    treated_as_masked: int = 0
 
     @classmethod
     def from_json(cls, sid: str, doc: Mapping[str, Any]) -> StageCheck:
         fm = doc.get("first_mismatch")
         return cls(sid, doc["step"], doc["passed"], doc["shape_ok"], doc["expected_shape"], doc["received_shape"],
                    doc["n_values"], doc["mismatches"], doc["max_abs_error"], doc["max_rel_error"],
-                   None if fm is None else Mismatch(fm["index"], fm["expected"], fm["received"]), doc["message"])
+                   None if fm is None else Mismatch(fm["index"], fm["expected"], fm["received"]), doc["message"],
+                   rel_error=doc.get("rel_error"), abs_tolerance=doc.get("abs_tolerance"),
+                   non_finite=NonFinite.from_json(doc.get("non_finite")),
+                   treated_as_masked=doc.get("treated_as_masked", 0))
+
+
+@dataclass(frozen=True)
+class Hint:
+    """What a student's numbers show when no known bug matches (schema 1.1.0)."""
+
+    code: str  # rows_do_not_sum_to_1, diagonal_masked, permutation, transposed, constant_factor, non_finite
+    message: str
 
 
 @dataclass(frozen=True)
@@ -343,13 +376,38 @@ class Diagnosis:
     summary: str | None
     matches: list[str]
     message: str
+    hints: list[Hint] = field(default_factory=list)  # empty from a 1.0.0 service
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Diagnosis:
+        return cls(doc["bug"], doc["summary"], list(doc["matches"]), doc["message"],
+                   [Hint(h["code"], h["message"]) for h in doc.get("hints") or []])
 
 
 @dataclass(frozen=True)
 class Tolerance:
-    rtol: float
-    atol: float
+    """How values were compared. ``metric`` is ``allclose`` (``rtol``, ``atol``,
+    ``stage_rtol``) or ``rel_error`` (``threshold``); parameters that do not
+    apply are None. A 1.0.0 document has only rtol and atol: allclose,
+    stage_rtol 0."""
+
+    rtol: float | None
+    atol: float | None
     rule: str
+    metric: str = "allclose"
+    stage_rtol: float | None = 0.0
+    threshold: float | None = None
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Tolerance:
+        return cls(doc.get("rtol"), doc.get("atol"), doc["rule"], metric=doc.get("metric", "allclose"),
+                   stage_rtol=doc.get("stage_rtol", 0.0), threshold=doc.get("threshold"))
+
+    def __str__(self) -> str:
+        if self.metric == "rel_error":
+            return f"rel_error ≤ {self.threshold:g}"
+        text = f"rtol {self.rtol:g} · atol {self.atol:g}"
+        return text + (f" · stage_rtol {self.stage_rtol:g}" if self.stage_rtol else "")
 
 
 @dataclass(frozen=True)
@@ -371,15 +429,14 @@ class CheckResult:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], request_id: str | None = None) -> CheckResult:
-        d, tol = doc["diagnosis"], doc["tolerance"]
         return cls(
             passed=doc["passed"],
             first_wrong_stage=doc["first_wrong_stage"],
-            diagnosis=Diagnosis(d["bug"], d["summary"], list(d["matches"]), d["message"]),
+            diagnosis=Diagnosis.from_json(doc["diagnosis"]),
             message=doc["message"],
             stages={sid: StageCheck.from_json(sid, s) for sid, s in doc["stages"].items()},
             config=Config.from_json(doc["config"]),
-            tolerance=Tolerance(tol["rtol"], tol["atol"], tol["rule"]),
+            tolerance=Tolerance.from_json(doc["tolerance"]),
             schema_version=doc["schema_version"],
             engine_version=doc["engine_version"],
             parameters_digest=doc["parameters_digest"],
@@ -428,9 +485,11 @@ def _json_default(o: Any) -> Any:
 def encode_json(payload: Any) -> bytes:
     """JSON bytes of a request; numpy arrays and scalars become lists and numbers.
 
-    NaN and infinities are written as the literals NaN/Infinity, which the
-    service rejects with a 422 pointing at the value (a better message than a
-    client-side encoding error).
+    NaN and infinities are written as the literals NaN, Infinity and
+    -Infinity (as Python's json does). In a /check ``submission`` the service
+    accepts them and fails the stage that holds one, naming where; anywhere
+    else (input, parameters, tolerances) it answers a 422 pointing at the
+    value, a better message than a client-side encoding error.
     """
     return json.dumps(payload, default=_json_default, separators=(",", ":"), allow_nan=True).encode("utf-8")
 

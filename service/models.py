@@ -11,7 +11,6 @@ configured, comes back in one ``errors`` list with a JSON pointer.
 
 from __future__ import annotations
 
-import math
 import unicodedata
 from contextlib import contextmanager
 from typing import Annotated, Any, Iterator, Literal
@@ -19,24 +18,39 @@ from typing import Annotated, Any, Iterator, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine import BUG_NAMES, BUGS, STAGE_IDS, EngineError, Token, TraceConfig, check_bug
+from engine import BUG_NAMES, BUGS, EngineError, Token, TraceConfig, check_bug
+from engine.decoding import decode_value_count
 from engine.checks import (
     MAX_EXPLICIT_VALUE,
     SEED_MAX,
+    check_cross_attention,
+    check_decodable,
+    check_explicit_context,
     check_input_shape,
     check_one_source,
+    check_shape,
     check_parameter_shapes,
     check_sentence,
     check_token_count,
     check_token_text,
     check_trace_size,
+    split_context,
     split_tokens,
 )
-from engine.layer import POSITIONAL_ENCODINGS, check_stages, trace_value_count
+from engine.layer import (
+    ALL_STAGE_IDS,
+    DEFAULT_ROPE_BASE,
+    POSITIONAL_ENCODING_CHOICES,
+    ROPE_PAIRINGS,
+    check_stages,
+    trace_value_count,
+)
 
+from . import compare
+from .hints import HINT_CODES
 from .settings import Settings
 
-StageId = Literal[STAGE_IDS]  # type: ignore[valid-type]
+StageId = Literal[ALL_STAGE_IDS]  # type: ignore[valid-type]
 
 _SENTENCE_HARD_MAX = 1_000_000  # schema ceiling; the configured max_sentence_chars is lower
 
@@ -54,7 +68,8 @@ def _bad_characters(text: str) -> str | None:
 
 BugName = Literal[BUG_NAMES]  # type: ignore[valid-type]
 
-PositionalEncodingName = Literal[tuple(POSITIONAL_ENCODINGS)]  # type: ignore[valid-type]
+PositionalEncodingName = Literal[POSITIONAL_ENCODING_CHOICES]  # type: ignore[valid-type]
+RopePairingName = Literal[tuple(ROPE_PAIRINGS)]  # type: ignore[valid-type]
 
 _Num = Annotated[float, Field(ge=-MAX_EXPLICIT_VALUE, le=MAX_EXPLICIT_VALUE)]
 
@@ -92,6 +107,7 @@ class TraceSpec(BaseModel):
     #: the engine's configuration and token count, known once validated
     _config: TraceConfig | None = PrivateAttr(default=None)
     _tokens: list[Token] = PrivateAttr(default_factory=list)
+    _context: list[Token] | None = PrivateAttr(default=None)
 
     sentence: Annotated[str, Field(min_length=1, max_length=_SENTENCE_HARD_MAX)] | None = Field(
         default=None,
@@ -110,7 +126,43 @@ class TraceSpec(BaseModel):
     scale: bool = Field(default=True, description="Divide scores by √d_k (true) or by 1 (false).")
     causal: bool = Field(default=False, description="Mask keys after each query (decoder-style).")
     positional_encoding: PositionalEncodingName = Field(
-        default="sinusoidal", description="Sinusoidal encodings added to the embeddings, or none."
+        default="sinusoidal",
+        description="Sinusoidal encodings added to the embeddings; none; or rope: nothing added to x, and q and k "
+        "rotated per head by their position (the q_rotated and k_rotated stages; d_k must be even).",
+    )
+    rope_base: float = Field(
+        default=DEFAULT_ROPE_BASE, gt=1, le=1e12,
+        description="RoPE's frequency base (10000 in RoFormer and Llama 2, 500000 in Llama 3); used with "
+        "positional_encoding rope.",
+    )
+    rope_pairing: RopePairingName = Field(
+        default="rotate_half",
+        description="Which coordinates RoPE rotates together: rotate_half pairs j and j + d_k/2 (GPT-NeoX, Llama, "
+        "Hugging Face's rotate_half); interleaved pairs 2j and 2j + 1 (RoFormer, the paper).",
+    )
+    num_kv_heads: int | None = Field(
+        default=None, ge=1,
+        description="Grouped-query attention: how many K/V heads the num_heads query heads share (a divisor of "
+        "num_heads; 1 is multi-query attention); null means num_heads (multi-head attention).",
+    )
+    window: int | None = Field(
+        default=None, ge=1,
+        description="Sliding-window attention (Mistral, Longformer), with causal: true: each query sees at most "
+        "`window` keys, its own and the window − 1 before it.",
+    )
+    context_sentence: Annotated[str, Field(min_length=1, max_length=_SENTENCE_HARD_MAX)] | None = Field(
+        default=None,
+        description="Cross-attention: the queries come from the sentence, the keys and values from this context "
+        "(an encoder's sentence), with its own embeddings and positions. No causal mask, window or RoPE.",
+    )
+    context_tokens: list[Annotated[str, Field(min_length=1, max_length=1024)]] | None = Field(
+        default=None, min_length=1, max_length=100_000,
+        description="Cross-attention's context, pre-split. Give at most one of context_sentence or context_tokens.",
+    )
+    context_input: list[list[_Num]] | None = Field(
+        default=None,
+        description="Cross-attention with your own x: the context's x [context token, d_model], given together "
+        "with input.",
     )
     input: list[list[_Num]] | None = Field(
         default=None,
@@ -120,8 +172,8 @@ class TraceSpec(BaseModel):
     )
     parameters: ParametersIn | None = Field(
         default=None,
-        description="Bring your own weights instead of the seeded ones: W_Q, W_K, W_V [head, d_k, d_model] and "
-        "W_O [d_model, num_heads·d_k].",
+        description="Bring your own weights instead of the seeded ones: W_Q [head, d_k, d_model], W_K and W_V "
+        "[kv head, d_k, d_model] (kv heads = num_kv_heads, or num_heads) and W_O [d_model, num_heads·d_k].",
     )
 
     @field_validator("sentence")
@@ -185,18 +237,33 @@ class TraceSpec(BaseModel):
             check_one_source(self.sentence, self.tokens)
             config = TraceConfig(d_model=self.d_model, num_heads=self.num_heads, seed=self.seed, scale=self.scale,
                                  causal=self.causal, positional_encoding=self.positional_encoding,
-                                 max_tokens=settings.max_tokens)
+                                 max_tokens=settings.max_tokens, num_kv_heads=self.num_kv_heads,
+                                 window=self.window, rope_base=self.rope_base, rope_pairing=self.rope_pairing)
             # Count tokens now (the tokenizer stops at limit + 1), so the size of
             # the whole trace is known, and bounded, before any array exists.
             tokens = split_tokens(sentence=self.sentence, tokens=self.tokens, max_tokens=settings.max_tokens)
-            n = len(tokens)
+            context = split_context(context_sentence=self.context_sentence, context_tokens=self.context_tokens,
+                                    max_tokens=settings.max_tokens)
+            n, m = len(tokens), None if context is None else len(context)
+            if context is not None:
+                check_cross_attention(causal=self.causal, window=self.window,
+                                      positional_encoding=self.positional_encoding)
+            check_explicit_context(input_given=self.input is not None,
+                                   context_input_given=self.context_input is not None, cross=context is not None)
             if self.input is not None:
                 check_input_shape(self.input, n, self.d_model)
+            if self.context_input is not None and m is not None:
+                check_shape("context_input", self.context_input, (m, self.d_model), "[context token, d_model]")
             if self.parameters is not None:
-                check_parameter_shapes(dict(self.parameters), self.d_model, self.num_heads)
-            count = trace_value_count(config, n, with_parameters=getattr(self, "include_parameters", False))
-            check_trace_size(count, settings.max_trace_values, n=n, d_model=self.d_model, num_heads=self.num_heads)
-        self._config, self._tokens, self._value_count = config, tokens, count
+                check_parameter_shapes(dict(self.parameters), self.d_model, self.num_heads, self.num_kv_heads)
+            count = trace_value_count(config, n, with_parameters=getattr(self, "include_parameters", False),
+                                      n_context=m)
+            if getattr(self, "decode", False):
+                check_decodable(causal=self.causal, cross=context is not None, bug=getattr(self, "inject_bug", None))
+                count += decode_value_count(config, n)
+            check_trace_size(count, settings.max_trace_values, n=n, d_model=self.d_model, num_heads=self.num_heads,
+                             n_context=m)
+        self._config, self._tokens, self._context, self._value_count = config, tokens, context, count
         return self
 
     @property
@@ -209,6 +276,11 @@ class TraceSpec(BaseModel):
     def split(self) -> list[Token]:
         """The tokens, split (and checked) once during validation."""
         return self._tokens
+
+    @property
+    def context_split(self) -> list[Token] | None:
+        """Cross-attention's context tokens, split once during validation (None for self-attention)."""
+        return self._context
 
 
 class TraceRequest(TraceSpec):
@@ -228,10 +300,17 @@ class TraceRequest(TraceSpec):
     include_parameters: bool = Field(
         default=False, description="Also return W_Q, W_K, W_V [head, d_k, d_model] and W_O [d_model, h·d_k]."
     )
+    parameters_layout: Literal["per_head", "torch"] = Field(
+        default="per_head",
+        description="With include_parameters: per_head gives W_Q, W_K, W_V, W_O as above; torch gives "
+        "`in_proj_weight` [3·d_model, d_model] (W_Q, W_K, W_V stacked, heads in order) and `out_proj.weight` "
+        "[d_model, d_model], ready for torch.nn.MultiheadAttention(d_model, num_heads, bias=False)'s "
+        "load_state_dict (without shared K/V heads, which that module does not have).",
+    )
     stages: list[StageId] | None = Field(
         default=None,
         min_length=1,
-        max_length=len(STAGE_IDS),
+        max_length=len(ALL_STAGE_IDS),
         description="Return only these stages (by id); default: every stage. A grader that only needs "
         "`weights` gets only `weights`. `masked_scores` exists only with `causal: true`.",
     )
@@ -241,6 +320,12 @@ class TraceRequest(TraceSpec):
         le=17,
         description="Round every returned number to this many decimal places (numpy round-half-even); "
         "default: no rounding, every float64 exact.",
+    )
+
+    decode: bool = Field(
+        default=False,
+        description="Also return `decode`: the layer re-run one token at a time with a KV cache, as a model "
+        "generates text (causal self-attention only). Step t's rows equal the full trace's row t.",
     )
 
     inject_bug: BugName | None = Field(
@@ -254,17 +339,33 @@ class TraceRequest(TraceSpec):
 
     @model_validator(mode="after")
     def _options(self) -> TraceRequest:
+        if self.parameters_layout == "torch":
+            if not self.include_parameters:
+                raise PydanticCustomError("layout_needs_parameters", "parameters_layout chooses how the weights are "
+                                          "returned: add include_parameters: true, or drop parameters_layout",
+                                          {"pointer": "/parameters_layout"})
+            if self.trace_config.grouped:
+                raise PydanticCustomError("layout_needs_all_kv_heads", "torch.nn.MultiheadAttention has a K and V "
+                                          "head per query head; drop num_kv_heads or use parameters_layout per_head",
+                                          {"pointer": "/parameters_layout"})
         with engine_rules():
             if self.stages is not None:
                 # A filter: stages that an explicit input skips are just absent from the answer.
-                check_stages(self.stages, self.trace_config, explicit_input=False, field="stages")
+                check_stages(self.stages, self.trace_config, explicit_input=False, field="stages",
+                             cross=self._context is not None)
             if self.inject_bug is not None:
-                check_bug(self.inject_bug, self.trace_config, len(self._tokens), explicit_input=self.input is not None)
+                check_bug(self.inject_bug, self.trace_config, len(self._tokens), explicit_input=self.input is not None,
+                          n_context=None if self._context is None else len(self._context))
         return self
 
 
-DEFAULT_RTOL = 1e-5
-DEFAULT_ATOL = 1e-8
+_TOLERANCE_DOC = (
+    "By default a value passes when |received − expected| ≤ atol + rtol·|expected| + stage_rtol·max|expected|, "
+    f"with rtol {compare.DEFAULT_RTOL:g} and atol {compare.DEFAULT_ATOL:g} (numpy.isclose's defaults) and "
+    f"stage_rtol {compare.DEFAULT_STAGE_RTOL:g}, max|expected| being the largest magnitude in the stage: wide "
+    "enough for correct float32 work at every allowed size, far below what any known bug changes "
+    "(docs/checking.md has the measurements)."
+)
 
 
 class CheckRequest(TraceSpec):
@@ -275,42 +376,94 @@ class CheckRequest(TraceSpec):
             "examples": [
                 {"sentence": "the cat sat", "d_model": 4, "num_heads": 1,
                  "submission": {"weights": [[[0.3, 0.4, 0.3], [0.2, 0.5, 0.3], [0.3, 0.3, 0.4]]]}},
+                {"sentence": "the cat sat", "d_model": 4, "num_heads": 1, "metric": "rel_error", "threshold": 1e-3,
+                 "submission": {"weights": [[[0.3, 0.4, 0.3], [0.2, 0.5, 0.3], [0.3, 0.3, 0.4]]]}},
             ]
         },
     )
 
+    #: the submitted stages' shapes, found while checking their values (None: ragged)
+    _shapes: dict[str, tuple[int, ...] | None] = PrivateAttr(default_factory=dict)
+
     submission: dict[StageId, list[Any]] = Field(
         min_length=1,
         description="A student's values per stage id, as nested arrays in the stage's axes (see /trace). "
-        "Masked entries of masked_scores are null; the tokens stage is a list of strings.",
+        "Masked entries of masked_scores are null; -Infinity or any value ≤ -1e9 there counts as masked too. "
+        "NaN, Infinity and -Infinity may be sent as the literals NaN, Infinity and -Infinity (what Python's "
+        "json writes) or as the strings \"NaN\", \"Infinity\" and \"-Infinity\" (what Jackson, .NET and "
+        "protobuf write): such a value fails its stage, and the answer names where. The tokens stage is a list "
+        "of strings.",
     )
-    rtol: float = Field(default=DEFAULT_RTOL, ge=0, le=1,
-                        description="Relative tolerance: a value passes when |received − expected| ≤ atol + "
-                                    "rtol·|expected| (numpy.isclose's rule; numpy's defaults).")
-    atol: float = Field(default=DEFAULT_ATOL, ge=0, le=1e6, description="Absolute tolerance (see rtol).")
+    metric: Literal[compare.METRICS] | None = Field(  # type: ignore[valid-type]
+        default=None,
+        description="How values are compared: `allclose` (numpy.isclose's rule, plus the stage term "
+        "stage_rtol; the default) or `rel_error` (CS231n's |received − expected| / max(1e-8, |received| + "
+        "|expected|) ≤ threshold, value by value). " + _TOLERANCE_DOC,
+    )
+    rtol: float | None = Field(
+        default=None, ge=0, le=1,
+        description="allclose: relative tolerance. Giving any of rtol, atol or stage_rtol sets the others to "
+        "numpy's defaults (rtol 1e-5, atol 1e-8, stage_rtol 0), so rtol and atol alone mean exactly "
+        "numpy.isclose's rule; giving none of them means the default tolerance.",
+    )
+    atol: float | None = Field(default=None, ge=0, le=1e6, description="allclose: absolute tolerance (see rtol).")
+    stage_rtol: float | None = Field(
+        default=None, ge=0, le=1,
+        description="allclose: a tolerance relative to the stage's largest |expected| value, added to atol "
+        "(see rtol). float32 rounding errors scale with the stage's magnitude, not with each value's.",
+    )
+    threshold: float | None = Field(
+        default=None, ge=0, le=1,
+        description=f"rel_error: the largest relative error allowed (default {compare.DEFAULT_THRESHOLD:g}).",
+    )
 
     @field_validator("submission")
     @classmethod
-    def _submission_values(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        for sid, values in v.items():
-            if sid == "tokens":
-                if not all(isinstance(t, str) for t in values):
-                    raise PydanticCustomError("submission_type", "submission.tokens must be a list of strings")
-                continue
-            problem = _leaf_problem(values, depth=1)
-            if problem:
-                raise PydanticCustomError(
-                    "submission_type", "submission.{sid}: {problem}",
-                    {"sid": sid, "problem": problem, "pointer": f"/submission/{sid}"},
-                )
+    def _token_strings(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        if "tokens" in v and not all(isinstance(t, str) for t in v["tokens"]):
+            raise PydanticCustomError("submission_type", "submission.tokens must be a list of strings")
         return v
 
     @model_validator(mode="after")
     def _stages_exist(self) -> CheckRequest:
         with engine_rules():
             check_stages(list(self.submission), self.trace_config, explicit_input=self.input is not None,
-                         field="submission", keyed=True)
+                         field="submission", keyed=True, cross=self._context is not None)
+        # Every value's type, and each stage's shape, in one pass over the rows (compare.scan).
+        for sid, values in self.submission.items():
+            if sid == "tokens":
+                continue
+            try:
+                self._shapes[sid] = compare.scan(values)
+            except compare.SubmissionTypeError as e:
+                raise PydanticCustomError(
+                    "submission_type", "submission.{sid}: {problem}",
+                    {"sid": sid, "problem": str(e), "pointer": f"/submission/{sid}"},
+                ) from None
         return self
+
+    @model_validator(mode="after")
+    def _one_metric(self) -> CheckRequest:
+        allclose = [name for name in ("rtol", "atol", "stage_rtol") if getattr(self, name) is not None]
+        if self.metric == "rel_error" and allclose:
+            raise PydanticCustomError(
+                "tolerance_conflict", "{name} belongs to metric \"allclose\"; metric \"rel_error\" takes threshold",
+                {"name": allclose[0], "pointer": f"/{allclose[0]}"})
+        if self.metric != "rel_error" and self.threshold is not None:
+            raise PydanticCustomError(
+                "tolerance_conflict", "threshold belongs to metric \"rel_error\"; add \"metric\": \"rel_error\", "
+                "or give rtol, atol and stage_rtol for allclose", {"pointer": "/threshold"})
+        return self
+
+    @property
+    def tolerance(self) -> compare.Tolerance:
+        """The tolerance asked for, with defaults filled in (compare.Tolerance.resolve)."""
+        return compare.Tolerance.resolve(self.metric, self.rtol, self.atol, self.stage_rtol, self.threshold)
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...] | None]:
+        """Each submitted numeric stage's shape (None when ragged), found during validation."""
+        return self._shapes
 
 
 class BatchRequest(BaseModel):
@@ -334,27 +487,6 @@ class BatchRequest(BaseModel):
                 "too_many_items", "{count} items is more than the limit of {limit}", {"count": len(v), "limit": limit}
             )
         return v
-
-
-def _leaf_problem(values: Any, depth: int) -> str | None:
-    """Check a nested list holds only numbers (or null), at most 3 levels deep."""
-    if depth > 3:
-        return "nested deeper than any stage (3 levels)"
-    for item in values:
-        if isinstance(item, list):
-            problem = _leaf_problem(item, depth + 1)
-            if problem:
-                return problem
-        elif item is not None:
-            if isinstance(item, bool) or not isinstance(item, (int, float)):
-                return f"{str(item)[:40]!r} is not a number or null"
-            try:
-                finite = math.isfinite(item)
-            except OverflowError:  # an integer too large for a float
-                finite = False
-            if not finite or abs(item) > 1e300:
-                return f"{str(item)[:40]} is not a finite number of a sensible size"
-    return None
 
 
 def _settings(info: ValidationInfo) -> Settings:
@@ -382,6 +514,17 @@ class StageOut(BaseModel):
         description="Nested arrays in `axes` order. Numbers are float64, written so they round-trip exactly; "
         "masked entries of masked_scores are null. The tokens stage holds strings."
     )
+    axis_tokens: list[Literal["tokens", "context_tokens"] | None] | None = Field(
+        default=None,
+        description="Cross-attention only: for each axis, the token list it indexes (`tokens`, the queries' "
+        "sentence, or `context_tokens`, the keys' context), or null for a non-token axis.",
+    )
+
+
+class KVCacheBytes(BaseModel):
+    float16: int
+    float32: int
+    float64: int
 
 
 class ConfigOut(BaseModel):
@@ -397,8 +540,22 @@ class ConfigOut(BaseModel):
     d_k: int = Field(description="d_model / num_heads.")
     scale_factor: float = Field(description="√d_k when scale is on, else 1.")
     n_tokens: int
-    n_parameters: int = Field(description="Weights in W_Q, W_K, W_V and W_O together: 4·d_model².")
-    n_matrices: int = Field(description="3·num_heads + 1.")
+    n_parameters: int = Field(description="Weights in W_Q, W_K, W_V and W_O together: 4·d_model² "
+                                            "(2·d_model² + 2·num_kv_heads·d_k·d_model with shared K/V heads).")
+    n_matrices: int = Field(description="3·num_heads + 1 (num_heads + 2·num_kv_heads + 1 with shared K/V heads).")
+    # The variants' settings appear only when the variant is used, so engine 1.0 answers keep their shape.
+    rope_base: float | None = Field(default=None, description="positional_encoding rope only.")
+    rope_pairing: RopePairingName | None = Field(default=None, description="positional_encoding rope only.")
+    num_kv_heads: int | None = Field(default=None, description="Only when num_kv_heads was given.")
+    query_heads_of_kv_head: list[list[int]] | None = Field(
+        default=None, description="Only with num_kv_heads: for each K/V head, the query heads that share it.")
+    kv_cache_bytes_per_token: KVCacheBytes | None = Field(
+        default=None, description="Only with num_kv_heads: a KV cache's bytes per token for this layer, "
+        "2·num_kv_heads·d_k numbers at each float width.")
+    window: int | None = Field(default=None, description="Sliding window only.")
+    n_context_tokens: int | None = Field(default=None, description="Cross-attention only.")
+    decode: bool | None = Field(default=None, description="Only when decode was asked for.")
+    parameters_layout: Literal["torch"] | None = Field(default=None, description="Only when not per_head.")
 
 
 class StatsOut(BaseModel):
@@ -412,6 +569,34 @@ class ParametersOut(BaseModel):
     W_K: list[list[list[float]]] = Field(description="[head, d_k, d_model]")
     W_V: list[list[list[float]]] = Field(description="[head, d_k, d_model]")
     W_O: list[list[_Num]] = Field(description="[d_model, num_heads·d_k]")
+
+
+class TorchParametersOut(BaseModel):
+    """parameters_layout "torch": torch.nn.MultiheadAttention(d_model, num_heads, bias=False)'s state_dict."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    in_proj_weight: list[list[float]] = Field(description="[3·d_model, d_model]: W_Q, W_K, W_V, each [h·d_k, d_model]")
+    out_proj_weight: list[list[float]] = Field(alias="out_proj.weight", description="[d_model, d_model]: W_O")
+
+
+class DecodeStepOut(BaseModel):
+    position: int = Field(description="The token generated at this step (its index in tokens).")
+    token: str
+    cache_positions: list[int] = Field(description="The positions whose keys and values are cached after this "
+                                                   "step, oldest first (the last `window` with a sliding window).")
+    q: list[list[float]] = Field(description="[head, d_k]")
+    k: list[list[float]] = Field(description="[kv head, d_k]: appended to the key cache (rotated first under RoPE)")
+    v: list[list[float]] = Field(description="[kv head, d_k]")
+    q_rotated: list[list[float]] | None = Field(description="[head, d_k], RoPE only.")
+    k_rotated: list[list[float]] | None = Field(description="[kv head, d_k], RoPE only.")
+    k_cache: list[list[list[float]]] = Field(description="[kv head, cached, d_k]")
+    v_cache: list[list[list[float]]] = Field(description="[kv head, cached, d_k]")
+    scores: list[list[float]] = Field(description="[head, cached]")
+    scaled_scores: list[list[float]] = Field(description="[head, cached]")
+    weights: list[list[float]] = Field(description="[head, cached]")
+    context: list[list[float]] = Field(description="[head, d_k]")
+    output: list[float] = Field(description="[d_model]")
 
 
 class InjectedBug(BaseModel):
@@ -430,7 +615,11 @@ class TraceResponse(BaseModel):
     )
     stages: dict[StageId, StageOut] = Field(description="Every stage, keyed by stage id, in walkthrough order.")
     stats: StatsOut
-    parameters: ParametersOut | None = Field(default=None, description="Only when include_parameters is true.")
+    parameters: ParametersOut | TorchParametersOut | None = Field(
+        default=None, description="Only when include_parameters is true, in parameters_layout.")
+    context_tokens: list[TokenOut] | None = Field(
+        default=None, description="Cross-attention only: the context's tokens (offsets into context_sentence).")
+    decode: list[DecodeStepOut] | None = Field(default=None, description="Only with decode: one entry per token.")
     injected_bug: InjectedBug | None = Field(
         default=None, description="Only with inject_bug: the numbers are deliberately wrong in this way."
     )
@@ -438,8 +627,20 @@ class TraceResponse(BaseModel):
 
 class Mismatch(BaseModel):
     index: list[int] = Field(description="Index of the first mismatching value, in the stage's axes.")
-    expected: float | str | None
-    received: float | str | None
+    expected: float | str | None = Field(description="null: the reference masks this entry.")
+    received: float | str | None = Field(
+        description="null: null was sent. A non-finite value is written as the string \"NaN\", \"Infinity\" "
+        "or \"-Infinity\" (JSON numbers cannot hold them); in the tokens stage, the token.")
+
+
+class NonFiniteValue(BaseModel):
+    index: list[int] = Field(description="Where, in the stage's axes.")
+    value: Literal["NaN", "Infinity", "-Infinity"]
+
+
+class NonFinite(BaseModel):
+    count: int = Field(description="How many received values are NaN or ±Infinity (each fails the stage).")
+    first: list[NonFiniteValue] = Field(description=f"The first {compare.MAX_NON_FINITE_SHOWN}, row-major.")
 
 
 class StageCheck(BaseModel):
@@ -449,13 +650,28 @@ class StageCheck(BaseModel):
     expected_shape: list[int]
     received_shape: list[int] | None = Field(description="null when the submission is a ragged array.")
     n_values: int
-    mismatches: int = Field(description="How many values are outside the tolerance (or null where a number "
-                                        "belongs, or a number where null belongs).")
-    max_abs_error: float | None = Field(description="Largest |received − expected| over numeric pairs.")
+    mismatches: int = Field(description="How many values are outside the tolerance, not finite, or null where a "
+                                        "number belongs, or a number where the reference masks.")
+    max_abs_error: float | None = Field(description="Largest |received − expected| over pairs of finite numbers.")
     max_rel_error: float | None = Field(description="Largest |received − expected| / |expected| where "
                                                     "expected ≠ 0.")
+    rel_error: float | None = Field(
+        description="CS231n's relative error, the largest |received − expected| / max(1e-8, |received| + "
+        "|expected|) over pairs of finite numbers: what metric rel_error compares with its threshold.")
+    abs_tolerance: float | None = Field(
+        description="allclose: the absolute part of this stage's bound, atol + stage_rtol·max|expected|; "
+        "null for rel_error and where nothing was compared.")
+    non_finite: NonFinite | None = Field(description="The NaN and ±Infinity received, if any (the stage fails).")
+    treated_as_masked: int = Field(
+        description="masked_scores: how many entries the reference masks were sent as -Infinity or a value ≤ "
+        "-1e9 and counted as masked (0 elsewhere).")
     first_mismatch: Mismatch | None
     message: str
+
+
+class Hint(BaseModel):
+    code: Literal[HINT_CODES] = Field(description="What the numbers show, for machines.")  # type: ignore[valid-type]
+    message: str = Field(description="The same, written to be shown to a student.")
 
 
 class Diagnosis(BaseModel):
@@ -464,12 +680,19 @@ class Diagnosis(BaseModel):
     summary: str | None
     matches: list[BugName] = Field(description="Every known bug that reproduces the submission.")
     message: str
+    hints: list[Hint] = Field(
+        description="When no known bug matches: what the student's numbers in the first wrong stage show "
+        "(rows that do not sum to 1, a masked diagonal, a permutation or a transpose of the expected values, "
+        "a constant factor). Empty otherwise.")
 
 
 class Tolerance(BaseModel):
-    rtol: float
-    atol: float
-    rule: str
+    metric: Literal[compare.METRICS]  # type: ignore[valid-type]
+    rtol: float | None = Field(description="allclose only.")
+    atol: float | None = Field(description="allclose only.")
+    stage_rtol: float | None = Field(description="allclose only: times the stage's largest |expected|.")
+    threshold: float | None = Field(description="rel_error only.")
+    rule: str = Field(description="The rule each value must meet.")
 
 
 class CheckResponse(BaseModel):

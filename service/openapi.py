@@ -130,7 +130,8 @@ def build_spec() -> dict[str, Any]:
                 "Results are deterministic for a given request and `engine_version`. Errors are RFC 9457 "
                 "problem details. Limits (defaults; operators may change them, GET /version reports them): "
                 f"{limits.max_tokens} tokens, d_model {limits.max_d_model}, {limits.max_heads} heads, "
-                f"{limits.max_trace_values} numbers per trace, {limits.max_body_bytes} body bytes, "
+                f"{limits.max_trace_values} numbers per trace, {limits.max_body_bytes} body bytes "
+                f"({limits.max_check_body_bytes} for /check), "
                 f"{limits.max_sentence_chars} sentence characters."
             ),
             "license": {"name": "MIT", "identifier": "MIT"},
@@ -171,11 +172,17 @@ def build_spec() -> dict[str, Any]:
             },
             "/check": post_op(
                 "check", "check", "Check a student's numbers stage by stage",
-                "Recomputes the reference trace for the same request, compares each submitted stage within "
-                "`rtol`/`atol` (defaults 1e-5 and 1e-8, as numpy.isclose; echoed in `tolerance`), names the "
-                "first wrong stage in walkthrough order, and diagnoses which known bug (see `inject_bug` and "
-                "GET /version) reproduces the submission. The response is deterministic and its messages "
-                "are written to be shown to a student.",
+                "Recomputes the reference trace for the same request, compares each submitted stage with "
+                "`metric` `allclose` (the default: numpy.isclose's rule, rtol 1e-5 and atol 1e-8, plus "
+                "`stage_rtol` 1e-4 times the stage's largest |value|, so that correct float32 work passes) or "
+                "`rel_error` (CS231n's, against `threshold`), echoed in `tolerance`; names the first wrong stage "
+                "in walkthrough order, and diagnoses which known bug (see `inject_bug` and GET /version) "
+                "reproduces the submission, or else gives `hints` from the student's numbers. A NaN or infinity "
+                "in a submitted stage fails that stage (200, with the indices); in masked_scores, -Infinity or "
+                "a value ≤ -1e9 where the reference masks counts as masked. The body may be as large as "
+                f"{limits.max_check_body_bytes} bytes with at most {limits.max_check_json_values} JSON values "
+                "(413 above either). The response is deterministic and its messages are written to be shown "
+                "to a student.",
                 "CheckRequest", "CheckResponse", _example_check()),
             "/trace/batch": post_op(
                 "traceBatch", "trace", "Several traces in one request",

@@ -11,6 +11,8 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from engine import EngineError
 
+from .settings import CHECK_PATHS
+
 PROBLEM_MIME = "application/problem+json"
 TYPE_BASE = "urn:attention-trace:problem:"
 
@@ -113,7 +115,9 @@ def register_error_handlers(app: Flask) -> None:
         detail = {
             404: f"There is no resource at {request.path}. See /openapi.yaml for the endpoints.",
             405: f"{request.method} is not allowed on {request.path}.",
-            413: f"The request body is larger than the limit of {current_app.config['MAX_CONTENT_LENGTH']} bytes.",
+            413: f"The request body is larger than the limit of "
+                 f"{current_app.extensions['attention_trace.settings'].body_limit(request.path)} bytes"
+                 + (f" for {request.path}." if request.path in CHECK_PATHS else "."),
         }.get(e.code or 500, e.description or "")
         kind = {400: "bad-request", 404: "not-found", 405: "method-not-allowed",
                 413: "payload-too-large"}.get(e.code or 0, "http-error")

@@ -15,8 +15,9 @@ import numpy as np
 import orjson
 
 from engine import Trace
+from engine.decoding import DecodeStep
 
-SCHEMA_VERSION = "1.0.0"
+SCHEMA_VERSION = "1.1.0"
 
 _OPTS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -44,6 +45,7 @@ def trace_document(
     include_parameters: bool = False,
     stages: list[str] | None = None,
     precision: int | None = None,
+    parameters_layout: str = "per_head",
 ) -> dict[str, Any]:
     """The /trace response body. ``stages`` selects stage ids; ``precision`` rounds every number."""
     wanted = set(stages) if stages is not None else None
@@ -61,10 +63,12 @@ def trace_document(
             "step": st.info.step,
             "title": st.info.title,
             "formula": st.formula,
-            "axes": list(st.info.axes),
+            "axes": list(st.axes),
             "shape": list(st.shape),
             "values": values,
         }
+        if t.cross:  # which token list each axis indexes: the queries' or the context's
+            out_stages[sid]["axis_tokens"] = list(st.axis_tokens)
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "engine_version": t.engine_version,
@@ -78,10 +82,33 @@ def trace_document(
             "max_weight": _array(t.max_weight, "max_weight", precision),
         },
     }
-    if include_parameters:
+    if include_parameters and parameters_layout == "torch":
+        p = t.parameters
+        d_model = t.config.d_model
+        stacked = np.concatenate([W.reshape(-1, d_model) for W in (p.W_Q, p.W_K, p.W_V)])  # -> [3·d_model, d_model]
+        doc["parameters"] = {"in_proj_weight": _array(stacked, "in_proj_weight", precision),
+                             "out_proj.weight": _array(p.W_O, "out_proj.weight", precision)}
+    elif include_parameters:
         p = t.parameters
         doc["parameters"] = {name: _array(getattr(p, name), name, precision) for name in ("W_Q", "W_K", "W_V", "W_O")}
+    if t.cross:
+        doc["context_tokens"] = [{"index": k.index, "text": k.text, "start": k.start, "end": k.end}
+                                 for k in t.context_tokens]
     return doc
+
+
+def decode_document(steps: list[DecodeStep], precision: int | None = None) -> list[dict[str, Any]]:
+    """The ``decode`` member: each generation step's arrays (RoPE's rotated rows are null without RoPE)."""
+    def arr(a: np.ndarray | None, where: str) -> np.ndarray | None:
+        return None if a is None else _array(a, where, precision)
+
+    return [{"position": s.position, "token": s.token.text, "cache_positions": list(s.cache_positions),
+             **{name: arr(getattr(s, name), f"decode[{s.position}].{name}") for name in _DECODE_ARRAYS}}
+            for s in steps]
+
+
+_DECODE_ARRAYS = ("q", "k", "v", "q_rotated", "k_rotated", "k_cache", "v_cache", "scores", "scaled_scores",
+                  "weights", "context", "output")
 
 
 def config_document(
@@ -89,7 +116,7 @@ def config_document(
 ) -> dict[str, Any]:
     """The request's settings with defaults filled in, and the derived sizes."""
     cfg = t.config
-    return {
+    doc = {
         "d_model": cfg.d_model,
         "num_heads": cfg.num_heads,
         "seed": cfg.seed,
@@ -105,6 +132,17 @@ def config_document(
         "n_parameters": t.parameters.n_parameters,
         "n_matrices": t.parameters.n_matrices,
     }
+    # A variant's settings only when it is used: engine 1.0 answers keep their exact shape.
+    if cfg.rope:
+        doc |= {"rope_base": cfg.rope_base, "rope_pairing": cfg.rope_pairing}
+    if cfg.num_kv_heads is not None:
+        doc |= {"num_kv_heads": cfg.kv_heads, "query_heads_of_kv_head": [list(g) for g in cfg.query_heads_of_kv_head],
+                "kv_cache_bytes_per_token": cfg.kv_cache_bytes_per_token}
+    if cfg.window is not None:
+        doc["window"] = cfg.window
+    if t.cross:
+        doc["n_context_tokens"] = t.n_context
+    return doc
 
 
 def dumps(doc: Any) -> bytes:

@@ -137,6 +137,29 @@ def test_table_layout_query_head_and_options():
     assert [float(v) for v in context.split(",")] == [rounded(v, 4) for v in t.array("context")[1, 5]]
 
 
+def test_variant_flags_reach_the_service_and_label_the_table():
+    run = cli(SENTENCE, "--layout", "table", "--query", "mat", "--heads", "4", "--d-model", "16", "--causal",
+              "--rope", "--kv-heads", "2", "--window", "3", "--decode", "--head", "1")
+    assert run.returncode == 0, run.stderr
+    t = LocalClient().trace(sentence=SENTENCE, num_heads=4, d_model=16, causal=True, positional_encoding="rope",
+                            num_kv_heads=2, window=3, decode=True)
+    assert "RoPE (rotate_half, base 10000) · 2 K/V heads [[0, 1], [2, 3]] · window 3" in run.stdout
+    rows = [line.split() for line in run.stdout.splitlines() if re.match(r"^\s+\d+\s", line)]
+    assert [r[-1] for r in rows[:3]] == ["0.0%"] * 3  # more than window − 1 = 2 keys back: masked
+    assert [float(r[2]) for r in rows] == [rounded(v, 3) for v in t.array("scores")[1, 5]]
+    weights = " ".join(f"{100 * w:.1f}%" for w in t.raw["decode"][5]["weights"][1])
+    assert f"step 5: the cache holds the keys and values of positions 3…5 (3 of 6); this query's weights over " \
+           f"them: {weights}" in run.stdout
+
+
+def test_cross_attention_table_lists_the_context_as_keys():
+    run = cli("the cat sat", "--layout", "table", "--heads", "2", "--d-model", "8", "--context", "le chat était assis")
+    assert run.returncode == 0, run.stderr
+    rows = [line.split() for line in run.stdout.splitlines() if re.match(r"^\s+\d+\s", line)]
+    assert [r[1] for r in rows] == ["le", "chat", "était", "assis"] * 2  # two heads
+    assert 'cross-attention to "le chat était assis"' in run.stdout
+
+
 def test_json_is_the_in_process_trace_exactly():
     run = cli("the cat sat", "--heads", "4", "--causal", "--seed", "3", "--json")
     assert run.returncode == 0, run.stderr

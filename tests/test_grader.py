@@ -167,12 +167,14 @@ def test_correct_submission_passes(client):
     sub = submission_from(client, BUGGY)
     doc = client.post("/check", json=BUGGY | {"submission": sub}).get_json()
     assert doc["passed"] is True and doc["first_wrong_stage"] is None
-    assert doc["diagnosis"] == {"bug": None, "summary": None, "matches": [],
+    assert doc["diagnosis"] == {"bug": None, "summary": None, "matches": [], "hints": [],
                                 "message": "No bug: every submitted stage matches the reference."}
     assert list(doc["stages"]) == CHECKED
     assert all(s["passed"] and s["mismatches"] == 0 and s["max_abs_error"] == 0.0 for s in doc["stages"].values())
-    assert doc["tolerance"] == {"rtol": 1e-5, "atol": 1e-8,
-                                "rule": "|received − expected| ≤ atol + rtol·|expected|"}
+    assert doc["tolerance"] == {"metric": "allclose", "rtol": 1e-5, "atol": 1e-8, "stage_rtol": 1e-4,
+                                "threshold": None,
+                                "rule": "|received − expected| ≤ atol + rtol·|expected| + stage_rtol·max|expected "
+                                        "of the stage|"}
 
 
 @pytest.mark.parametrize("bug", SHOWN)
@@ -223,10 +225,13 @@ def test_check_wrong_shape_and_nulls(client):
     masked = submission_from(client, body, stages=["masked_scores"])
     assert masked["masked_scores"][0][0][1] is None
     assert client.post("/check", json=body | {"submission": masked}).get_json()["passed"]
-    masked["masked_scores"][0][0][1] = -1e9  # a finite fill where the key must be excluded
+    masked["masked_scores"][0][0][1] = -1e9  # students' fill for a masked key: counted as masked
+    doc = client.post("/check", json=body | {"submission": masked}).get_json()
+    assert doc["passed"] and doc["stages"]["masked_scores"]["treated_as_masked"] == 1
+    masked["masked_scores"][0][0][1] = 0.0  # a finite value where the key must be excluded
     doc = client.post("/check", json=body | {"submission": masked}).get_json()
     assert doc["stages"]["masked_scores"]["first_mismatch"] == {"index": [0, 0, 1], "expected": None,
-                                                                "received": -1e9}
+                                                                "received": 0.0}
 
 
 @pytest.mark.parametrize(("sub", "pointer"), [

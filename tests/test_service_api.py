@@ -195,7 +195,7 @@ def test_same_request_same_bytes(client):
         ({"sentence": "a", "seed": -1}, "/seed", "greater than or equal to 0"),
         ({"sentence": "a", "scale": "yes"}, "/scale", "valid boolean"),
         ({"sentence": "a", "scale": 1}, "/scale", "valid boolean"),
-        ({"sentence": "a", "positional_encoding": "learned"}, "/positional_encoding", "'sinusoidal' or 'none'"),
+        ({"sentence": "a", "positional_encoding": "learned"}, "/positional_encoding", "'sinusoidal', 'none' or 'rope'"),
         ({"sentence": "a", "dmodel": 24}, "/dmodel", "unknown field 'dmodel'"),
         ({"sentence": 5}, "/sentence", "valid string"),
         ({"tokens": []}, "/tokens", "at least 1 item"),
@@ -315,7 +315,7 @@ def test_version_reports_versions_and_limits(app_factory):
     assert doc["schema_version"] == SCHEMA_VERSION
     assert doc["limits"]["max_tokens"] == 7
     assert set(doc["libraries"]) == {"python", "numpy", "pydantic", "orjson", "regex"}  # no framework/server banner
-    assert doc["stage_ids"] == list(engine.STAGE_IDS)
+    assert doc["stage_ids"] == list(engine.ALL_STAGE_IDS)
 
 
 def test_openapi_is_served_as_committed(client):

@@ -1,0 +1,362 @@
+"""How /check compares a student's numbers with the reference, free of any web framework.
+
+* :class:`Tolerance`: the metric (``allclose`` or ``rel_error``) and its
+  parameters, with the defaults that docs/checking.md derives from
+  measurements (``scripts/measure-tolerance``);
+* :func:`scan` and :func:`read`: a submitted stage (nested JSON lists) checked
+  once and turned into float64 arrays, keeping apart what JSON keeps apart:
+  ``null`` (masked), a number, and the non-finite values NaN, Infinity and
+  -Infinity;
+* :func:`compare`: one stage against the reference, every value at once
+  (vectorised; no Python loop over values).
+
+``service.core`` builds the /check answer from these, and the measuring script
+uses the very same functions, so what it measures is what /check does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any, Literal
+
+import numpy as np
+
+Metric = Literal["allclose", "rel_error"]
+METRICS: tuple[str, ...] = ("allclose", "rel_error")
+
+#: numpy.isclose's defaults: what rtol and atol were in schema 1.0.0, and what
+#: an rtol or atol that the request leaves out still means when it gives the other
+NUMPY_RTOL = 1e-5
+NUMPY_ATOL = 1e-8
+#: The default tolerance (docs/checking.md, measured by scripts/measure-tolerance):
+#: numpy's rtol and atol plus an absolute term of DEFAULT_STAGE_RTOL times the
+#: stage's largest |expected|. float32 implementations' errors scale with the
+#: stage's magnitude, not with each value's.
+DEFAULT_RTOL = NUMPY_RTOL
+DEFAULT_ATOL = NUMPY_ATOL
+DEFAULT_STAGE_RTOL = 1e-4
+#: the rel_error metric's threshold when the request gives none
+DEFAULT_THRESHOLD = 1e-3
+#: CS231n's floor on the denominator of rel_error
+REL_ERROR_FLOOR = 1e-8
+
+#: in masked_scores, a received value at most this (or -Infinity) where the
+#: reference masks counts as masked: students fill masked scores with -1e9 or -inf
+MASK_FILL = -1e9
+#: the strings accepted in a submission for the values JSON cannot write
+#: (Jackson, .NET and protobuf's JSON mapping write them so)
+NON_FINITE_NAMES: dict[str, float] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+#: how many non-finite indices a stage's answer and message name
+MAX_NON_FINITE_SHOWN = 5
+#: stages are at most 3-dimensional
+MAX_DEPTH = 3
+
+
+def _g(x: float) -> str:
+    return f"{x:g}"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """One way of deciding that a received value is close enough to the expected one."""
+
+    metric: Metric
+    rtol: float | None = None
+    atol: float | None = None
+    stage_rtol: float | None = None
+    threshold: float | None = None
+
+    @classmethod
+    def allclose(cls, rtol: float, atol: float, stage_rtol: float = 0.0) -> Tolerance:
+        return cls("allclose", rtol=rtol, atol=atol, stage_rtol=stage_rtol)
+
+    @classmethod
+    def rel_error(cls, threshold: float = DEFAULT_THRESHOLD) -> Tolerance:
+        return cls("rel_error", threshold=threshold)
+
+    @classmethod
+    def default(cls) -> Tolerance:
+        return cls.allclose(DEFAULT_RTOL, DEFAULT_ATOL, DEFAULT_STAGE_RTOL)
+
+    @classmethod
+    def resolve(cls, metric: str | None, rtol: float | None, atol: float | None, stage_rtol: float | None,
+                threshold: float | None) -> Tolerance:
+        """The tolerance a request asks for (None = not given); the model has checked the combination.
+
+        * nothing given: the default;
+        * ``metric: rel_error``: CS231n's rel_error against ``threshold`` (default DEFAULT_THRESHOLD);
+        * otherwise allclose: with none of rtol, atol, stage_rtol given, the default's; with any of them
+          given, the others are numpy's (rtol 1e-5, atol 1e-8, stage_rtol 0), so rtol and atol alone
+          mean exactly numpy.isclose's rule, as in schema 1.0.0.
+        """
+        if metric == "rel_error":
+            return cls.rel_error(DEFAULT_THRESHOLD if threshold is None else threshold)
+        if rtol is None and atol is None and stage_rtol is None:
+            return cls.default()
+        return cls.allclose(NUMPY_RTOL if rtol is None else rtol, NUMPY_ATOL if atol is None else atol,
+                            0.0 if stage_rtol is None else stage_rtol)
+
+    @property
+    def rule(self) -> str:
+        if self.metric == "rel_error":
+            return "|received − expected| / max(1e-8, |received| + |expected|) ≤ threshold"
+        if not self.stage_rtol:
+            return "|received − expected| ≤ atol + rtol·|expected|"  # numpy.isclose's rule, as in 1.0.0
+        return "|received − expected| ≤ atol + rtol·|expected| + stage_rtol·max|expected of the stage|"
+
+    def document(self) -> dict[str, Any]:
+        """The answer's ``tolerance``: the metric, every parameter (null where it does not apply) and the rule."""
+        return {"metric": self.metric, "rtol": self.rtol, "atol": self.atol, "stage_rtol": self.stage_rtol,
+                "threshold": self.threshold, "rule": self.rule}
+
+    def allowance(self, magnitude: float, scale: float) -> float:
+        """About how far a value of this magnitude may be off, in a stage whose largest |value| is ``scale``."""
+        if self.metric == "rel_error":
+            return 2.0 * (self.threshold or 0.0) * magnitude  # |r − e| ≤ t·(|r| + |e|) ≈ 2t·|e|
+        return (self.atol or 0.0) + (self.rtol or 0.0) * magnitude + (self.stage_rtol or 0.0) * scale
+
+    def describe(self) -> str:
+        if self.metric == "rel_error":
+            return f"rel_error ≤ {_g(self.threshold or 0.0)}"
+        return (f"rtol {_g(self.rtol or 0.0)}, atol {_g(self.atol or 0.0)}"
+                + (f", stage_rtol {_g(self.stage_rtol)}" if self.stage_rtol else ""))
+
+
+# ------------------------------------------------------------- reading a submission
+
+
+class SubmissionTypeError(ValueError):
+    """A submitted stage holds something that is no number: a 422 at its pointer."""
+
+
+_LEAF_TYPES = frozenset({float, int, type(None), str})
+
+
+def scan(values: list[Any]) -> tuple[int, ...] | None:
+    """Check that a stage's values hold only numbers, null or the names in NON_FINITE_NAMES, at most
+    MAX_DEPTH levels deep; return their shape, or None when the lists are ragged.
+
+    Level by level, never value by value in Python: each level's types and
+    lengths are collected at C speed (``set(map(type, …))``), so a stage of a
+    million values costs a few passes over them. Raises SubmissionTypeError.
+    """
+    shape = [len(values)]
+    regular = True
+    lists: list[list[Any]] = [values]  # the lists at this depth, across all parents
+    for depth in range(1, MAX_DEPTH + 1):
+        items = chain.from_iterable(lists)
+        types = set(map(type, items))
+        if list not in types:
+            _check_leaves(lists, types)
+            return tuple(shape) if regular else None
+        if depth == MAX_DEPTH:
+            raise SubmissionTypeError(f"nested deeper than any stage ({MAX_DEPTH} levels)")
+        if types == {list}:
+            inner = list(chain.from_iterable(lists))
+        else:  # lists next to numbers: ragged, but every value is still checked
+            regular = False
+            mixed = list(chain.from_iterable(lists))
+            leaves = [v for v in mixed if type(v) is not list]
+            _check_leaves([leaves], set(map(type, leaves)))
+            inner = [v for v in mixed if type(v) is list]
+        lengths = set(map(len, inner))
+        if len(lengths) == 1:
+            shape.append(lengths.pop())
+        else:
+            regular = False
+        lists = inner
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _check_leaves(lists: list[list[Any]], types: set[type]) -> None:
+    """The values of ``lists`` (whose types are ``types``) are all numbers, null or non-finite names."""
+    if not types <= _LEAF_TYPES:  # bool, dict, ...: `type(True) is bool`, not int
+        bad = next(v for v in chain.from_iterable(lists) if type(v) not in _LEAF_TYPES)
+        raise SubmissionTypeError(f"{str(bad)[:40]!r} is not a number or null")
+    if str in types:
+        for v in chain.from_iterable(lists):
+            if type(v) is str and v not in NON_FINITE_NAMES:
+                raise SubmissionTypeError(f"{v[:40]!r} is not a number or null (the only strings accepted are "
+                                          '"NaN", "Infinity" and "-Infinity")')
+
+
+@dataclass(frozen=True)
+class Received:
+    """A submitted numeric stage as arrays: ``values`` (float64; NaN and ±inf as sent, 0 where null)
+    and ``null``, both of ``shape``; all None when the lists are ragged."""
+
+    shape: tuple[int, ...] | None
+    values: np.ndarray | None = field(default=None, repr=False)
+    null: np.ndarray | None = field(default=None, repr=False)
+
+
+def read(values: list[Any], shape: tuple[int, ...] | None) -> Received:
+    """A stage that :func:`scan` accepted (with the shape it found), as float64 arrays."""
+    if shape is None:
+        return Received(None)
+    try:
+        a = np.array(values, dtype=np.float64)  # the common case: numbers only, converted in C
+        null = np.zeros(a.shape, dtype=bool)
+        if not np.isnan(a).any():
+            return Received(shape, a, null)
+    except (TypeError, ValueError, OverflowError):  # null, a non-finite name, or an integer beyond float64
+        pass
+    obj = np.array(values, dtype=object)  # [shape]: the lists are regular (scan said so)
+    null = np.equal(obj, None)
+    filled = np.where(null, 0.0, obj)
+    try:
+        a = filled.astype(np.float64)  # "NaN", "Infinity", "-Infinity" -> float
+    except OverflowError:  # a JSON integer beyond float64 (over 308 digits) is an infinity
+        a = np.frompyfunc(_to_float, 1, 1)(filled).astype(np.float64)
+    return Received(shape, a, null)
+
+
+def _to_float(v: Any) -> float:
+    try:
+        return float(v)
+    except OverflowError:  # only an int can be too large for a float
+        return math.inf if v > 0 else -math.inf
+
+
+def received_array(values: Any) -> Received:
+    """A numpy array or nested lists (not yet scanned) as a Received stage: for scripts and tests."""
+    if isinstance(values, np.ndarray):
+        a = values.astype(np.float64)
+        return Received(a.shape, a, np.zeros(a.shape, dtype=bool))
+    return read(values, scan(values))
+
+
+# ---------------------------------------------------------------- comparing
+
+
+def non_finite_name(x: float) -> str:
+    """How a non-finite value is written in JSON submissions (and in answers, as a string)."""
+    return "NaN" if math.isnan(x) else "Infinity" if x > 0 else "-Infinity"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One submitted stage against the reference (shapes equal)."""
+
+    passed: bool
+    n_values: int
+    mismatches: int
+    max_abs_error: float | None  # over pairs of finite numbers
+    max_rel_error: float | None  # |received − expected| / |expected| where expected ≠ 0
+    rel_error: float | None  # CS231n's, over pairs of finite numbers
+    abs_tolerance: float | None  # allclose: atol + stage_rtol·max|expected|
+    non_finite: int  # received NaN or ±inf that fail the stage
+    non_finite_at: list[tuple[list[int], str]]  # the first few: (index, "NaN" | "Infinity" | "-Infinity")
+    treated_as_masked: int  # fills ≤ MASK_FILL or -inf where the reference masks
+    first: list[int] | None  # the first failing index, row-major
+    first_expected: float | None  # None: masked
+    first_received: float | str | None  # None: null; str: a non-finite value's name
+    #: the largest |error| as a multiple of what the tolerance allows (a stage fails above 1;
+    #: infinite for a non-finite value or a masked/number disagreement); for measuring
+    figure: float
+
+
+def _capped(x: Any) -> float:
+    """A finite float for the answer (JSON has no infinity): at most float64's largest."""
+    return float(min(float(x), np.finfo(np.float64).max))
+
+
+def stage_scale(expected: np.ndarray, mask: np.ndarray | None) -> float:
+    """max|expected| over the entries that are not masked."""
+    if expected.size == 0:
+        return 0.0
+    a = np.abs(expected) if mask is None else np.where(mask, 0.0, np.abs(expected))
+    return float(a.max())
+
+
+@dataclass(frozen=True)
+class _Judgement:
+    exp_mask: np.ndarray  # where the reference masks
+    filled: np.ndarray  # fills (≤ MASK_FILL, -inf) taken as masked where the reference masks
+    got_masked: np.ndarray  # where the student masks (null, -inf, ≤ MASK_FILL where the reference masks)
+    non_finite: np.ndarray  # NaN or ±inf that fail the stage
+    numeric: np.ndarray  # pairs of finite numbers
+    diff: np.ndarray  # |received − expected| on those pairs, else 0
+    ratio: np.ndarray  # CS231n's relative error on those pairs, else 0
+    allowed: np.ndarray | None  # allclose: what each value may be off by
+    abs_tolerance: float | None
+    bad: np.ndarray  # every failing entry
+
+
+def _judge(expected: np.ndarray, mask: np.ndarray | None, received: Received, tol: Tolerance) -> _Judgement:
+    """The one rule a submitted value passes by (callers silence numpy's floating-point warnings)."""
+    got, got_null = received.values, received.null
+    exp_mask = mask if mask is not None else np.zeros(expected.shape, dtype=bool)
+    filled = exp_mask & ~got_null & (got <= MASK_FILL)  # includes -inf; NaN compares False
+    got_masked = got_null | filled
+    non_finite = ~got_masked & ~np.isfinite(got)
+    numeric = ~exp_mask & ~got_masked & ~non_finite  # pairs of finite numbers
+    diff = np.where(numeric, np.abs(got - expected), 0.0)
+    ratio = np.where(numeric, diff / np.maximum(REL_ERROR_FLOOR, np.abs(got) + np.abs(expected)), 0.0)
+    if tol.metric == "rel_error":
+        allowed, abs_tolerance = None, None
+        bad_num = ratio > tol.threshold
+    else:
+        abs_tolerance = tol.atol + tol.stage_rtol * stage_scale(expected, mask)
+        allowed = abs_tolerance + tol.rtol * np.abs(expected)
+        bad_num = numeric & (diff > allowed)
+    bad = bad_num | non_finite | (exp_mask != got_masked)
+    return _Judgement(exp_mask, filled, got_masked, non_finite, numeric, diff, ratio, allowed, abs_tolerance, bad)
+
+
+def passes(expected: np.ndarray, mask: np.ndarray | None, received: Received, tol: Tolerance) -> bool:
+    """``compare(...).passed``, without the report: what diagnosis asks of every known bug."""
+    with np.errstate(all="ignore"):
+        return not _judge(expected, mask, received, tol).bad.any()
+
+
+def compare(expected: np.ndarray, mask: np.ndarray | None, received: Received, tol: Tolerance) -> Comparison:
+    """Compare every value of one stage at once. ``mask``: where the reference masks (True), or None.
+
+    Where the reference masks, null, -Infinity and any value ≤ MASK_FILL count
+    as masked; anything else there is wrong. A NaN or ±Infinity anywhere else
+    fails the stage. Elsewhere each pair of finite numbers is judged by ``tol``.
+    """
+    assert received.values is not None and received.null is not None and received.values.shape == expected.shape
+    got = received.values
+    # A student may send ±1.8e308: no operation below may warn (overflow to inf only makes a value fail).
+    with np.errstate(all="ignore"):
+        j = _judge(expected, mask, received, tol)
+        exp_mask, filled, got_masked, non_finite, numeric, diff, ratio, allowed, abs_tolerance, bad = (
+            j.exp_mask, j.filled, j.got_masked, j.non_finite, j.numeric, j.diff, j.ratio, j.allowed, j.abs_tolerance,
+            j.bad)
+        mismatches = int(np.count_nonzero(bad))
+        any_numeric = bool(numeric.any())
+        max_abs = _capped(diff.max()) if any_numeric else None
+        nz = numeric & (expected != 0)
+        max_rel = _capped((diff[nz] / np.abs(expected[nz])).max()) if nz.any() else None  # a subnormal may overflow
+        rel_error = _capped(ratio.max()) if any_numeric else None
+
+        # What the tolerance allows, used up: for measuring margins (scripts/measure-tolerance).
+        if mismatches and (non_finite.any() or (exp_mask != got_masked).any()):
+            figure = math.inf
+        elif not any_numeric:
+            figure = 0.0
+        elif allowed is None:
+            figure = rel_error / tol.threshold if tol.threshold else (math.inf if rel_error else 0.0)
+        else:
+            figure = float(np.where(numeric & (diff > 0), diff / allowed, 0.0).max())
+
+    nf_idx = np.argwhere(non_finite)
+    non_finite_at = [([int(i) for i in idx], non_finite_name(float(got[tuple(idx)])))
+                     for idx in nf_idx[:MAX_NON_FINITE_SHOWN]]
+    first = first_exp = first_got = None
+    if mismatches:
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        first = list(idx)
+        first_exp = None if exp_mask[idx] else float(expected[idx])
+        g = float(got[idx])
+        first_got = None if got_masked[idx] else g if math.isfinite(g) else non_finite_name(g)
+    return Comparison(
+        passed=mismatches == 0, n_values=int(expected.size), mismatches=mismatches, max_abs_error=max_abs,
+        max_rel_error=max_rel, rel_error=rel_error, abs_tolerance=abs_tolerance,
+        non_finite=int(nf_idx.shape[0]), non_finite_at=non_finite_at, treated_as_masked=int(np.count_nonzero(filled)),
+        first=first, first_expected=first_exp, first_received=first_got, figure=figure,
+    )
