@@ -1,6 +1,13 @@
-"""The Gradescope example: run_autograder on each student file, against real
-gunicorn, and check results.json (Gradescope's format, the scores, and the
-diagnosis of every known bug)."""
+"""The Gradescope example (examples/gradescope) on the shared grading core, with the sandbox for real.
+
+Every shipped student is graded through the Gradescope adapter (grade_submission: the code main()
+runs), two at a time: the correct and float32 students get full marks; each buggy student loses
+exactly the tests of the function with its mistake (and of multi_head_attention, which runs it),
+and that function's message names the mistake; each hostile student earns nothing its own code did
+not, leaves no process behind, and gets a valid results.json. Then run_autograder and the uploaded
+zip run end to end as Gradescope runs them, a course may grade against a running service (real
+gunicorn), and an unreachable one records no score.
+"""
 
 from __future__ import annotations
 
@@ -8,183 +15,224 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+from grading_support import (BUG_FAILS, BUG_STUDENTS, COURSE, CORRECT_STUDENTS, EXAMPLES, GRADESCOPE_SCHEMA,
+                             HOSTILE, HOSTILE_EARNS, HOSTILE_STUDENTS, ROOT, STUDENTS, course_with, fast_course,
+                             grade_many, load_adapter, sandbox_processes, student_dir, student_runtime)
 from jsonschema import Draft202012Validator
 
-from conftest import ROOT, Gunicorn, free_port
-from engine import BUGS
+import engine
+from grading import config
 
-pytestmark = pytest.mark.integration
+GRADESCOPE = EXAMPLES / "gradescope"
 
-GRADESCOPE = ROOT / "examples" / "gradescope"
-STUDENTS = GRADESCOPE / "students"
-GRADED = ["scores", "scaled_scores", "masked_scores", "weights", "context", "concat", "output"]
 
-VISIBILITY = {"enum": ["hidden", "after_due_date", "after_published", "visible"]}
-#: Gradescope's documented results.json (the fields this grader writes, and their types)
-RESULTS_SCHEMA = {
-    "type": "object",
-    "required": ["score", "output", "visibility", "stdout_visibility", "tests"],
-    "properties": {
-        "score": {"type": "number", "minimum": 0},
-        "execution_time": {"type": "number"},
-        "output": {"type": "string"},
-        "visibility": VISIBILITY,
-        "stdout_visibility": VISIBILITY,
-        "extra_data": {"type": "object"},
-        "tests": {"type": "array", "items": {
-            "type": "object",
-            "required": ["name", "score", "max_score", "status", "output", "visibility"],
-            "properties": {"name": {"type": "string"}, "score": {"type": "number"},
-                           "max_score": {"type": "number"}, "status": {"enum": ["passed", "failed"]},
-                           "output": {"type": "string"}, "visibility": VISIBILITY},
-            "additionalProperties": False,
-        }},
-    },
-    "additionalProperties": False,
-}
+def valid(doc: dict) -> dict:
+    errors = list(Draft202012Validator(GRADESCOPE_SCHEMA).iter_errors(doc))
+    assert not errors, errors[0].message
+    return doc
+
+
+def by_name(doc: dict) -> dict[str, dict]:
+    return {t["name"]: t for t in doc["tests"]}
+
+
+def failed(doc: dict) -> set[str]:
+    return {t["name"] for t in doc["tests"] if t["status"] == "failed"}
 
 
 @pytest.fixture(scope="module")
-def server(gunicorn_server: Gunicorn) -> Gunicorn:
-    """conftest's real gunicorn (2 workers) on a free loopback port."""
-    return gunicorn_server
+def graded(tmp_path_factory, student_runtime) -> dict[str, tuple[int, dict, list[str]]]:
+    """Every shipped student, graded through the adapter; results.json read back from disk."""
+    gs = load_adapter("gradescope")
+    course = config.load(COURSE)
+    hostile_course = fast_course()
+    base = tmp_path_factory.mktemp("gradescope")
+
+    def job(path: Path, c: config.Course):
+        def run():
+            root = base / path.stem
+            sub = student_dir(root, path)
+            results = root / "results" / "results.json"
+            log: list[str] = []
+            code, _ = gs.grade_submission(sub, c, results, hide=(str(root),), log=log.append)
+            doc = json.loads(results.read_text(encoding="utf-8")) if results.exists() else None
+            return code, doc, log
+        return run
+
+    jobs = {p.stem: job(p, course) for p in STUDENTS.glob("*.py")}
+    jobs.update({f"hostile/{p.stem}": job(p, hostile_course) for p in HOSTILE.glob("*.py")})
+    return grade_many(jobs)
 
 
-def autograde(tmp_path: Path, student: Path | str | None, url: str | None,
-              script: Path = GRADESCOPE / "run_autograder", **env: str) -> tuple[int, dict, str]:
-    """Lay out an /autograder tree in tmp_path, run the script, return (status, results.json, stdout)."""
+@pytest.mark.parametrize("student", CORRECT_STUDENTS)
+def test_correct_students_get_full_marks(graded, student):
+    code, doc, log = graded[student]
+    assert code == 0 and doc is not None, log
+    valid(doc)
+    total = sum(t["max_score"] for t in doc["tests"])
+    assert doc["score"] == total == config.load(COURSE).max_score, doc["output"]
+    assert all(t["status"] == "passed" for t in doc["tests"]), [t["output"] for t in doc["tests"]]
+    assert doc["output"].startswith(f"Score {total:g}/{total:g}.")
+    assert {t["visibility"] for t in doc["tests"]} == {"visible", "after_published", "hidden"}
+    assert doc["stdout_visibility"] == "hidden" and doc["output_format"] == "text"
+    assert doc["extra_data"]["sandbox"]["visible"]["leftover_processes"] == 0
+
+
+def test_every_known_bug_has_a_buggy_student():
+    """No bug is skipped: the shipped buggy students are exactly the engine's known bugs."""
+    assert set(BUG_STUDENTS) == set(engine.BUGS) == set(BUG_FAILS)
+
+
+@pytest.mark.parametrize("bug", sorted(BUG_FAILS))
+def test_each_buggy_student_loses_exactly_its_function(graded, bug):
+    code, doc, log = graded[bug]
+    assert code == 0 and doc is not None, log
+    valid(doc)
+    fails, named_in = BUG_FAILS[bug]
+    assert failed(doc) == fails, (bug, doc["output"])
+    tests = by_name(doc)
+    assert doc["score"] == sum(t["max_score"] for n, t in tests.items() if n not in fails)
+    assert f"known mistake '{bug}'" in tests[named_in]["output"], tests[named_in]["output"]
+    # one bug, one function: every other function passes on the reference's own inputs
+    for name, t in tests.items():
+        if name not in fails:
+            assert t["status"] == "passed" and t["score"] == t["max_score"], (name, t["output"])
+
+
+@pytest.mark.parametrize("student", HOSTILE_STUDENTS)
+def test_hostile_students_earn_nothing_they_did_not_write(graded, student):
+    code, doc, log = graded[f"hostile/{student}"]
+    assert code == 0 and doc is not None, log  # a valid results.json, every time
+    valid(doc)
+    earns = HOSTILE_EARNS[student]
+    tests = by_name(doc)
+    passed = {n for n, t in tests.items() if t["status"] == "passed"}
+    if earns is None:
+        assert passed == set(tests), doc["output"]
+    else:
+        assert passed == earns, doc["output"]
+    assert doc["score"] == sum(tests[n]["max_score"] for n in passed)
+    for box in doc["extra_data"]["sandbox"].values():
+        assert box["leftover_processes"] == 0
+    assert not sandbox_processes()
+
+
+def test_how_each_hostile_student_is_stopped(graded):
+    """The evidence, per trick: the message the student gets says what stopped it."""
+    out = {s: graded[f"hostile/{s}"][1] for s in HOSTILE_STUDENTS}
+    assert "could not be run: it was still importing your file when the time limit of 1.5 s" in \
+        out["bare_except_loop"]["output"]
+    assert "could not be run: it was still importing your file when the time limit" in out["fork_bomb"]["output"]
+    assert "printed more than 16 MiB" in out["big_print"]["output"]
+    assert out["big_print"]["extra_data"]["sandbox"]["visible"]["output_bytes"] <= 17 * 2**20
+    assert "exited (status 0) while running" in out["os_exit"]["output"] and "os._exit()" in out["os_exit"]["output"]
+    assert "crashed with a segmentation fault while running project" in out["segfault"]["output"]
+    assert "still running softmax on configuration 'encoder-2-heads' when the time limit" in \
+        out["signal_alarm"]["output"]
+    assert "no client anywhere" in out["stack_walker"]["output"]
+    routes = json.loads(re.search(r"routes to the reference: (\{.*\})", out["url_client"]["output"]).group(1))
+    assert routes["ATTENTION_TRACE_URL"] is None and "ATTENTION_TRACE_URL" not in routes["env"]
+    assert routes["client"].startswith("ModuleNotFoundError")  # no client it could run (nor a service to ask)
+    # The grader's own engine is out of reach (its tree is covered); a copy elsewhere on the machine would
+    # be public source, and even then the runtime lacks what the engine needs beyond numpy.
+    assert routes["engine"].startswith("ModuleNotFoundError"), routes["engine"]
+    assert not any(Path(p).resolve().is_relative_to(ROOT) for p in routes.get("engine_found_at", []))
+    assert all("Errno" in str(routes[u]) or "URLError" in str(routes[u])
+               for u in ("http://127.0.0.1:8000", "http://localhost:8000"))
+    tricks = by_name(out["answer_file_tricks"])["scores"]["output"]
+    assert "an array of shape [1000000000] is too large" in tricks  # the lying header is caught before numpy
+    assert "unlink: Permission denied" in out["answer_file_tricks"]["output"]
+    assert "'extra file: Permission denied'" in out["answer_file_tricks"]["output"]
+    fill = out["fill_disk"]["output"]
+    assert "'/tmp': '16 MiB, then No space left on device'" in fill, fill
+    assert out["replace_grader"]["score"] == 0
+
+
+def test_run_autograder_end_to_end(tmp_path, monkeypatch):
+    """run_autograder as Gradescope runs it (root, /autograder layout), reference in-process."""
     root = tmp_path / "autograder"
-    (root / "submission").mkdir(parents=True, exist_ok=True)
-    if isinstance(student, Path):
-        shutil.copy(student, root / "submission" / "attention.py")
-    elif isinstance(student, str):
-        (root / "submission" / "attention.py").write_text(student)
-    full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "AUTOGRADER_ROOT": str(root),
-                "PYTHON": sys.executable, **env}
-    if url is not None:
-        full_env["ATTENTION_TRACE_URL"] = url
-    run = subprocess.run([str(script)], env=full_env, capture_output=True, text=True, timeout=60)
-    results_file = root / "results" / "results.json"
-    assert results_file.exists(), run.stdout + run.stderr
-    results = json.loads(results_file.read_text(encoding="utf-8"))
-    errors = list(Draft202012Validator(RESULTS_SCHEMA).iter_errors(results))
-    assert not errors, errors[0].message
-    return run.returncode, results, run.stdout
+    student_dir(root, STUDENTS / "softmax_wrong_axis.py")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "AUTOGRADER_ROOT": str(root), "PYTHON": sys.executable}
+    run = subprocess.run([str(GRADESCOPE / "run_autograder")], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc = valid(json.loads((root / "results" / "results.json").read_text()))
+    assert failed(doc) == BUG_FAILS["softmax_wrong_axis"][0]
+    assert "grader: score" in run.stdout and "seeds" in run.stdout  # the staff's log
 
 
-def statuses(results: dict) -> list[str]:
-    return [t["status"] for t in results["tests"]]
-
-
-def test_correct_student_gets_full_marks(tmp_path, server):
-    code, results, stdout = autograde(tmp_path, STUDENTS / "correct.py", server.url)
-    assert code == 0, stdout
-    assert results["score"] == 7 and sum(t["max_score"] for t in results["tests"]) == 7
-    assert statuses(results) == ["passed"] * 7
-    assert [t["name"].split(":")[1].split()[0] for t in results["tests"]] == GRADED
-    assert results["extra_data"]["first_wrong_stage"] is None and results["extra_data"]["diagnosis"] is None
-    assert results["output"].startswith("Score 7/7. Every stage matches the reference.")
-    assert results["visibility"] == "visible" and results["stdout_visibility"] == "hidden"
-    assert "grader: score 7" in stdout
-
-
-@pytest.mark.parametrize("bug", list(BUGS))
-def test_each_buggy_student_is_diagnosed(tmp_path, server, bug):
-    code, results, stdout = autograde(tmp_path, STUDENTS / f"{bug}.py", server.url)
-    assert code == 0, stdout
-    first = BUGS[bug].stage
-    k = GRADED.index(first)
-    assert results["extra_data"]["diagnosis"] == bug, results["output"]
-    assert results["extra_data"]["first_wrong_stage"] == first
-    # Every stage before the first wrong one earns its point; it and every later stage fail.
-    assert statuses(results) == ["passed"] * k + ["failed"] * (7 - k)
-    assert results["score"] == k == sum(t["score"] for t in results["tests"])
-    assert results["output"].startswith(f"Score {k}/7. Stage '{first}' (step ")
-    assert f"Your numbers match the known bug '{bug}': {BUGS[bug].summary}." in results["output"]
-    wrong = results["tests"][k]
-    assert re.match(rf"Step \d+: {first} \(", wrong["name"]), wrong["name"]
-    assert "This is the first stage that differs." in wrong["output"] and f"known bug '{bug}'" in wrong["output"]
-    assert all(f"computed from '{first}'" in t["output"] for t in results["tests"][k + 1:])
-    if bug == "average_heads":
-        assert "the shape is wrong: expected [6, 24] (token, concat), got [6, 6]" in wrong["output"]
-
-
-def test_student_errors_are_reported_to_the_student(tmp_path, server):
-    code, results, _ = autograde(tmp_path / "a", None, server.url)
-    assert code == 0 and results["score"] == 0 and statuses(results) == ["failed"] * 7
-    assert "No attention.py in your submission" in results["output"]
-
-    crashing = ("import numpy as np\n\n"
-                "def multi_head_attention(x, W_Q, W_K, W_V, W_O, causal=False):\n"
-                "    print('debugging', x.shape)\n"
-                "    return helper(x)\n\n"
-                "def helper(x):\n"
-                "    return x @ np.ones((3, 3))\n")
-    code, results, _ = autograde(tmp_path / "b", crashing, server.url)
-    assert code == 0 and results["score"] == 0
-    out = results["output"]
-    assert "Your code raised an error while running multi_head_attention" in out
-    assert 'attention.py", line 8, in helper' in out and "ValueError: matmul" in out
-    assert "grade.py" not in out  # only the student's frames
-    assert "Your code printed:\ndebugging (6, 24)" in out
-
-
-def test_bad_values_fail_only_their_stage(tmp_path, server):
-    student = (STUDENTS / "correct.py").read_text() + (
-        "\n\n_correct = multi_head_attention\n\n"
-        "def multi_head_attention(x, W_Q, W_K, W_V, W_O, causal=False):\n"
-        "    out = _correct(x, W_Q, W_K, W_V, W_O, causal)\n"
-        "    out['context'] = out['context'] * np.nan\n"
-        "    del out['output']\n"
-        "    return out\n")
-    code, results, _ = autograde(tmp_path, student, server.url)
-    # concat was computed before the NaN, so it is still right: each stage is graded on its own.
-    assert code == 0 and statuses(results) == ["passed"] * 4 + ["failed", "passed", "failed"]
-    assert results["score"] == 5
-    context, concat, output = results["tests"][4:]
-    assert "'context' holds nan at index [0, 0, 0]: every value must be a finite number" in context["output"]
-    assert "This is the first stage that is wrong." in context["output"]
-    assert "did not return 'output'" in output["output"]
-    assert results["extra_data"]["first_wrong_stage"] == "context"
-    assert results["output"].startswith("Score 5/7. The first wrong stage is 'context' (step 10): 'context' holds nan")
-
-
-def test_unreachable_service_is_not_the_students_fault(tmp_path):
-    code, results, stdout = autograde(tmp_path, STUDENTS / "correct.py", f"http://127.0.0.1:{free_port()}",
-                                      ATTENTION_TRACE_RETRIES="1")
-    assert code == 1 and results["score"] == 0 and results["tests"] == []
-    assert "could not be graded: the grading service could not be reached" in results["output"]
-    assert "not a problem with your code" in results["output"] and "unreachable" in stdout
-
-
-def test_in_process_mode_needs_no_server(tmp_path):
-    code, results, _ = autograde(tmp_path, STUDENTS / "no_scale.py", "local")
-    assert code == 0 and results["extra_data"]["diagnosis"] == "no_scale" and results["score"] == 1
-
-
-def test_the_zip_runs_in_gradescope_layout(tmp_path, server):
-    """make-autograder-zip, unpacked as Gradescope does: source/ holds the zip, and
-    /autograder/run_autograder is a copy; the URL comes from the zip's config.env."""
+def test_the_zip_runs_in_gradescope_layout(tmp_path):
+    """make-autograder-zip, unpacked as Gradescope does (source/ holds the zip, run_autograder is a
+    copy in /autograder), graded with the zip's own grading core and course file."""
     zip_path = tmp_path / "autograder.zip"
-    run = subprocess.run([str(GRADESCOPE / "make-autograder-zip"), "--url", server.url, str(zip_path)],
-                         capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable}, timeout=60)
+    run = subprocess.run([str(GRADESCOPE / "make-autograder-zip"), str(zip_path)], capture_output=True, text=True,
+                         env={**os.environ, "PYTHON": sys.executable}, timeout=60)
     assert run.returncode == 0, run.stderr
+    root = tmp_path / "autograder"
     with zipfile.ZipFile(zip_path) as z:
         names = set(z.namelist())
-        assert {"setup.sh", "run_autograder", "grade.py", "requirements.txt", "config.env",
-                "attention_trace/__init__.py", "attention_trace/client.py"} <= names
-        assert not any("__pycache__" in n or n.endswith("cli.py") for n in names)
-        root = tmp_path / "autograder"
         z.extractall(root / "source")
+        modes = {i.filename: i.external_attr >> 16 for i in z.infolist()}
+    assert {"setup.sh", "run_autograder", "grade.py", "course.toml", "grading/core.py", "grading/sandbox.py",
+            "grading/launcher.py", "grading/harness.py", "grading/students/correct.py",
+            "attention-trace/pyproject.toml", "attention-trace/requirements.txt", "attention-trace/engine/bugs.py",
+            "attention-trace/service/core.py", "attention-trace/attention_trace/client.py"} <= names
+    assert not any("__pycache__" in n or "/hostile/" in n for n in names)
+    assert modes["setup.sh"] & 0o100 and modes["run_autograder"] & 0o100
     for script in ("run_autograder", "setup.sh"):
         (root / "source" / script).chmod(0o755)
     shutil.copy(root / "source" / "run_autograder", root / "run_autograder")
-    code, results, _ = autograde(tmp_path, STUDENTS / "softmax_wrong_axis.py", None, script=root / "run_autograder")
-    assert code == 0 and results["extra_data"]["diagnosis"] == "softmax_wrong_axis" and results["score"] == 3
+    student_dir(root, STUDENTS / "concat_token_major.py")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "AUTOGRADER_ROOT": str(root), "PYTHON": sys.executable}
+    run = subprocess.run([str(root / "run_autograder")], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc = valid(json.loads((root / "results" / "results.json").read_text()))
+    assert failed(doc) == BUG_FAILS["concat_token_major"][0]
+    assert f"core {root / 'source' / 'grading'}, course {root / 'source' / 'course.toml'}" in run.stdout
     assert subprocess.run(["bash", "-n", str(GRADESCOPE / "setup.sh")]).returncode == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_service_records_no_score(tmp_path):
+    """With a URL and the service down: no results.json (Gradescope records no score, not a 0), exit 1,
+    and the reason in the staff's log."""
+    course = course_with()
+    doc_path = tmp_path / "course.toml"
+    doc_path.write_text(COURSE.read_text().replace('url = "local"', f'url = "http://127.0.0.1:{_free_port()}"')
+                        .replace("retries = 3", "retries = 0"))
+    assert course.url == "local"
+    root = tmp_path / "autograder"
+    student_dir(root, STUDENTS / "correct.py")
+    (root / "results").mkdir()
+    (root / "results" / "results.json").write_text('{"score": 99}')  # a stale file must not survive
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "AUTOGRADER_ROOT": str(root), "PYTHON": sys.executable,
+           "ATTENTION_GRADER_COURSE": str(doc_path)}
+    run = subprocess.run([str(GRADESCOPE / "run_autograder")], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    assert not (root / "results" / "results.json").exists()
+    assert "NOT GRADED" in run.stdout and "could not connect" in run.stdout
+
+
+@pytest.mark.integration
+def test_a_course_may_grade_against_a_running_service(tmp_path, gunicorn_server):
+    """URL mode: the same grading, the reference from a real gunicorn service over HTTP."""
+    root = tmp_path / "autograder"
+    student_dir(root, STUDENTS / "average_heads.py")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "AUTOGRADER_ROOT": str(root), "PYTHON": sys.executable,
+           "ATTENTION_TRACE_URL": gunicorn_server.url}
+    run = subprocess.run([str(GRADESCOPE / "run_autograder")], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc = valid(json.loads((root / "results" / "results.json").read_text()))
+    assert failed(doc) == BUG_FAILS["average_heads"][0]
+    assert "known mistake 'average_heads'" in by_name(doc)["concat"]["output"]

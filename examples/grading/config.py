@@ -1,0 +1,298 @@
+"""The course configuration: one TOML file (stdlib ``tomllib``) that says what is graded and how.
+
+See ``course.toml`` next to this file for a complete, commented example. Every
+mistake in it is reported with where it is (``ConfigError``), when the grader
+loads it, before any student code runs; ``python -m grading selftest`` loads it
+and grades the shipped students with it.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .assignment import FUNCTIONS, STAGES_OF_CONFIG
+from .sandbox import Limits
+
+VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")
+#: /check fields a course may set in [check]; the service validates their values
+CHECK_FIELDS = ("metric", "rtol", "atol", "stage_rtol", "threshold")
+MAX_SEED = 2**32 - 1
+
+
+class ConfigError(ValueError):
+    """The course configuration is wrong; the message says where and how."""
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One input the students' functions are graded on: a trace request of the service."""
+
+    name: str
+    d_model: int
+    num_heads: int
+    causal: bool
+    seed: int | None  # None: drawn for each submission
+    tokens: tuple[str, ...] | None = None
+    sentence: str | None = None
+
+    @property
+    def d_k(self) -> int:
+        return self.d_model // self.num_heads
+
+    def request(self, seed: int) -> dict[str, Any]:
+        """The trace request for this configuration with that seed."""
+        body: dict[str, Any] = {"d_model": self.d_model, "num_heads": self.num_heads, "causal": self.causal,
+                                "seed": seed}
+        if self.tokens is not None:
+            body["tokens"] = list(self.tokens)
+        else:
+            body["sentence"] = self.sentence
+        return body
+
+
+@dataclass(frozen=True)
+class Test:
+    name: str
+    function: str
+    configurations: tuple[str, ...]
+    points: float
+    visibility: str
+    stage: str | None = None  # multi_head_attention returning a dict: the stage this test grades
+
+    @property
+    def hidden(self) -> bool:
+        return self.visibility == "hidden"
+
+
+@dataclass(frozen=True)
+class Course:
+    path: Path | None
+    file: str
+    form: str  # "functions" | "single"
+    url: str  # "local" or http(s)://
+    retries: int
+    timeout_seconds: float
+    check: dict[str, Any]
+    limits: Limits
+    configurations: dict[str, Configuration]
+    tests: tuple[Test, ...]
+    gradescope: dict[str, Any] = field(default_factory=dict)
+    prairielearn: dict[str, Any] = field(default_factory=dict)
+    hide: tuple[str, ...] = ()
+    runtime: str | None = None
+
+    @property
+    def max_score(self) -> float:
+        return sum(t.points for t in self.tests)
+
+
+def _get(table: dict, key: str, kind: type | tuple[type, ...], where: str, default: Any = ...) -> Any:
+    if key not in table:
+        if default is ...:
+            raise ConfigError(f"{where}: `{key}` is missing")
+        return default
+    value = table[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float)):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ConfigError(f"{where}: `{key}` must be a {names}, got {value!r}")
+    return value
+
+
+def _no_extra(table: dict, allowed: set[str], where: str) -> None:
+    extra = sorted(set(table) - allowed)
+    if extra:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, extra))}; "
+                          f"allowed: {', '.join(sorted(allowed))}")
+
+
+def _configuration(t: dict, i: int) -> Configuration:
+    where = f"[[configuration]] #{i + 1}"
+    _no_extra(t, {"name", "tokens", "sentence", "d_model", "num_heads", "causal", "seed"}, where)
+    name = _get(t, "name", str, where)
+    where = f"configuration {name!r}"
+    d_model = _get(t, "d_model", int, where)
+    heads = _get(t, "num_heads", int, where)
+    if d_model < 1 or heads < 1 or d_model % heads:
+        raise ConfigError(f"{where}: d_model ({d_model}) must be a positive multiple of num_heads ({heads})")
+    causal = _get(t, "causal", bool, where, False)
+    seed = t.get("seed", "random")
+    if seed == "random":
+        seed = None
+    elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f'{where}: `seed` must be "random" or an integer from 0 to 2^32 - 1, got {seed!r}')
+    tokens = t.get("tokens")
+    sentence = t.get("sentence")
+    if (tokens is None) == (sentence is None):
+        raise ConfigError(f"{where}: give exactly one of `tokens` (a list of strings) or `sentence`")
+    if tokens is not None:
+        if not isinstance(tokens, list) or not tokens or not all(isinstance(x, str) and x.strip() for x in tokens):
+            raise ConfigError(f"{where}: `tokens` must be a non-empty list of non-blank strings")
+        tokens = tuple(tokens)
+    elif not isinstance(sentence, str) or not sentence.strip():
+        raise ConfigError(f"{where}: `sentence` must be a non-blank string")
+    return Configuration(name, d_model, heads, causal, seed, tokens, sentence)
+
+
+def _names(value: Any, sets: dict[str, list[str]], where: str) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: `configurations` must be a configuration name, a set name (\"@set\"), "
+                          "or a non-empty list of them")
+    out: list[str] = []
+    for v in value:
+        if v.startswith("@"):
+            if v[1:] not in sets:
+                raise ConfigError(f"{where}: no set {v[1:]!r} in [sets] (there are: {', '.join(sets) or 'none'})")
+            out += sets[v[1:]]
+        else:
+            out.append(v)
+    return list(dict.fromkeys(out))
+
+
+def parse(doc: dict[str, Any], path: Path | None = None) -> Course:
+    """A Course from the parsed TOML document (ConfigError on any mistake)."""
+    _no_extra(doc, {"assignment", "service", "check", "limits", "sandbox", "sets", "configuration", "test",
+                    "gradescope", "prairielearn"}, "the course file")
+    a = doc.get("assignment", {})
+    _no_extra(a, {"file", "form"}, "[assignment]")
+    file = _get(a, "file", str, "[assignment]", "attention.py")
+    if "/" in file or not file.endswith(".py"):
+        raise ConfigError(f"[assignment]: `file` must be a plain .py file name, got {file!r}")
+    form = _get(a, "form", str, "[assignment]", "functions")
+    if form not in ("functions", "single"):
+        raise ConfigError(f'[assignment]: `form` must be "functions" or "single", got {form!r}')
+
+    s = doc.get("service", {})
+    _no_extra(s, {"url", "retries", "timeout_seconds"}, "[service]")
+    url = _get(s, "url", str, "[service]", "local")
+    if url != "local" and not url.startswith(("http://", "https://")):
+        raise ConfigError(f'[service]: `url` must be "local" or an http(s):// URL, got {url!r}')
+    retries = _get(s, "retries", int, "[service]", 3)
+    timeout = _get(s, "timeout_seconds", float, "[service]", 60.0)
+
+    check = dict(doc.get("check", {}))
+    _no_extra(check, set(CHECK_FIELDS), "[check]")
+    for k, v in check.items():
+        if k == "metric":
+            if v not in ("allclose", "rel_error"):
+                raise ConfigError(f'[check]: `metric` must be "allclose" or "rel_error", got {v!r}')
+        elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ConfigError(f"[check]: `{k}` must be a non-negative number, got {v!r}")
+        else:
+            check[k] = float(v)
+
+    lim = doc.get("limits", {})
+    defaults = Limits()
+    allowed = {"call_seconds", "total_seconds", "memory_mb", "processes", "file_size_mb", "open_files",
+               "output_keep_bytes", "output_max_bytes", "restarts", "scratch_mb"}
+    _no_extra(lim, allowed, "[limits]")
+    values = {}
+    for k in allowed:
+        kind = float if k.endswith("seconds") else int
+        v = _get(lim, k, kind, "[limits]", getattr(defaults, k))
+        if v <= 0 and k != "restarts" or v < 0:
+            raise ConfigError(f"[limits]: `{k}` must be positive, got {v!r}")
+        values[k] = v
+    limits = Limits(**values)
+    if limits.memory_mb < 256:
+        raise ConfigError("[limits]: `memory_mb` below 256 leaves no room for numpy")
+
+    sb = doc.get("sandbox", {})
+    _no_extra(sb, {"hide", "runtime"}, "[sandbox]")
+    hide = _get(sb, "hide", list, "[sandbox]", [])
+    if not all(isinstance(h, str) and h.startswith("/") for h in hide):
+        raise ConfigError("[sandbox]: `hide` must be a list of absolute paths")
+    runtime = _get(sb, "runtime", str, "[sandbox]", None)
+
+    sets = doc.get("sets", {})
+    if not isinstance(sets, dict) or not all(isinstance(v, list) and all(isinstance(x, str) for x in v)
+                                             for v in sets.values()):
+        raise ConfigError("[sets]: each set must be a list of configuration names")
+
+    raw_configs = doc.get("configuration", [])
+    if not isinstance(raw_configs, list) or not raw_configs:
+        raise ConfigError("the course file has no [[configuration]]")
+    configs: dict[str, Configuration] = {}
+    for i, t in enumerate(raw_configs):
+        c = _configuration(t, i)
+        if c.name in configs:
+            raise ConfigError(f"configuration {c.name!r} is defined twice")
+        configs[c.name] = c
+    for sname, members in sets.items():
+        for m in members:
+            if m not in configs:
+                raise ConfigError(f"[sets] {sname}: no configuration named {m!r}")
+
+    raw_tests = doc.get("test", [])
+    if not isinstance(raw_tests, list) or not raw_tests:
+        raise ConfigError("the course file has no [[test]]")
+    tests: list[Test] = []
+    for i, t in enumerate(raw_tests):
+        where = f"[[test]] #{i + 1}"
+        _no_extra(t, {"name", "function", "configurations", "points", "visibility", "stage"}, where)
+        function = _get(t, "function", str, where)
+        if function not in FUNCTIONS:
+            raise ConfigError(f"{where}: unknown function {function!r}; the functions are {', '.join(FUNCTIONS)}")
+        if form == "single" and function != "multi_head_attention":
+            raise ConfigError(f'{where}: with form = "single" every test grades multi_head_attention')
+        name = _get(t, "name", str, where, function)
+        where = f"test {name!r}"
+        names = _names(t.get("configurations"), sets, where)
+        for n in names:
+            if n not in configs:
+                raise ConfigError(f"{where}: no configuration named {n!r}")
+        if FUNCTIONS[function].causal_only:
+            names = [n for n in names if configs[n].causal]
+            if not names:
+                raise ConfigError(f"{where}: {function} is graded on causal configurations only, and none is listed")
+        points = _get(t, "points", float, where)
+        if not math.isfinite(points) or points < 0:
+            raise ConfigError(f"{where}: `points` must be a non-negative number")
+        visibility = _get(t, "visibility", str, where, "visible")
+        if visibility not in VISIBILITIES:
+            raise ConfigError(f"{where}: `visibility` must be one of {', '.join(VISIBILITIES)}, got {visibility!r}")
+        stage = _get(t, "stage", str, where, None)
+        if stage is not None:
+            if function != "multi_head_attention":
+                raise ConfigError(f"{where}: `stage` applies to multi_head_attention tests only")
+            if stage not in STAGES_OF_CONFIG:
+                raise ConfigError(f"{where}: unknown stage {stage!r}; stages: {', '.join(STAGES_OF_CONFIG)}")
+            if stage == "masked_scores":
+                names = [n for n in names if configs[n].causal]
+                if not names:
+                    raise ConfigError(f"{where}: masked_scores exists on causal configurations only")
+        tests.append(Test(name, function, tuple(names), points, visibility, stage))
+    if len({t.name for t in tests}) != len(tests):
+        raise ConfigError("two tests have the same name; give each a distinct `name`")
+
+    gs = doc.get("gradescope", {})
+    _no_extra(gs, {"visibility", "stdout_visibility"}, "[gradescope]")
+    for k in gs:
+        if gs[k] not in VISIBILITIES:
+            raise ConfigError(f"[gradescope]: `{k}` must be one of {', '.join(VISIBILITIES)}")
+    pl = doc.get("prairielearn", {})
+    _no_extra(pl, set(), "[prairielearn]")
+    return Course(path, file, form, url, retries, timeout, check, limits, configs, tuple(tests), dict(gs), dict(pl),
+                  tuple(hide), runtime)
+
+
+def load(path: str | Path) -> Course:
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read: {e.strerror}") from None
+    try:
+        return parse(doc, path.resolve())
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None

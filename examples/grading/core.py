@@ -1,0 +1,631 @@
+"""Grading one submission: the platform-neutral core that both platform adapters call.
+
+``grade(submission_dir, course)`` returns a :class:`GradeResult`:
+
+1. each configuration gets its seed (drawn for this submission unless fixed),
+   and the reference's trace of it (with the parameters) from the service:
+   ``LocalClient()`` in this process by default, so no outage can reach a
+   grade; a URL when the course sets one;
+2. the student's functions run in sandboxed processes (``sandbox.py``) on the
+   reference's own inputs, in walkthrough order: first a process for the
+   configurations of visible tests, then a fresh one (fresh uid) for the rest,
+   whose printed output is never shown;
+3. each answer goes to ``/check`` (with the course's metric and tolerance):
+   pass/fail per stage, the known mistake that reproduces it, hints;
+4. a test earns its points when its function is right on every configuration
+   it lists. Hidden tests' messages say pass/fail, the named mistake and the
+   service's hints, never a value, an index or an input.
+
+When the reference cannot be had (the service is down, answers an error, or
+the sandbox itself fails), the result is *not gradable*: no score at all, and
+a message saying so. A submission that cannot be run (no file, a syntax
+error, an exception while importing) has ``format_errors``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from . import runtime as runtime_mod
+from .assignment import AXES, FUNCTIONS, STAGES_OF_CONFIG, Reference, call_arguments, reference_from_trace, \
+    stages_of_answer
+from .config import Configuration, Course, Test
+from .sandbox import Call, Outcome, RunResult, SandboxError, run_base_for, run_calls
+
+MAX_SHOWN_FAILURES = 3  # configurations detailed in one test's message
+MAX_PRINTED_SHOWN = 8000  # characters of the student's own output in the summary
+MAX_VALUE = 1e300  # what /check accepts; larger values fail locally
+
+
+class Ungradable(Exception):
+    """Not the student's fault: the reference or the sandbox failed. No grade may be recorded."""
+
+
+@dataclass
+class TestResult:
+    name: str
+    function: str
+    visibility: str
+    points: float
+    max_points: float
+    passed: bool
+    message: str  # what the student sees: details for visible and after_* tests, none for hidden ones
+    configurations: list[str]
+    redacted: str = ""  # the same without any number, index, input or output (hidden tests' message)
+
+
+@dataclass
+class GradeResult:
+    gradable: bool
+    tests: list[TestResult] = field(default_factory=list)
+    score: float = 0.0
+    max_score: float = 0.0
+    message: str = ""  # the summary for the student
+    printed: str = ""  # what the student's code printed during visible tests (shown to them)
+    format_errors: list[str] = field(default_factory=list)  # the submission could not be run at all
+    internal_error: str | None = None  # why it is not gradable (staff: details in the log)
+    extra: dict[str, Any] = field(default_factory=dict)  # staff: seeds, sandbox notes, timings
+    log: list[str] = field(default_factory=list)  # staff: the grader's log
+
+
+@dataclass
+class Verdict:
+    """One function on one configuration."""
+
+    passed: bool
+    detail: str  # may hold numbers: for visible tests
+    redacted: str  # for hidden tests
+    bugs: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
+    kind: str = "wrong"  # ok | wrong | error | timeout | crashed | not_run
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def make_client(course: Course) -> Any:
+    url = os.environ.get("ATTENTION_TRACE_URL") or course.url
+    if url == "local":
+        from attention_trace.client import LocalClient
+
+        return LocalClient()
+    from attention_trace.client import Client
+
+    return Client(url, timeout=(3.05, course.timeout_seconds), retries=course.retries)
+
+
+def default_hide(course: Course, extra: tuple[str, ...] = ()) -> list[str]:
+    """The grader's paths the student's process must not see: its code (the grading package and the
+    service's engine), its environment, the course file, and whatever the platform adds."""
+    paths = [Path(__file__).resolve().parent.parent, Path(sys.prefix)]
+    try:
+        import engine
+
+        paths.append(Path(engine.__file__).resolve().parent.parent)
+    except ImportError:  # a client-only install: no engine to hide
+        pass
+    if course.path is not None:
+        paths.append(course.path.parent)
+    paths += [Path(p) for p in course.hide + tuple(extra)]
+    out: list[str] = []
+    for p in paths:
+        s = str(p)
+        if s not in out and s != "/":
+            out.append(s)
+    return out
+
+
+def _usable_hide(hide: list[str], keep: list[Path]) -> list[str]:
+    """Hiding a path hides everything under it: never one above the runtime or the run directory."""
+    out: list[str] = []
+    for h in sorted(hide, key=lambda p: len(Path(p).parts)):
+        hp = Path(h)
+        if any(k == hp or hp in k.parents for k in keep):
+            continue
+        if any(Path(o) in hp.parents for o in out):  # already under a hidden path
+            continue
+        out.append(h)
+    return out
+
+
+def describe(c: Configuration, seed: int) -> str:
+    n = len(c.tokens) if c.tokens is not None else None
+    toks = f"{n} tokens, " if n is not None else ""
+    return (f"'{c.name}' ({toks}d_model {c.d_model}, {c.num_heads} head{'s' if c.num_heads > 1 else ''} of d_k "
+            f"{c.d_k}, {'causal' if c.causal else 'not causal'}, seed {seed})")
+
+
+def _frames(error: dict[str, Any]) -> str:
+    return "\n".join(f"  {f['file']}, line {f['line']}, in {f['function']}" + (f": {f['code']}" if f["code"] else "")
+                     for f in error.get("frames", []))
+
+
+def _where(error: dict[str, Any]) -> str:
+    fr = error.get("frames") or []
+    if not fr:
+        return ""
+    f = fr[-1]
+    return f" ({f['file']}, line {f['line']}, in {f['function']})"
+
+
+def outcome_verdict(out: Outcome, function: str) -> Verdict:
+    """A call that gave no answer: what the student is told."""
+    if out.status == "error":
+        e = out.error or {}
+        detail = f"your code raised {e.get('type', 'an error')}: {e.get('message', '')}".rstrip(": ")
+        tb = _frames(e)
+        return Verdict(False, detail + (f"\n{tb}" if tb else ""), f"your code raised {e.get('type', 'an error')}"
+                       + _where(e), kind="error")
+    kind = {"timeout": "timeout", "not_run": "not_run"}.get(out.status, "crashed")
+    text = out.detail or "not run"
+    return Verdict(False, text, text, kind=kind)
+
+
+def _nonfinite(arr: np.ndarray, ok: np.ndarray) -> tuple[str, list[int], int] | None:
+    bad = ~ok
+    if not bad.any():
+        return None
+    idx = [int(i) for i in np.argwhere(bad)[0]]
+    v = arr[tuple(idx)]
+    return (str(v), idx, int(bad.sum()))
+
+
+def prepare(stage: str, arr: np.ndarray, ref: Reference) -> tuple[Any, str | None, str | None]:
+    """A student's stage as /check wants it (JSON lists, null for masked), or why it fails here already:
+    (values, problem, redacted problem)."""
+    expected = ref.expected_shape(stage)
+    axes = AXES[stage]
+    if arr.shape != expected and (arr.ndim > 3 or arr.size > 4 * math.prod(expected) + 4096 or arr.size == 0):
+        return None, (f"the shape is wrong: expected {list(expected)} ({axes}), got {list(arr.shape)}"), \
+            f"the shape is wrong: it should be [{axes}]"
+    null = np.zeros(arr.shape, dtype=bool)
+    if stage == "masked_scores":
+        null = np.isneginf(arr)  # -inf means masked (so do None and values ≤ -1e9, for /check)
+    finite = np.isfinite(arr) & (np.abs(np.where(np.isfinite(arr), arr, 0.0)) <= MAX_VALUE)
+    bad = _nonfinite(arr, finite | null)
+    if bad is not None:
+        value, idx, count = bad
+        more = f" (and {count - 1} more)" if count > 1 else ""
+        only = " (only masked entries may be -inf)" if stage == "masked_scores" else ""
+        what = "a value too large to compare" if value not in ("nan", "inf", "-inf") else value
+        return None, (f"it holds {what} at {idx} ({axes}){more}: every value must be a finite number{only}"), \
+            f"it holds {'NaN or infinite values' if value in ('nan', 'inf', '-inf') else 'values too large'}{only}"
+    values = np.where(null, None, arr).tolist() if null.any() else arr.tolist()
+    return values, None, None
+
+
+# ----------------------------------------------------------------- the grader
+
+
+class Grader:
+    def __init__(self, course: Course, submission: Path, *, client: Any = None, seeds: dict[str, int] | None = None,
+                 hide: tuple[str, ...] = (), run_base: Path | None = None, log: Callable[[str], None] | None = None,
+                 runtime: runtime_mod.Runtime | None = None) -> None:
+        self.course, self.submission = course, submission
+        self._client, self._own_client = client, client is None
+        self.fixed_seeds = dict(seeds or {})
+        self.extra_hide = hide
+        self.run_base = run_base
+        self.runtime = runtime
+        self.result = GradeResult(gradable=True, max_score=course.max_score)
+        self._log_fn = log
+
+    def log(self, line: str) -> None:
+        self.result.log.append(line)
+        if self._log_fn:
+            self._log_fn(line)
+
+    # ---------------------------------------------------------- steps
+
+    def seeds(self) -> dict[str, int]:
+        env = os.environ.get("ATTENTION_GRADER_SEEDS")  # "name=seed,name=seed": a regrade with the same inputs
+        fixed = dict(self.fixed_seeds)
+        if env:
+            for item in env.split(","):
+                name, _, value = item.partition("=")
+                fixed.setdefault(name.strip(), int(value))
+        out = {}
+        for name, c in self.course.configurations.items():
+            out[name] = fixed.get(name, c.seed if c.seed is not None else secrets.randbelow(2**32))
+        return out
+
+    def references(self, client: Any, seeds: dict[str, int], used: list[str]) -> dict[str, Reference]:
+        refs = {}
+        for name in used:
+            c = self.course.configurations[name]
+            t = client.trace(c.request(seeds[name]), include_parameters=True)
+            refs[name] = reference_from_trace(t)
+            if refs[name].n < 1:
+                raise Ungradable(f"configuration {name!r} has no tokens")
+        return refs
+
+    def plan(self, refs: dict[str, Reference]) -> tuple[list[Call], list[Call], dict[tuple[str, str], set[str]]]:
+        """The calls of the visible process and of the protected one, in walkthrough order."""
+        course = self.course
+        pairs: dict[tuple[str, str], set[str]] = {}  # (function, configuration) -> visibilities of its tests
+        for t in course.tests:
+            for c in t.configurations:
+                pairs.setdefault((t.function, c), set()).add(t.visibility)
+        shown_configs = {c for (f, c), vis in pairs.items() if "visible" in vis}
+        visible, protected = [], []
+        order = list(course.configurations)
+        for fname, fn in FUNCTIONS.items():
+            for cname in order:
+                if (fname, cname) not in pairs:
+                    continue
+                ref = refs[cname]
+                for part in fn.parts:
+                    arrays, args, kwargs = call_arguments(part, ref)
+                    stages = [s for s in STAGES_OF_CONFIG if s != "masked_scores" or ref.causal]
+                    call = Call((fname, cname, part.stage), fname, arrays, args, kwargs,
+                                result="stages" if fname == "multi_head_attention" else "array",
+                                stages=stages if fname == "multi_head_attention" else [],
+                                where=f"on configuration '{cname}'")
+                    (visible if cname in shown_configs else protected).append(call)
+        return visible, protected, pairs
+
+    def run(self, calls: list[Call], hide: list[str], runtime: runtime_mod.Runtime, deadline: float,
+            broken: dict[str, str]) -> RunResult:
+        return run_calls(calls, runtime=runtime, submission=self.submission, filename=self.course.file,
+                         limits=self.course.limits, hide=hide, deadline=deadline, run_base=self.run_base,
+                         broken=broken)
+
+    def check(self, client: Any, seeds: dict[str, int], refs: dict[str, Reference], fname: str, cname: str,
+              answers: dict[str, np.ndarray]) -> dict[str, Verdict]:
+        """/check one function's answers on one configuration: a verdict per graded stage."""
+        from attention_trace.client import ClientError, ProblemError
+
+        ref = refs[cname]
+        c = self.course.configurations[cname]
+        submission, local = {}, {}
+        for stage, arr in answers.items():
+            if stage not in STAGES_OF_CONFIG or (stage == "masked_scores" and not ref.causal):
+                continue
+            values, problem, redacted = prepare(stage, arr, ref)
+            if problem is not None:
+                local[stage] = Verdict(False, f"{stage}: {problem}", f"{stage}: {redacted}", kind="wrong")
+            else:
+                submission[stage] = values
+        result = None
+        if submission:
+            body = {**c.request(seeds[cname]), "submission": submission, **self.course.check}
+            try:
+                result = client.check(body)
+            except ProblemError as e:
+                pointers = [str(x.get("pointer", "")) for x in (e.errors or []) if isinstance(x, dict)]
+                if e.status == 422 and pointers and all(p.startswith("/submission") for p in pointers):
+                    for stage in submission:
+                        local[stage] = Verdict(False, f"{stage}: the grading service refused these numbers: {e.detail}",
+                                               f"{stage}: the grading service refused these numbers")
+                    result = None
+                else:
+                    raise Ungradable(f"/check answered {e.status} {e.title}: {e.detail}") from None
+            except ClientError as e:
+                raise Ungradable(f"/check failed: {e}") from None
+        verdicts: dict[str, Verdict] = dict(local)
+        if result is not None:
+            raw = result.raw.get("diagnosis", {})
+            hints = [h if isinstance(h, str) else str(h.get("message", "")) for h in raw.get("hints") or []
+                     if isinstance(h, (str, dict))]
+            matches = list(result.diagnosis.matches or ([result.diagnosis.bug] if result.diagnosis.bug else []))
+            for stage, sc in result.stages.items():
+                if sc.passed:
+                    verdicts[stage] = Verdict(True, "", "", kind="ok")
+                else:
+                    verdicts[stage] = Verdict(False, f"{stage}: {sc.message}", f"{stage}: wrong", kind="wrong",
+                                              bugs=matches, hints=[h for h in hints if h])
+            if not result.passed and not matches:
+                for v in verdicts.values():
+                    if not v.passed and not v.hints:
+                        v.hints = [h for h in hints if h]
+                self._no_match_message.setdefault((fname, cname), result.diagnosis.message)
+        return verdicts
+
+    # ---------------------------------------------------------- the whole thing
+
+    def grade(self) -> GradeResult:
+        res = self.result
+        t0 = time.monotonic()
+        client = None
+        self._no_match_message: dict[tuple[str, str], str] = {}
+        try:
+            client = self._client or make_client(self.course)
+            seeds = self.seeds()
+            res.extra["seeds"] = seeds
+            used = [n for n in self.course.configurations if any(n in t.configurations for t in self.course.tests)]
+            refs = self.references(client, seeds, used)
+            version = client.version()  # the known mistakes' summaries, to name them
+            bugs = dict(version.get("bugs", {}))
+            res.extra["engine_version"] = version.get("engine_version")
+            self.log(f"grader: core {Path(__file__).resolve().parent}, course {self.course.path}")
+            self.log(f"grader: {len(used)} configurations, seeds {seeds}")
+            runtime = self.runtime or runtime_mod.build(Path(self.course.runtime) if self.course.runtime else None)
+            hide = default_hide(self.course, self.extra_hide)
+            keep = [runtime.root, run_base_for(self.run_base)]
+            hide = _usable_hide(hide, keep)
+            visible, protected, pairs = self.plan(refs)
+            deadline = time.monotonic() + self.course.limits.total_seconds
+            runs: dict[str, RunResult] = {}
+            broken: dict[str, str] = {}  # a function that hung or crashed is not called again, hidden or not
+            if visible:
+                runs["visible"] = self.run(visible, hide, runtime, deadline, broken)
+            if protected:
+                first = runs.get("visible")
+                if first is not None and first.start.status != "ready":
+                    runs["protected"] = RunResult(first.start, {c.key: Outcome("not_run") for c in protected}, "", 0,
+                                                  {}, 0, 0, 0.0)
+                else:
+                    runs["protected"] = self.run(protected, hide, runtime, deadline, broken)
+            self.record_runs(runs)
+            for r in runs.values():  # calls never made because the import failed: say why
+                why = start_detail(r.start, self.course.file)
+                for o in r.outcomes.values():
+                    if o.status == "not_run" and not o.detail:
+                        o.detail = f"not run: {why}" if why else "not run"
+            start = next(iter(runs.values())).start
+            if start.status in ("missing", "syntax", "import"):
+                return self.format_error(start)
+            outcomes: dict[Any, Outcome] = {}
+            for r in runs.values():
+                outcomes.update(r.outcomes)
+            verdicts = self.verdicts(client, seeds, refs, pairs, outcomes, start)
+            self.score(verdicts, seeds, bugs, runs)
+        except Ungradable as e:
+            return self.ungradable(str(e))
+        except SandboxError as e:
+            return self.ungradable(f"the sandbox failed: {e}")
+        except Exception as e:  # noqa: BLE001 - a bug here, or the service: never the student's fault
+            from attention_trace.client import ClientError
+
+            if isinstance(e, ClientError):
+                return self.ungradable(f"the attention-trace service failed: {e}")
+            self.log("grader: internal error:\n" + traceback.format_exc())
+            return self.ungradable(f"the autograder failed ({type(e).__name__}: {e})")
+        finally:
+            res.extra["seconds"] = round(time.monotonic() - t0, 3)
+            if client is not None and self._own_client:
+                client.close()
+        return res
+
+    def record_runs(self, runs: dict[str, RunResult]) -> None:
+        res = self.result
+        res.extra["sandbox"] = {k: {"notes": r.notes, "processes": r.processes, "seconds": round(r.seconds, 3),
+                                    "output_bytes": r.output_total, "leftover_processes": r.leftover_processes}
+                                for k, r in runs.items()}
+        for k, r in runs.items():
+            self.log(f"grader: {k} run: {r.processes} process(es), {r.seconds:.2f} s, printed {r.output_total} "
+                     f"bytes, {r.leftover_processes} process(es) left after the sweep; sandbox: {r.notes}")
+        if "visible" in runs and runs["visible"].output.strip():
+            text = runs["visible"].output
+            cut = text[:MAX_PRINTED_SHOWN]
+            more = runs["visible"].output_total - len(cut.encode())
+            res.printed = cut + (f"\n[... {more} more bytes not shown]" if more > 0 else "")
+        if "protected" in runs and runs["protected"].output_total:
+            res.extra["protected_output_bytes"] = runs["protected"].output_total
+
+    def verdicts(self, client: Any, seeds: dict[str, int], refs: dict[str, Reference],
+                 pairs: dict[tuple[str, str], set[str]], outcomes: dict[Any, Outcome],
+                 start: Outcome) -> dict[tuple[str, str], dict[str, Verdict]]:
+        """Per (function, configuration): a verdict per stage it is graded as."""
+        out: dict[tuple[str, str], dict[str, Verdict]] = {}
+        for (fname, cname) in pairs:
+            fn = FUNCTIONS[fname]
+            ref = refs[cname]
+            answers: dict[str, np.ndarray] = {}
+            failed: dict[str, Verdict] = {}
+            for part in fn.parts:
+                o = outcomes.get((fname, cname, part.stage)) or Outcome("not_run", detail="not run")
+                if o.status == "ok" and o.arrays is not None:
+                    answers.update(stages_of_answer(o.arrays, part))
+                else:
+                    failed[part.stage] = outcome_verdict(o, fname)
+            v = self.check(client, seeds, refs, fname, cname, answers) if answers else {}
+            v.update(failed)
+            if fname == "multi_head_attention":
+                for s in STAGES_OF_CONFIG:
+                    if s not in v and (s != "masked_scores" or ref.causal):
+                        v.setdefault(s, Verdict(False, f"{s}: multi_head_attention did not return '{s}'",
+                                                f"{s}: not returned", kind="wrong"))
+            out[(fname, cname)] = v
+        return out
+
+    def score(self, verdicts: dict[tuple[str, str], dict[str, Verdict]], seeds: dict[str, int],
+              bugs: dict[str, str], runs: dict[str, RunResult]) -> None:
+        res = self.result
+        course = self.course
+        self._verdicts = verdicts
+        for t in course.tests:
+            stages = [t.stage] if t.stage else (FUNCTIONS[t.function].stages if t.function != "multi_head_attention"
+                                                else ["output"])
+            failures = []
+            for cname in t.configurations:
+                v = verdicts[(t.function, cname)]
+                bad = [v.get(s) or Verdict(False, f"{s}: not graded", f"{s}: not graded", kind="not_run")
+                       for s in stages]
+                bad = [x for x in bad if not x.passed]
+                if bad:
+                    failures.append((cname, bad))
+            passed = not failures
+            redacted = self.test_message(t, failures, seeds, bugs, redact=True)
+            message = redacted if t.hidden else self.test_message(t, failures, seeds, bugs, redact=False)
+            res.tests.append(TestResult(t.name, t.function, t.visibility, t.points if passed else 0.0, t.points, passed,
+                                        message, list(t.configurations), redacted))
+        res.score = sum(x.points for x in res.tests)
+        res.message = self.summary(runs, seeds)
+        self.log(f"grader: score {res.score:g}/{res.max_score:g}; failed tests: "
+                 f"{[x.name for x in res.tests if not x.passed]}")
+
+    # ---------------------------------------------------------- messages
+
+    def test_message(self, t: Test, failures: list[tuple[str, list[Verdict]]], seeds: dict[str, int],
+                     bugs: dict[str, str], redact: bool) -> str:
+        course = self.course
+        n = len(t.configurations)
+        fn = FUNCTIONS[t.function]
+        graded = f"graded as {t.stage}" if t.stage else f"graded as {', '.join(fn.stages)}"
+        if redact:
+            kind = "hidden " if t.hidden else ""
+            if not failures:
+                return f"Passed on {n} {kind}configuration{'s' * (n > 1)} ({t.function}, {graded})."
+            lines = [f"Failed on {len(failures)} of {n} {kind}configuration{'s' * (n > 1)} ({t.function}, {graded})."]
+            seen = set()
+            for cname, bad in failures:
+                for v in bad:
+                    if v.kind != "wrong" and v.redacted not in seen:
+                        seen.add(v.redacted)
+                        lines.append(f"On '{cname}': {v.redacted}.")
+            lines += self.named(failures, bugs)
+            lines.append(("Hidden tests" if t.hidden else "This test's results") +
+                         " show no values, indices, inputs or printed output.")
+            return "\n".join(lines)
+        if not failures:
+            names = ", ".join(f"'{c}' (seed {seeds[c]})" for c in t.configurations)
+            return (f"Passed on {'all ' * (n > 1)}{n} configuration{'s' * (n > 1)} ({t.function}, {graded}): "
+                    f"{names}.")
+        lines = [f"Failed on {len(failures)} of {n} configuration{'s' * (n > 1)} ({t.function}, {graded}): "
+                 + ", ".join(f"'{c}'" for c, _ in failures) + "."]
+        for cname, bad in failures[:MAX_SHOWN_FAILURES]:
+            c = course.configurations[cname]
+            lines.append("")
+            lines.append(f"On {describe(c, seeds[cname])}:")
+            for v in bad:
+                lines.append("  " + v.detail.replace("\n", "\n  "))
+            earlier = self.earlier_wrong(t, cname)
+            if earlier:
+                lines.append(f"  ('{t.stage}' is computed from '{earlier}', which is already wrong here: fix that one "
+                             "first, and this one may follow.)")
+            nm = self._no_match_message.get((t.function, cname))
+            if nm and not any(v.bugs for v in bad) and any(v.kind == "wrong" for v in bad):
+                lines.append("  " + nm)
+        if len(failures) > MAX_SHOWN_FAILURES:
+            lines.append(f"\n(and {len(failures) - MAX_SHOWN_FAILURES} more configuration(s))")
+        named = self.named(failures, bugs)
+        if named:
+            lines.append("")
+            lines += named
+        if t.function != "multi_head_attention":
+            lines.append("")
+            lines.append(f"{t.function} was given the reference's own inputs, so this is about {t.function} alone.")
+        return "\n".join(lines)
+
+    def earlier_wrong(self, t: Test, cname: str) -> str | None:
+        """With multi_head_attention returning its stages: the first wrong stage before this test's."""
+        if not t.stage:
+            return None
+        v = self._verdicts.get((t.function, cname), {})
+        for s in STAGES_OF_CONFIG[:STAGES_OF_CONFIG.index(t.stage)]:
+            if s in v and not v[s].passed and v[s].kind == "wrong" and "did not return" not in v[s].detail:
+                return s
+        return None
+
+    @staticmethod
+    def named(failures: list[tuple[str, list[Verdict]]], bugs: dict[str, str]) -> list[str]:
+        """The known mistakes that explain the most failing configurations (a mistake that only matches
+        on a degenerate one, say one token, where several mistakes give the same numbers, is not named
+        when another explains more), and the service's hints."""
+        count: dict[str, int] = {}
+        hints: list[str] = []
+        for _, bad in failures:
+            matched = []
+            for v in bad:
+                for b in v.bugs:
+                    if b not in matched:
+                        matched.append(b)
+                for h in v.hints:
+                    if h not in hints:
+                        hints.append(h)
+            for b in matched:
+                count[b] = count.get(b, 0) + 1
+        best = max(count.values(), default=0)
+        order = [b for b in count if count[b] == best]
+        lines = []
+        for i, b in enumerate(order):
+            lines.append(f"{'Your numbers match' if i == 0 else 'They also match'} the known mistake '{b}'"
+                         + (f": {bugs[b].rstrip('.')}." if bugs.get(b) else "."))
+        for h in hints:
+            lines.append(f"Hint: {h}")
+        return lines
+
+    def summary(self, runs: dict[str, RunResult], seeds: dict[str, int]) -> str:
+        res = self.result
+        failed = [x for x in res.tests if not x.passed]
+        lines = [f"Score {res.score:g}/{res.max_score:g}. {len(res.tests) - len(failed)} of {len(res.tests)} tests "
+                 "passed." + (f" Failed: {', '.join(x.name for x in failed)}." if failed else "")]
+        for k, r in runs.items():
+            if r.start.status not in ("ready", "not_run"):
+                why = start_detail(r.start, self.course.file)
+                lines.append(f"Your file could not be run: {why}" + ("" if why.endswith(("?", ".")) else "."))
+                break
+            stops = [o for o in r.outcomes.values() if o.status in ("timeout", "crashed", "output", "protocol")]
+            if stops:
+                o = stops[0]
+                if k == "visible":
+                    text = o.detail.removeprefix("your code ")
+                    lines.append(f"Your code was stopped: {text}" + ("" if text.endswith(("?", ".")) else "."))
+                else:
+                    lines.append("Your code was also stopped during the hidden or unpublished tests "
+                                 f"({len(stops)} time{'s' * (len(stops) > 1)}).")
+        if any(c.seed is None for c in self.course.configurations.values()):
+            lines.append("Each configuration's seed is drawn afresh for every submission; a visible test's message "
+                         "names its seeds, so you can reproduce it with attention-trace (same tokens, d_model, "
+                         "num_heads, causal and seed).")
+        return "\n".join(lines)
+
+    def format_error(self, start: Outcome) -> GradeResult:
+        res = self.result
+        msg = start_detail(start, self.course.file)
+        res.format_errors = [msg]
+        res.score = 0.0
+        for t in self.course.tests:
+            res.tests.append(TestResult(t.name, t.function, t.visibility, 0.0, t.points, False,
+                                        f"Not run: {msg}" if not t.hidden else "Not run: your file could not be run.",
+                                        list(t.configurations), "Not run: your file could not be run."))
+        res.message = f"Score 0/{res.max_score:g}. Your submission could not be run: {msg}"
+        self.log(f"grader: format error: {msg}")
+        return res
+
+    def ungradable(self, reason: str) -> GradeResult:
+        self.log(f"grader: NOT GRADABLE: {reason}")
+        res = GradeResult(gradable=False, max_score=self.course.max_score, internal_error=reason,
+                          message="Your submission could not be graded, through no fault of your code: the "
+                                  "autograder could not get the reference numbers, or could not run its sandbox. "
+                                  "No score was recorded. Please resubmit later, or tell the course staff if it "
+                                  "keeps happening.", extra=self.result.extra, log=self.result.log)
+        self.result = res
+        return res
+
+
+def start_detail(start: Outcome, file: str) -> str:
+    """Why the submission could not be imported, for the student."""
+    if start.status == "ready":
+        return ""
+    if start.status == "missing":
+        return (f"there is no {file} in your submission (it has: {start.detail}). Submit a file named {file} that "
+                "defines the functions of the assignment.")
+    e = start.error or {}
+    if start.status == "syntax":
+        fr = (e.get("frames") or [{}])[0]
+        return (f"{file} has a syntax error on line {fr.get('line', '?')}: {e.get('message', '')}"
+                + (f"\n    {fr.get('code')}" if fr.get("code") else ""))
+    if start.status == "import":
+        tb = _frames(e)
+        return (f"{file} raised {e.get('type', 'an error')} while being imported: {e.get('message', '')}"
+                + (f"\n{tb}" if tb else ""))
+    if start.status == "timeout":
+        return f"{start.detail.removeprefix('your code ')}: is there a loop at the top level of {file}?"
+    return start.detail or f"{file} could not be run"
+
+
+def grade(submission: str | Path, course: Course, **kwargs: Any) -> GradeResult:
+    """Grade one submission directory with the course configuration."""
+    return Grader(course, Path(submission), **kwargs).grade()
