@@ -196,3 +196,27 @@ def test_blueprint_serves_static_files_without_the_apps_static_route():
     assert resp.status_code == 200 and resp.mimetype == "text/css"
     assert resp.headers["Content-Security-Policy"] == VIEWER_CSP
     assert resp.data == (STATIC_DIR / "style.css").read_bytes()
+
+
+def test_the_variants_have_labelled_controls_and_inline_error_slots(page):
+    """RoPE (base, pairing), K/V heads, window, context sentence and decoding: each a labelled control
+    with a slot for the service's 422 message, tied to it by aria-describedby."""
+    by_id = {attrs.get("id"): (tag, attrs) for tag, attrs in page.tags if attrs.get("id")}
+    labelled = {attrs["for"] for tag, attrs in page.tags if tag == "label" and "for" in attrs}
+    for name in ("rope_base", "rope_pairing", "num_kv_heads", "window", "context_sentence", "decode", "causal",
+                 "positional_encoding"):
+        assert name in by_id and name in labelled, name
+        assert f"{name}-error" in by_id, name
+        assert f"{name}-error" in by_id[name][1].get("aria-describedby", "").split(), name
+    options = [attrs.get("value") for tag, attrs in page.tags if tag == "option"]
+    assert {"sinusoidal", "none", "rope", "rotate_half", "interleaved"} <= set(options)
+    assert by_id["decode-step"][0] == "input" and "decode-step" in labelled
+
+
+def test_the_script_sends_an_invalid_request_once():
+    """The scale-flipped comparison is requested only after the request as set came back valid."""
+    js = (STATIC_DIR / "app.js").read_text(encoding="utf-8")
+    assert "Promise.allSettled" not in js
+    main = js.index("const main = await settle(postTrace(body")
+    alt = js.index("other = await settle(postTrace(alt")
+    assert main < js.index("if (main.status === 'fulfilled')") < alt

@@ -243,6 +243,14 @@ def walkthrough_vector(driver, part: str) -> list[str]:
         return [...all.querySelectorAll('.num')].map(n => n.textContent);""", part)
 
 
+def section_vector(driver, part: str) -> list[str]:
+    """All values of a vector anywhere on the page (the decoding section's, for instance)."""
+    return js(driver, """
+        const line = document.querySelector(`[data-part="${arguments[0]}"]`);
+        const all = line.querySelector('.vec-all') || line.querySelector('.vec');
+        return [...all.querySelectorAll('.num')].map(n => n.textContent);""", part)
+
+
 def set_field(driver, element_id: str, text: str) -> None:
     """Select the field's text and type over it (no empty value in between)."""
     el = driver.find_element(By.ID, element_id)
@@ -578,6 +586,306 @@ def test_service_errors_appear_inline(driver, server, console):
     assert walkthrough_row(driver, "scores") == [fixed(v, 4) for v in trace(server).json()["stages"]["scores"]["values"][0][1]]
 
 
+# ---------------------------------------------------------------- the attention variants (issue #15)
+
+
+def choose(driver, element_id: str, value: str) -> None:
+    """Pick an option of a <select> as a user would (Selenium's Select fires the change event)."""
+    from selenium.webdriver.support.ui import Select
+
+    Select(driver.find_element(By.ID, element_id)).select_by_value(value)
+
+
+def trace_requests(driver) -> list[str]:
+    """The /trace requests the page has made since the last clear_requests (Resource Timing)."""
+    return js(driver, "return performance.getEntriesByType('resource').map(e => e.name)"
+                      ".filter(u => new URL(u).pathname === '/trace');")
+
+
+def clear_requests(driver) -> None:
+    js(driver, "performance.clearResourceTimings();")
+
+
+def heatmap_labels(driver, stage: str) -> tuple[list[str], list[str]]:
+    """(row labels, column labels) of one attention map."""
+    return tuple(js(driver, """const t = document.querySelector(`table[data-stage="${arguments[0]}"]`);
+        return [[...t.querySelectorAll('th.hm-row .hm-label')].map(e => e.textContent),
+                [...t.querySelectorAll('th.hm-col .hm-label')].map(e => e.textContent)];""", stage))
+
+
+def heatmap_values(driver, stage: str) -> list[list[str]]:
+    return js(driver, """return [...document.querySelectorAll(`table[data-stage="${arguments[0]}"] tbody tr`)].map(tr =>
+        [...tr.querySelectorAll('td.hm-cell')].map(td => td.dataset.value));""", stage)
+
+
+def as_cells(matrix) -> list[list[str]]:
+    """A matrix as the page stores it in data-value (JavaScript's String(x), which round-trips like repr)."""
+    return [["null" if v is None else js_number(v) for v in row] for row in matrix]
+
+
+def js_number(x: float) -> str:
+    if x == int(x) and abs(x) < 1e21:
+        return str(int(x))
+    r = repr(x)
+    if "e" in r:  # JavaScript writes 1e-7 as 1e-7 and 1.5e-7 as 1.5e-7, with an explicit sign on the exponent
+        mant, exp = r.split("e")
+        return f"{mant}e{'+' if not exp.startswith('-') else '-'}{exp.lstrip('+-').lstrip('0') or '0'}"
+    return r
+
+
+def test_rope_shows_q_and_k_before_and_after_rotation(driver, server, console):
+    open_page(driver, server)
+    assert not driver.find_element(By.ID, "rope_base").is_displayed()
+    choose(driver, "positional_encoding", "rope")
+    wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '.walkthrough-table tr[data-stage="rotate"]'))
+    assert driver.find_element(By.ID, "rope_base").is_displayed()  # the RoPE settings appear with RoPE
+    doc = trace(server, positional_encoding="rope", rope_base=10000, rope_pairing="rotate_half").json()
+    S, q = doc["stages"], 1
+    assert "positional_encoding" not in S and doc["config"]["rope_pairing"] == "rotate_half"
+    assert walkthrough_vector(driver, "x") == [fixed(v, 3) for v in S["input"]["values"][q]]
+    assert not js(driver, "return document.querySelector('.walkthrough-table [data-part=\"PE\"]');")
+    for part, stage in (("q_before", "q"), ("q_rotated", "q_rotated"), ("k_before", "k"), ("k_rotated", "k_rotated")):
+        assert walkthrough_vector(driver, part) == [fixed(v, 3) for v in S[stage]["values"][0][q]], part
+    assert S["q"]["values"][0][q] != S["q_rotated"]["values"][0][q]  # position 1 does turn the vector
+    assert walkthrough_row(driver, "scores") == [fixed(v, 4) for v in S["scores"]["values"][0][q]]
+    rotate = driver.find_element(By.CSS_SELECTOR, '.walkthrough-table tr[data-stage="rotate"]').text
+    assert "rotate-half" in rotate and "10000" in rotate
+    assert "RoPE(Q)RoPE(K)ᵀ" in driver.find_element(By.CSS_SELECTOR, 'figure[data-stage="scores"] .hm-formula').text
+
+    # The other pairing, and another base: the page follows the service.
+    choose(driver, "rope_pairing", "interleaved")
+    set_field(driver, "rope_base", "500000")
+    doc = trace(server, positional_encoding="rope", rope_base=500000, rope_pairing="interleaved").json()
+    want = [fixed(v, 3) for v in doc["stages"]["k_rotated"]["values"][0][q]]
+    wait_until(driver, lambda d: walkthrough_vector(d, "k_rotated") == want, "k follows pairing and base")
+    assert walkthrough_vector(driver, "q_rotated") == [fixed(v, 3) for v in doc["stages"]["q_rotated"]["values"][0][q]]
+    assert walkthrough_row(driver, "weights") == [f"{pct(w)} ({fixed(w, 4)})" for w in doc["stages"]["weights"]["values"][0][q]]
+    assert "interleaved" in driver.find_element(By.CSS_SELECTOR, '.walkthrough-table tr[data-stage="rotate"]').text
+    assert "pe=rope" in driver.current_url and "rope_base=500000" in driver.current_url
+    assert "rope_pairing=interleaved" in driver.current_url
+    body = json.loads(shlex.split(js(driver, "return document.getElementById('curl-command').textContent;"))[-1])
+    assert body["rope_base"] == 500000 and body["rope_pairing"] == "interleaved"
+
+    # The address restores the view.
+    open_page(driver, server, "#sentence=the+cat+sat&pe=rope&rope_base=500000&rope_pairing=interleaved&q=1")
+    assert walkthrough_vector(driver, "k_rotated") == want
+
+
+def test_gqa_shows_shared_kv_heads_and_cache_bytes(driver, server, console):
+    open_page(driver, server, "#sentence=the+cat+sat&d_model=24&num_heads=4&q=1&head=3")
+    assert not driver.find_element(By.ID, "kv-section").is_displayed()
+    set_field(driver, "num_kv_heads", "2")
+    section = driver.find_element(By.ID, "kv-section")
+    wait_until(driver, lambda d: section.is_displayed() and d.find_elements(By.CSS_SELECTOR, ".kv-table tbody tr"))
+    doc = trace(server, num_heads=4, num_kv_heads=2).json()
+    cfg, S = doc["config"], doc["stages"]
+    assert cfg["query_heads_of_kv_head"] == [[0, 1], [2, 3]]
+    rows = js(driver, "return [...document.querySelectorAll('.kv-table tbody tr')].map(tr =>"
+                      " [...tr.children].map(c => c.textContent));")
+    assert rows == [[f"K/V {j + 1}", ", ".join(str(i + 1) for i in heads)] for j, heads in enumerate(cfg["query_heads_of_kv_head"])]
+    facts = js(driver, "return Object.fromEntries([...document.querySelectorAll('.kv-bytes [data-dtype]')].map(d =>"
+                       " [d.dataset.dtype, d.querySelector('dd').textContent]));")
+    assert facts == {k: f"{v:,} B" for k, v in cfg["kv_cache_bytes_per_token"].items()}
+    assert "Multi-head attention would keep 2× as much" in section.text
+    # The sidebar counts follow the service: W_K and W_V shrink.
+    wait_until(driver, lambda d: d.find_element(By.ID, "fact-matrices").text == str(cfg["n_matrices"]))
+    assert driver.find_element(By.ID, "fact-params").text == f"{cfg['n_parameters']:,}"
+    assert "kv" in driver.find_element(By.ID, "fact-matrices-label").text
+    # Query head 3 reads K/V head 2: the walkthrough shows that head's k and v (axes kv_head, token, d_k).
+    assert S["k"]["axes"] == ["kv_head", "token", "d_k"]
+    assert walkthrough_vector(driver, "k") == [fixed(v, 3) for v in S["k"]["values"][1][1]]
+    assert walkthrough_vector(driver, "v") == [fixed(v, 3) for v in S["v"]["values"][1][1]]
+    assert walkthrough_vector(driver, "q") == [fixed(v, 3) for v in S["q"]["values"][2][1]]
+    assert "K and V from K/V head 2, shared by query heads 3, 4" in \
+        driver.find_element(By.CSS_SELECTOR, '.walkthrough-table tr[data-stage="project"]').text
+    assert walkthrough_row(driver, "scores") == [fixed(v, 4) for v in S["scores"]["values"][2][1]]
+    captions = [t.text for t in driver.find_elements(By.CSS_SELECTOR, ".thumb-caption")]
+    assert [c.splitlines()[0] for c in captions] == ["head 1 · K/V 1", "head 2 · K/V 1", "head 3 · K/V 2", "head 4 · K/V 2"]
+
+    # MQA: one K/V head for all.
+    set_field(driver, "num_kv_heads", "1")
+    wait_until(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".kv-table tbody tr")) == 1)
+    assert "Multi-query attention" in section.text
+    mqa = trace(server, num_heads=4, num_kv_heads=1).json()
+    assert walkthrough_vector(driver, "k") == [fixed(v, 3) for v in mqa["stages"]["k"]["values"][0][1]]
+
+
+def test_invalid_kv_heads_are_explained_by_the_service_and_sent_once(driver, server, console):
+    console.allow(r"/trace - Failed to load resource: the server responded with a status of 422")
+    open_page(driver, server, "#sentence=the+cat+sat&d_model=24&num_heads=4")
+    clear_requests(driver)
+    set_field(driver, "num_kv_heads", "3")
+    err = driver.find_element(By.ID, "num_kv_heads-error")
+    wait_until(driver, lambda d: err.is_displayed())
+    message = trace(server, num_heads=4, num_kv_heads=3).json()["errors"][0]["message"]
+    assert err.text == message and "divisors of num_heads: 1, 2, 4" in message
+    assert driver.find_element(By.ID, "num_kv_heads").get_attribute("aria-invalid") == "true"
+    assert message in driver.find_element(By.ID, "problem").text
+    time.sleep(0.5)  # any second request would have been sent by now
+    assert len(trace_requests(driver)) == 1, "an invalid request is sent once, not again with scale flipped"
+
+    clear_requests(driver)
+    set_field(driver, "num_kv_heads", "4")
+    wait_until(driver, lambda d: d.find_element(By.ID, "problem").get_attribute("hidden") == "true")
+    wait_until(driver, lambda d: len(trace_requests(d)) == 2)  # valid: the trace and its scale-flipped comparison
+    assert driver.find_element(By.ID, "num_kv_heads").get_attribute("aria-invalid") is None
+
+
+def test_sliding_window_masks_far_keys(driver, server, console):
+    console.allow(r"/trace - Failed to load resource: the server responded with a status of 422")
+    open_page(driver, server, "#sentence=the+cat+sat+on+the+mat&num_heads=2&q=4")
+    # Without the causal mask the service refuses the window, and says why, next to the field.
+    set_field(driver, "window", "2")
+    err = driver.find_element(By.ID, "window-error")
+    wait_until(driver, lambda d: err.is_displayed())
+    assert err.text == trace(server, sentence="the cat sat on the mat", num_heads=2, window=2).json()["errors"][0]["message"]
+
+    driver.find_element(By.CSS_SELECTOR, "label[for=causal]").click()
+    wait_until(driver, lambda d: not err.is_displayed())
+    wait_until(driver, lambda d: "sliding window" in d.find_element(By.CSS_SELECTOR, 'figure[data-stage="masked_scores"] figcaption').text)
+    assert "keys ≥ 2 back" in driver.find_element(By.CSS_SELECTOR, 'figure[data-stage="masked_scores"] .hm-formula').text
+    doc = trace(server, sentence="the cat sat on the mat", num_heads=2, causal=True, window=2).json()
+    masked = doc["stages"]["masked_scores"]["values"]
+    n = len(masked[0])
+    for hd in (0, 1):
+        assert [[masked[hd][i][j] is None for j in range(n)] for i in range(n)] == \
+            [[not (i - 2 < j <= i) for j in range(n)] for i in range(n)]
+    for stage in ("masked_scores", "weights"):
+        cells = js(driver, "return [...document.querySelectorAll(`table[data-stage=\"${arguments[0]}\"] td.is-masked`)]"
+                           ".map(td => [Number(td.dataset.row), Number(td.dataset.col)]);", stage)
+        assert {tuple(c) for c in cells} == {(i, j) for i in range(n) for j in range(n) if masked[0][i][j] is None}, stage
+    assert heatmap_values(driver, "weights") == as_cells(doc["stages"]["weights"]["values"][0])
+    # "the" (4) sees "on" (3) and itself only.
+    row = walkthrough_row(driver, "masked_scores")
+    assert row == [("masked (−∞)" if v is None else fixed(v, 4)) for v in masked[0][4]]
+    assert row.count("masked (−∞)") == 4
+    mask = driver.find_element(By.CSS_SELECTOR, '.walkthrough-table tr[data-stage="masked_scores"]').text
+    assert "sliding window of 2" in mask
+    assert "window=2" in driver.current_url
+
+
+def test_cross_attention_labels_keys_with_the_context(driver, server, console):
+    console.allow(r"/trace - Failed to load resource: the server responded with a status of 422")
+    open_page(driver, server, "#sentence=the+cat+sat+on+the+mat&num_heads=2&q=1")
+    set_field(driver, "context_sentence", "le chat était assis")
+    wait_until(driver, lambda d: "context" in d.find_element(By.ID, "trace-status").text)
+    doc = trace(server, sentence="the cat sat on the mat", num_heads=2, context_sentence="le chat était assis").json()
+    S = doc["stages"]
+    ctx = [t["text"] for t in doc["context_tokens"]]
+    sentence = [t["text"] for t in doc["tokens"]]
+    assert ctx == ["le", "chat", "était", "assis"]
+    assert S["weights"]["axis_tokens"] == [None, "tokens", "context_tokens"]
+    for stage in ("scores", "scaled_scores", "weights"):  # every map: sentence down the side, context across
+        assert heatmap_labels(driver, stage) == (sentence, ctx), stage
+        assert heatmap_values(driver, stage) == as_cells(S[stage]["values"][0]), stage
+    assert not driver.find_elements(By.CSS_SELECTOR, 'table[data-stage="masked_scores"]')
+    readout = driver.find_element(By.ID, "maps-readout")
+    ActionChains(driver).move_to_element(
+        driver.find_element(By.CSS_SELECTOR, 'table[data-stage="weights"] td[data-row="1"][data-col="1"]')).perform()
+    w = S["weights"]["values"][0][1][1]
+    wait_until(driver, lambda d: readout.text == f"Weights: query “cat” → context key “chat”: {fixed(w, 4)} ({pct(w, 2)})")
+
+    # The walkthrough: the context embedded on its own, keys and values from it, scores over its tokens.
+    assert walkthrough_row(driver, "scores") == [fixed(v, 4) for v in S["scores"]["values"][0][1]]
+    assert walkthrough_row(driver, "weights") == [f"{pct(w)} ({fixed(w, 4)})" for w in S["weights"]["values"][0][1]]
+    tokens_in_keys = js(driver, "return [...document.querySelectorAll('.walkthrough-table tr[data-stage=\"weights\"] .tok')]"
+                                ".map(e => e.textContent);")
+    assert tokens_in_keys == ctx
+    # Four context tokens: each list folds behind a summary; opened, it shows every token's vector.
+    folded = driver.find_elements(By.CSS_SELECTOR, ".walkthrough-table details.ctx-vectors")
+    assert len(folded) == 3 and not any(d.get_attribute("open") for d in folded)
+    for d in folded:  # from the keyboard (the sticky picker bar may cover a summary scrolled to the top)
+        js(driver, "arguments[0].focus();", d.find_element(By.TAG_NAME, "summary"))
+        ActionChains(driver).send_keys(Keys.ENTER).perform()
+    assert all(d.get_attribute("open") is not None for d in folded)
+    assert driver.find_element(By.CSS_SELECTOR, '.walkthrough-table [data-part="k:3"]').is_displayed()
+    for j in range(4):
+        assert walkthrough_vector(driver, f"x_ctx:{j}") == [fixed(v, 3) for v in S["context_input"]["values"][j]]
+        assert walkthrough_vector(driver, f"k:{j}") == [fixed(v, 3) for v in S["k"]["values"][0][j]]
+        assert walkthrough_vector(driver, f"v:{j}") == [fixed(v, 3) for v in S["v"]["values"][0][j]]
+    assert walkthrough_vector(driver, "context") == [fixed(v, 3) for v in S["context"]["values"][0][1]]
+    # The saturation comparison lists the context's keys too.
+    keys = js(driver, "return [...document.querySelectorAll('.compare-table tbody tr[data-key] th')].map(e => e.textContent);")
+    assert keys == ctx
+    assert "context=le+chat" in driver.current_url
+
+    # A causal mask makes no sense here: the service says so, next to the switch.
+    driver.find_element(By.CSS_SELECTOR, "label[for=causal]").click()
+    err = driver.find_element(By.ID, "causal-error")
+    wait_until(driver, lambda d: err.is_displayed())
+    assert err.text == trace(server, sentence="the cat sat on the mat", num_heads=2, causal=True,
+                             context_sentence="le chat était assis").json()["errors"][0]["message"]
+    assert driver.find_element(By.ID, "causal").get_attribute("aria-invalid") == "true"
+
+
+def test_kv_cache_decoding_steps_grow_the_cache(driver, server, console):
+    console.allow(r"/trace - Failed to load resource: the server responded with a status of 422")
+    open_page(driver, server, "#sentence=the+cat+sat+on+the+mat&d_model=24&num_heads=4&head=3")
+    assert not driver.find_element(By.ID, "decode-section").is_displayed()
+    press(driver, "decode", Keys.SPACE)  # the switch, from the keyboard
+    err = driver.find_element(By.ID, "decode-error")
+    wait_until(driver, lambda d: err.is_displayed())  # decoding needs the causal mask: the service's words
+    assert err.text == trace(server, sentence="the cat sat on the mat", num_heads=4, decode=True).json()["errors"][0]["message"]
+
+    press(driver, "causal", Keys.SPACE)
+    section = driver.find_element(By.ID, "decode-section")
+    wait_until(driver, lambda d: section.is_displayed() and d.find_elements(By.CSS_SELECTOR, ".cache-table tbody tr"))
+    full = trace(server, sentence="the cat sat on the mat", num_heads=4, causal=True, decode=True).json()
+    steps, hd = full["decode"], 2
+    slider = driver.find_element(By.ID, "decode-step")
+    assert slider.get_attribute("max") == str(len(steps) - 1) and slider.get_attribute("value") == "5"
+
+    def shown():
+        return js(driver, """return {
+            cache: [...document.querySelectorAll('.cache-table tbody tr')].map(tr => Number(tr.dataset.pos)),
+            weights: [...document.querySelectorAll('.cache-table td[data-col="weight"]')].map(td => td.textContent),
+            scores: [...document.querySelectorAll('.cache-table td[data-col="score"]')].map(td => td.textContent),
+            k: [...document.querySelectorAll('.cache-table td[data-col="k"]')].map(td =>
+                [...(td.querySelector('.vec-all') || td.querySelector('.vec')).querySelectorAll('.num')].map(n => n.textContent)),
+            roles: [...document.querySelectorAll('.cache-tok')].map(li => li.dataset.role),
+        };""")
+
+    for t in (5, 4, 3, 2, 1, 0):  # walk back with the keyboard: the cache shrinks to one entry
+        if t < 5:
+            press(driver, "decode-step", Keys.ARROW_LEFT)
+        st = steps[t]
+        wait_until(driver, lambda d, t=t: shown()["cache"] == list(range(t + 1)), f"step {t}")
+        got = shown()
+        assert got["cache"] == st["cache_positions"]
+        assert got["weights"] == [pct(w) for w in st["weights"][hd]]
+        assert got["scores"] == [fixed(v, 4) for v in st["scaled_scores"][hd]]
+        assert got["k"] == [[fixed(v, 3) for v in k] for k in st["k_cache"][hd]]
+        assert got["roles"] == ["cached"] * t + ["new"] + ["future"] * (5 - t)
+        assert section_vector(driver, "decode-q") == [fixed(v, 3) for v in st["q"][hd]]
+        assert section_vector(driver, "decode-output") == [fixed(v, 3) for v in st["output"]]
+        # Each step's weights are the full causal trace's row t.
+        assert [pct(w) for w in full["stages"]["weights"]["values"][hd][t][:t + 1]] == got["weights"]
+        assert driver.find_element(By.ID, "decode-step-value").text == str(t)
+    assert "step=0" in driver.current_url
+    unnamed = js(driver, """return [...document.querySelectorAll('input, select, button, [tabindex="0"]')]
+        .filter(el => el.offsetParent !== null)
+        .filter(el => !((el.labels && el.labels.length) || el.getAttribute('aria-label') || el.textContent.trim()))
+        .map(el => el.outerHTML.slice(0, 80));""")
+    assert unnamed == []
+    assert slider.get_attribute("aria-valuetext") == "step 0 of 5: “the”, 1 cached token"
+    assert "Same weights as row 0 of the full causal trace" in section.text
+
+    # With a sliding window of 2, GQA and RoPE: a rolling cache of rotated keys, two entries at most.
+    js(driver, "location.hash = arguments[0];",
+       "#sentence=the+cat+sat+on+the+mat&d_model=24&num_heads=4&head=3&causal=1&decode=1&window=2&kv=2&pe=rope&step=4")
+    both = trace(server, sentence="the cat sat on the mat", num_heads=4, causal=True, decode=True, window=2,
+                 num_kv_heads=2, positional_encoding="rope").json()
+    st = both["decode"][4]
+    wait_until(driver, lambda d: shown()["cache"] == st["cache_positions"] == [3, 4])
+    got = shown()
+    assert got["roles"] == ["evicted"] * 3 + ["cached", "new", "future"]
+    assert got["k"] == [[fixed(v, 3) for v in k] for k in st["k_cache"][1]]  # query head 3 reads K/V head 2
+    assert got["weights"] == [pct(w) for w in st["weights"][hd]]
+    assert section_vector(driver, "decode-q") == [fixed(v, 3) for v in st["q_rotated"][hd]]
+    assert "RoPE(k) in k_cache" in section.text and "dropped positions before 3" in section.text
+    assert f"2 × {both['config']['kv_cache_bytes_per_token']['float32']:,} B" in section.text
+
+
 # ---------------------------------------------------------------- accessibility and layout
 
 
@@ -590,12 +898,12 @@ def test_keyboard_reaches_everything_and_controls_are_labelled(driver, server, c
     assert unnamed == []
 
     seen = []
-    for _ in range(40):
+    for _ in range(50):
         ActionChains(driver).send_keys(Keys.TAB).perform()
         el = driver.switch_to.active_element
         seen.append(el.get_attribute("id") or el.get_attribute("class") or el.tag_name)
-    for want in ("sentence", "d_model", "seed", "num_heads", "positional_encoding", "scale", "causal", "copy-curl",
-                 "download-json", "query-1", "head-0"):
+    for want in ("sentence", "d_model", "seed", "num_heads", "positional_encoding", "scale", "causal", "num_kv_heads",
+                 "window", "context_sentence", "decode", "copy-curl", "download-json", "query-1", "head-0"):
         assert want in seen, f"Tab never reaches #{want}: {seen}"
     assert "skip-link" in seen[0]
     assert any("hm-cell" in s for s in seen), "the heatmaps are reachable"
@@ -634,10 +942,30 @@ def test_layout_and_screenshots(driver, server, console, width, name, docs_name)
         assert metrics["font"] >= 16
         assert metrics["sidebarBeside"] == (2 if width >= 960 else 1)
         targets = js(driver, "return [...document.querySelectorAll('.chip, .button, .switch, input[type=text],"
-                             " input[type=number], select')].map(el => el.getBoundingClientRect().height);")
+                             " input[type=number], select')].filter(el => el.offsetParent !== null)"
+                             ".map(el => el.getBoundingClientRect().height);")
+        assert len(targets) >= 12
         assert min(targets) >= 40, "touch targets of at least 40 px"
         screenshot(driver, ARTIFACTS / f"viewer-{name}.png")
         if os.environ.get("ATTENTION_TRACE_UPDATE_DOCS") == "1":
             shutil.copyfile(ARTIFACTS / f"viewer-{name}.png", DOCS / docs_name)
+    finally:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
+@pytest.mark.parametrize("fragment", [
+    "#sentence=the+cat+sat+on+the+mat&d_model=24&num_heads=4&kv=2&causal=1&window=3&decode=1&pe=rope&step=4",
+    "#sentence=the+cat+sat+on+the+mat&context=le+chat+%C3%A9tait+assis+sur+le+tapis&num_heads=2",
+])
+def test_variants_fit_a_phone(driver, server, console, fragment):
+    emulate_width(driver, 360, mobile=True)
+    try:
+        open_page(driver, server, fragment)
+        metrics = js(driver, """return {
+            scroll: document.documentElement.scrollWidth,
+            overflowing: [...document.querySelectorAll('.panel, h1, h2, input, select, button, .cache-strip')]
+              .filter(el => el.getBoundingClientRect().right > window.innerWidth + 0.5).map(el => el.id || el.className),
+        };""")
+        assert metrics["scroll"] <= 360 and metrics["overflowing"] == []
     finally:
         driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})

@@ -2,8 +2,9 @@
  * attention-trace viewer.
  *
  * A plain client of the public JSON API, exactly as a third-party frontend
- * would be: it POSTs /trace (twice: with scale on and off, for the saturation
- * comparison) and GETs /version, and draws what comes back. It computes
+ * would be: it POSTs /trace (once, and once more with scale flipped for the
+ * saturation comparison only when the first is valid) and GETs /version, and
+ * draws what comes back. It computes
  * nothing of the attention itself; the only arithmetic here is formatting,
  * colour scales, a row sum shown as a check, and the element-wise average of
  * the heads, which the page shows as the thing the model does *not* do.
@@ -18,7 +19,7 @@
   const MINUS = '\u2212';
   const DEFAULTS = Object.freeze({
     sentence: 'the cat sat', d_model: 24, num_heads: 1, seed: 0, scale: true, causal: false,
-    positional_encoding: 'sinusoidal',
+    positional_encoding: 'sinusoidal', rope_base: 10000, rope_pairing: 'rotate_half',
   });
   const limits = { max_d_model: 512, max_heads: 64, max_tokens: 256 };
   const HEATMAP_MAX_TOKENS = 48; // more than this many tokens: draw the first 48 only
@@ -30,6 +31,7 @@
     query: 1, // selected query token index
     queryText: 'cat',
     head: 0, // selected head index (0-based)
+    step: null, // selected KV-cache decoding step (null: the last one)
     main: null, // {doc, text, body, ms}: the trace for the inputs as set
     alt: null, // the same request with scale flipped
     altError: null,
@@ -44,6 +46,12 @@
     form: $('controls'), sentence: $('sentence'), dModel: $('d_model'), heads: $('num_heads'),
     headsValue: $('num_heads-value'), divisors: $('head-divisors'), seed: $('seed'),
     pe: $('positional_encoding'), scale: $('scale'), causal: $('causal'),
+    ropeFields: $('rope-fields'), ropeBase: $('rope_base'), ropePairing: $('rope_pairing'),
+    kvHeads: $('num_kv_heads'), window: $('window'), contextSentence: $('context_sentence'), decode: $('decode'),
+    kvSection: $('kv-section'), kvBody: $('kv-body'),
+    decodeSection: $('decode-section'), decodeBody: $('decode-body'), decodeStep: $('decode-step'),
+    decodeStepValue: $('decode-step-value'),
+    factMatricesLabel: $('fact-matrices-label'), factParamsLabel: $('fact-params-label'),
     dkCard: $('dk-card'), dkDModel: $('dk-dmodel'), dkHeads: $('dk-heads'), dkValue: $('dk-value'),
     dkStatus: $('dk-status'), dkMessage: $('dk-message'),
     factMatrices: $('fact-matrices'), factParams: $('fact-params'), factScale: $('fact-scale'),
@@ -57,10 +65,17 @@
   };
   const fieldErrors = {
     '/sentence': $('sentence-error'), '/tokens': $('sentence-error'), '/d_model': $('d_model-error'),
-    '/seed': $('seed-error'),
+    '/seed': $('seed-error'), '/positional_encoding': $('positional_encoding-error'),
+    '/rope_base': $('rope_base-error'), '/rope_pairing': $('rope_pairing-error'),
+    '/num_kv_heads': $('num_kv_heads-error'), '/window': $('window-error'),
+    '/context_sentence': $('context_sentence-error'), '/context_tokens': $('context_sentence-error'),
+    '/scale': $('scale-error'), '/causal': $('causal-error'), '/decode': $('decode-error'),
   };
   const fieldInputs = {
     '/sentence': ui.sentence, '/tokens': ui.sentence, '/d_model': ui.dModel, '/num_heads': ui.heads, '/seed': ui.seed,
+    '/positional_encoding': ui.pe, '/rope_base': ui.ropeBase, '/rope_pairing': ui.ropePairing,
+    '/num_kv_heads': ui.kvHeads, '/window': ui.window, '/context_sentence': ui.contextSentence,
+    '/context_tokens': ui.contextSentence, '/scale': ui.scale, '/causal': ui.causal, '/decode': ui.decode,
   };
 
   // ------------------------------------------------------------------ helpers
@@ -120,6 +135,18 @@
     return Math.sqrt(v.reduce((s, x) => s + x * x, 0));
   }
 
+  /** The tokens along the key axis: the context's in cross-attention, else the sentence's. */
+  const keyTokensOf = (doc) => doc.context_tokens || doc.tokens;
+  const isCross = (doc) => Array.isArray(doc.context_tokens);
+
+  /** Which K/V head query head `hd` reads (itself, without GQA). */
+  function kvHeadOf(cfg, hd) {
+    const groups = cfg.query_heads_of_kv_head;
+    if (!groups) return hd;
+    const g = groups.findIndex((heads) => heads.includes(hd));
+    return g < 0 ? 0 : g;
+  }
+
   function shellQuote(s) {
     return `'${s.replace(/'/g, "'\\''")}'`;
   }
@@ -150,6 +177,24 @@
       causal: ui.causal.checked,
       positional_encoding: ui.pe.value,
     };
+    // The variants' fields are sent only when used, so a plain request stays plain.
+    if (body.positional_encoding === 'rope') {
+      const raw = ui.ropeBase.value.trim();
+      const base = raw === '' ? DEFAULTS.rope_base : Number(raw);
+      if (!Number.isFinite(base)) errors['/rope_base'] = 'enter a number greater than 1';
+      body.rope_base = Number.isFinite(base) ? base : null;
+      body.rope_pairing = ui.ropePairing.value;
+    }
+    if (ui.kvHeads.value.trim() !== '') {
+      body.num_kv_heads = readInt(ui.kvHeads);
+      if (body.num_kv_heads === null) errors['/num_kv_heads'] = 'enter a whole number, 1 or more (or leave it empty)';
+    }
+    if (ui.window.value.trim() !== '') {
+      body.window = readInt(ui.window);
+      if (body.window === null) errors['/window'] = 'enter a whole number, 1 or more (or leave it empty)';
+    }
+    if (ui.contextSentence.value !== '') body.context_sentence = ui.contextSentence.value;
+    if (ui.decode.checked) body.decode = true;
     return { body, errors };
   }
 
@@ -167,11 +212,20 @@
     ui.headsValue.textContent = String(heads ?? '');
     ui.dkDModel.textContent = dModel === null ? '?' : String(dModel);
     ui.dkHeads.textContent = String(heads ?? '?');
+    ui.ropeFields.hidden = ui.pe.value !== 'rope';
+    setFactLabels(ui.kvHeads.value.trim() !== '');
     if (dModel !== null && heads) {
       const dk = dModel / heads;
       ui.dkValue.textContent = Number.isInteger(dk) ? String(dk) : String(Number(dk.toFixed(3)));
-      ui.factMatrices.textContent = String(3 * heads + 1);
-      ui.factParams.textContent = int(4 * dModel * dModel);
+      const kv = readInt(ui.kvHeads);
+      if (kv && ui.kvHeads.value.trim() !== '') {
+        // GQA: W_Q and W_O stay d_model × d_model; W_K and W_V shrink to kv·d_k rows each.
+        ui.factMatrices.textContent = String(heads + 2 * kv + 1);
+        ui.factParams.textContent = Number.isInteger(dk) ? int(2 * dModel * dModel + 2 * kv * dk * dModel) : '?';
+      } else {
+        ui.factMatrices.textContent = String(3 * heads + 1);
+        ui.factParams.textContent = int(4 * dModel * dModel);
+      }
     } else {
       ui.dkValue.textContent = '?';
     }
@@ -184,6 +238,14 @@
       ui.divisors.replaceChildren(...divisors(dModel).map((d) => h('option', { value: d, label: String(d) })));
       ui.divisors.dataset.for = String(dModel);
     }
+  }
+
+  /** The formulas beside the matrix and weight counts: multi-head, or grouped-query with kv K/V heads. */
+  function setFactLabels(gqa) {
+    ui.factMatricesLabel.replaceChildren(gqa ? 'h + 2·kv + 1' : '3h + 1');
+    ui.factParamsLabel.replaceChildren(...(gqa
+      ? ['2·d', sub('model'), '² + 2·kv·d', sub('k'), '·d', sub('model')]
+      : ['4·d', sub('model'), '²']));
   }
 
   function setDkState(kind, status, message) {
@@ -226,6 +288,17 @@
     p.set('scale', body.scale ? '1' : '0');
     p.set('causal', body.causal ? '1' : '0');
     if (body.positional_encoding !== 'sinusoidal') p.set('pe', body.positional_encoding);
+    if (body.positional_encoding === 'rope') {
+      if (ui.ropeBase.value.trim() !== String(DEFAULTS.rope_base)) p.set('rope_base', ui.ropeBase.value.trim());
+      if (body.rope_pairing !== DEFAULTS.rope_pairing) p.set('rope_pairing', body.rope_pairing);
+    }
+    if (ui.kvHeads.value.trim() !== '') p.set('kv', ui.kvHeads.value.trim());
+    if (ui.window.value.trim() !== '') p.set('window', ui.window.value.trim());
+    if ('context_sentence' in body) p.set('context', body.context_sentence);
+    if (body.decode) {
+      p.set('decode', '1');
+      if (state.step !== null) p.set('step', String(state.step));
+    }
     p.set('q', String(state.query));
     p.set('head', String(state.head + 1));
     const hash = `#${p.toString()}`;
@@ -243,7 +316,17 @@
     ui.seed.value = whole('seed', DEFAULTS.seed);
     ui.scale.checked = get('scale', '1') !== '0';
     ui.causal.checked = get('causal', '0') === '1';
-    ui.pe.value = get('pe', 'sinusoidal') === 'none' ? 'none' : 'sinusoidal';
+    const pe = get('pe', 'sinusoidal');
+    ui.pe.value = ['none', 'rope'].includes(pe) ? pe : 'sinusoidal';
+    const base = get('rope_base', String(DEFAULTS.rope_base));
+    ui.ropeBase.value = /^[0-9.eE+]{1,24}$/.test(base) ? base : String(DEFAULTS.rope_base);
+    ui.ropePairing.value = get('rope_pairing', DEFAULTS.rope_pairing) === 'interleaved' ? 'interleaved' : 'rotate_half';
+    ui.kvHeads.value = /^\d{1,10}$/.test(get('kv', '')) ? get('kv', '') : '';
+    ui.window.value = /^\d{1,10}$/.test(get('window', '')) ? get('window', '') : '';
+    ui.contextSentence.value = get('context', '');
+    ui.decode.checked = get('decode', '0') === '1';
+    const step = Number(get('step', 'x'));
+    state.step = Number.isInteger(step) && step >= 0 ? step : null;
     const q = Number(get('q', '1'));
     state.query = Number.isInteger(q) && q >= 0 ? q : 1;
     state.queryText = null;
@@ -330,9 +413,19 @@
     state.controller = controller;
     ui.main.setAttribute('aria-busy', 'true');
     ui.traceStatus.textContent = 'Computing…';
-    const alt = { ...body, scale: !body.scale };
-    const [main, other] = await Promise.allSettled([postTrace(body, controller.signal), postTrace(alt, controller.signal)]);
+    // The request as set first; the comparison (scale flipped) only once that one is valid, so an
+    // invalid request is sent once, and its 422 is the one explanation shown.
+    const settle = (promise) => promise.then((value) => ({ status: 'fulfilled', value }),
+      (reason) => ({ status: 'rejected', reason }));
+    const main = await settle(postTrace(body, controller.signal));
     if (seq !== state.seq) return; // a newer request is on its way
+    let other = null;
+    if (main.status === 'fulfilled') {
+      const alt = { ...body, scale: !body.scale };
+      delete alt.decode; // the comparison needs the full trace's weights only
+      other = await settle(postTrace(alt, controller.signal));
+      if (seq !== state.seq) return;
+    }
     state.controller = null;
     ui.main.setAttribute('aria-busy', 'false');
     if (main.status === 'rejected') {
@@ -355,6 +448,7 @@
     ui.factParams.textContent = int(cfg.n_parameters);
     ui.factScale.textContent = fmt(cfg.scale_factor, 4);
     ui.factScaleLabel.replaceChildren(cfg.scale ? '√d' : '1 (scaling off)', cfg.scale ? sub('k') : '');
+    setFactLabels(cfg.num_kv_heads !== undefined);
     ui.download.disabled = false;
     render();
   }
@@ -435,8 +529,15 @@
     renderPickers();
     renderSelection();
     const ms = Math.round(state.main.ms);
+    const extras = [];
+    if (cfg.positional_encoding === 'rope') extras.push(`RoPE ${cfg.rope_pairing === 'interleaved' ? 'interleaved' : 'rotate-half'}`);
+    if (cfg.num_kv_heads !== undefined) extras.push(`${cfg.num_kv_heads} K/V head${cfg.num_kv_heads === 1 ? '' : 's'}`);
+    if (cfg.window !== undefined) extras.push(`window ${cfg.window}`);
+    if (isCross(doc)) extras.push(`cross-attention to ${cfg.n_context_tokens} context token${cfg.n_context_tokens === 1 ? '' : 's'}`);
+    if (cfg.decode) extras.push('KV-cache decoding');
     ui.traceStatus.textContent = `${tokens.length} token${tokens.length === 1 ? '' : 's'} · d_model ${cfg.d_model} · `
-      + `${cfg.num_heads} head${cfg.num_heads === 1 ? '' : 's'} of d_k ${cfg.d_k} · traced in ${ms} ms`;
+      + `${cfg.num_heads} head${cfg.num_heads === 1 ? '' : 's'} of d_k ${cfg.d_k}${extras.map((e) => ` · ${e}`).join('')}`
+      + ` · traced in ${ms} ms`;
     renderFooter();
   }
 
@@ -454,6 +555,8 @@
   function renderSelection() {
     renderWalkthrough();
     renderMaps();
+    renderKv();
+    renderDecode();
     renderSaturation();
     renderMultihead();
   }
@@ -530,6 +633,24 @@
       h('td', { class: 'wt-result' }, result));
   }
 
+  function vecLine(part, name, values, className = 'vec-line') {
+    return h('div', { class: className, data: { part } }, h('span', { class: 'vec-name', text: name }), vec(values));
+  }
+
+  const KEY_VECTORS_MAX = 12; // context keys listed with their vectors in the walkthrough
+
+  /** One vector per context token (cross-attention's keys, values and inputs), capped for long contexts. */
+  function tokenVectors(part, label, ctxTokens, rows) {
+    const shown = ctxTokens.slice(0, KEY_VECTORS_MAX);
+    // Open for a short context; a longer one folds away behind its summary (arrow keys reach it, Enter opens it).
+    return h('details', { class: 'ctx-vectors', open: ctxTokens.length <= 3 },
+      h('summary', { text: `${label} for each of the ${ctxTokens.length} context token${ctxTokens.length === 1 ? '' : 's'}` }),
+      h('div', { class: 'stack' },
+        shown.map((t, j) => vecLine(`${part}:${j}`, `${label}_${t.text} =`, rows[j])),
+        ctxTokens.length > shown.length
+          ? h('p', { class: 'hint', text: `… and ${ctxTokens.length - shown.length} more: download the JSON for all of them.` }) : null));
+  }
+
   function renderWalkthrough() {
     const { doc } = state.main;
     const S = doc.stages;
@@ -537,6 +658,11 @@
     const q = state.query;
     const hd = state.head;
     const tokens = doc.tokens;
+    const keyTokens = keyTokensOf(doc);
+    const cross = isCross(doc);
+    const rope = cfg.positional_encoding === 'rope';
+    const gqa = cfg.num_kv_heads !== undefined && cfg.num_kv_heads !== cfg.num_heads;
+    const kvh = kvHeadOf(cfg, hd);
     const tok = tokens[q].text;
     const headName = cfg.num_heads > 1 ? ` · head ${hd + 1} of ${cfg.num_heads}` : '';
     ui.walkthroughTitle.replaceChildren(`Walkthrough: attention for ${quoted(tok)}${headName}`);
@@ -550,41 +676,80 @@
     const entropy = doc.stats.entropy[hd][q];
     const maxW = doc.stats.max_weight[hd][q];
     const pe = S.positional_encoding;
-    const peOn = cfg.positional_encoding !== 'none';
+    const peOn = cfg.positional_encoding === 'sinusoidal';
 
+    const embedNote = rope ? ` one ${cfg.d_model}-dim vector with no position added: RoPE rotates q and k below instead`
+      : ` one ${cfg.d_model}-dim ${peOn ? 'position-aware' : 'context-free, position-blind'} vector`;
     const rows = [
-      stageRow('input', 'Embed',
-        [h('code', { text: peOn ? `E[${tok}] + PE(${q})` : `E[${tok}]` }),
-          h('span', { class: 'op-note', text: ` one ${cfg.d_model}-dim ${peOn ? 'position-aware' : 'context-free, position-blind'} vector` })],
+      stageRow('input', cross ? 'Embed the sentence' : 'Embed',
+        [h('code', { text: peOn ? `E[${tok}] + PE(${q})` : `E[${tok}]` }), h('span', { class: 'op-note', text: embedNote })],
         h('div', { class: 'stack' },
-          h('div', { class: 'vec-line', data: { part: 'x' } }, h('span', { class: 'vec-name', text: 'x =' }), vec(S.input.values[q])),
-          h('div', { class: 'vec-line muted-line' }, h('span', { class: 'vec-name', text: 'E =' }), vec(S.token_embedding.values[q])),
-          peOn && pe ? h('div', { class: 'vec-line muted-line' }, h('span', { class: 'vec-name', text: 'PE =' }), vec(pe.values[q])) : null)),
-      stageRow('project', 'Project',
-        [h('code', { text: 'Q = x·W_Qᵀ, K = x·W_Kᵀ, V = x·W_Vᵀ' }),
-          h('span', { class: 'op-note', text: ` each ${cfg.d_k}-dim${cfg.num_heads > 1 ? `, with head ${hd + 1}'s own matrices` : ''}` })],
+          vecLine('x', 'x =', S.input.values[q]),
+          vecLine('E', 'E =', S.token_embedding.values[q], 'vec-line muted-line'),
+          peOn && pe ? vecLine('PE', 'PE =', pe.values[q], 'vec-line muted-line') : null)),
+    ];
+    if (cross && S.context_input) {
+      rows.push(stageRow('context_input', 'Embed the context',
+        [h('code', { text: peOn ? 'x_ctx = E[c] + PE(c)' : 'x_ctx = E[c]' }),
+          h('span', { class: 'op-note', text: ` the keys and values come from these ${keyTokens.length} tokens, with their own positions` })],
+        tokenVectors('x_ctx', 'x_ctx', keyTokens, S.context_input.values)));
+    }
+    const kvNote = gqa
+      ? `, with head ${hd + 1}'s own W_Q; K and V from K/V head ${kvh + 1}, shared by query heads `
+        + `${cfg.query_heads_of_kv_head[kvh].map((i) => i + 1).join(', ')}`
+      : cfg.num_heads > 1 ? `, with head ${hd + 1}'s own matrices` : '';
+    rows.push(stageRow('project', 'Project',
+      [h('code', { text: cross ? 'Q = x·W_Qᵀ, K = x_ctx·W_Kᵀ, V = x_ctx·W_Vᵀ' : 'Q = x·W_Qᵀ, K = x·W_Kᵀ, V = x·W_Vᵀ' }),
+        h('span', { class: 'op-note', text: ` each ${cfg.d_k}-dim${kvNote}` })],
+      cross
+        ? h('div', { class: 'stack' },
+          vecLine('q', `Q_${tok} =`, S.q.values[hd][q]),
+          tokenVectors('k', 'K', keyTokens, S.k.values[kvh]),
+          tokenVectors('v', 'V', keyTokens, S.v.values[kvh]))
+        : h('div', { class: 'stack' },
+          vecLine('q', `Q_${tok} =`, S.q.values[hd][q]),
+          vecLine('k', `K_${tok} =`, S.k.values[kvh][q]),
+          vecLine('v', `V_${tok} =`, S.v.values[kvh][q]))));
+    if (rope && S.q_rotated && S.k_rotated) {
+      const pairing = cfg.rope_pairing === 'interleaved'
+        ? 'interleaved: pairs (2j, 2j + 1), as in RoFormer' : 'rotate-half: pairs (j, j + d_k/2), as in Llama and GPT-NeoX';
+      rows.push(stageRow('rotate', h('span', {}, 'Rotate ', h('abbr', { title: 'rotary position embedding', text: 'RoPE' })),
+        h('span', {}, 'turn each pair of coordinates by ', h('code', { text: `θⱼ = ${q}·${fmtBase(cfg.rope_base)}^(−2j/${cfg.d_k})` }),
+          h('span', { class: 'op-note', text: ` (position ${q}; ${pairing}). V is not rotated.` })),
         h('div', { class: 'stack' },
-          ['q', 'k', 'v'].map((s) => h('div', { class: 'vec-line', data: { part: s } },
-            h('span', { class: 'vec-name', text: `${s.toUpperCase()}_${tok} =` }), vec(S[s].values[hd][q]))))),
+          vecLine('q_before', `Q_${tok} =`, S.q.values[hd][q], 'vec-line muted-line'),
+          vecLine('q_rotated', `RoPE(Q_${tok}) =`, S.q_rotated.values[hd][q]),
+          vecLine('k_before', `K_${tok} =`, S.k.values[kvh][q], 'vec-line muted-line'),
+          vecLine('k_rotated', `RoPE(K_${tok}) =`, S.k_rotated.values[kvh][q]),
+          h('p', { class: 'hint', text: 'A rotation keeps each vector\'s length; the score of a rotated query and key depends '
+            + 'on their positions only through the offset between them.' }))));
+    }
+    const qName = rope ? `RoPE(Q)_${tok}` : `Q_${tok}`;
+    const kName = rope ? 'RoPE(K)_j' : 'K_j';
+    rows.push(
       stageRow('scores', h('span', {}, 'Score ', h('code', { text: 'QKᵀ' })),
-        h('code', { text: `Q_${tok} · K_j for each key j` }),
-        keyList('scores', tokens, scores, (v) => h('span', { class: 'num', text: fmt(v, 4) }))),
+        h('code', { text: `${qName} · ${kName} for each ${cross ? 'context ' : ''}key j` }),
+        keyList('scores', keyTokens, scores, (v) => h('span', { class: 'num', text: fmt(v, 4) }))),
       stageRow('scaled_scores', h('span', {}, 'Scale ', h('code', { text: cfg.scale ? `/√${cfg.d_k}` : '/1' })),
         cfg.scale
           ? h('span', {}, 'divide each by ', h('code', { text: `√${cfg.d_k}` }), ` = ${fmt(cfg.scale_factor, 4)}`)
           : h('span', {}, 'scaling off: divide by 1 (the raw scores go to softmax)'),
-        keyList('scaled_scores', tokens, scaled, (v) => h('span', { class: 'num', text: fmt(v, 4) }))),
-    ];
+        keyList('scaled_scores', keyTokens, scaled, (v) => h('span', { class: 'num', text: fmt(v, 4) }))),
+    );
     if (masked) {
-      rows.push(stageRow('masked_scores', 'Mask',
-        h('span', {}, `keys after ${quoted(tok)} are set to `, h('code', { text: '−∞' }), ': a token sees only itself and earlier tokens'),
-        keyList('masked_scores', tokens, masked, (v, m) => h('span', { class: 'num', text: m ? 'masked (−∞)' : fmt(v, 4) }))));
+      const what = cfg.window !== undefined
+        ? h('span', {}, `keys after ${quoted(tok)}, and keys ${cfg.window} or more positions before it, are set to `,
+          h('code', { text: '−∞' }), `: a sliding window of ${cfg.window}, so a token sees itself and at most `
+            + `${cfg.window - 1} earlier token${cfg.window - 1 === 1 ? '' : 's'}`)
+        : h('span', {}, `keys after ${quoted(tok)} are set to `, h('code', { text: '−∞' }), ': a token sees only itself and earlier tokens');
+      rows.push(stageRow('masked_scores', 'Mask', what,
+        keyList('masked_scores', keyTokens, masked, (v, m) => h('span', { class: 'num', text: m ? 'masked (−∞)' : fmt(v, 4) }))));
     }
     rows.push(
       stageRow('weights', 'Softmax %',
         h('span', {}, h('code', { text: 'exp(s_j) / Σ exp(s)' }), ' over the row'),
         h('div', { class: 'stack' },
-          keyList('weights', tokens, weights.map((v, j) => (masked && masked[j] === null ? null : v)),
+          keyList('weights', keyTokens, weights.map((v, j) => (masked && masked[j] === null ? null : v)),
             (v, m) => (m
               ? h('span', { class: 'num', text: 'masked (0%)' })
               : h('span', { class: 'num' }, h('span', { class: 'pct', text: pct(v) }),
@@ -594,7 +759,7 @@
             h('span', { data: { check: 'entropy' } }, `entropy ${fmt(entropy, 3)} nats`), ' · ',
             h('span', { data: { check: 'max' } }, `max ${pct(maxW)}`)))),
       stageRow('context', 'Weight V',
-        h('span', {}, h('code', { text: 'Σ_j w_j · V_j' }), ' the blend of value vectors'),
+        h('span', {}, h('code', { text: 'Σ_j w_j · V_j' }), cross ? ' the blend of the context\'s value vectors' : ' the blend of value vectors'),
         h('div', { class: 'vec-line', data: { part: 'context' } }, h('span', { class: 'vec-name', text: 'context ≈' }), vec(context))),
       stageRow('concat', 'Concat',
         h('span', {}, h('code', { text: `[head₁ | … | head_${cfg.num_heads}]` }), ` ${cfg.num_heads} × ${cfg.d_k} = ${cfg.num_heads * cfg.d_k} values`),
@@ -610,22 +775,33 @@
         h('th', { scope: 'col', text: 'Stage' }), h('th', { scope: 'col', text: 'Operation' }),
         h('th', { scope: 'col', text: `Result for query ${quoted(tok)}` }))),
       h('tbody', {}, rows));
-    ui.walkthrough.replaceChildren(h('div', { class: 'table-scroll' }, table), explainWeights(tokens, q, weights, masked));
+    ui.walkthrough.replaceChildren(h('div', { class: 'table-scroll' }, table),
+      explainWeights(tokens, keyTokens, q, weights, masked, cross));
   }
 
-  function explainWeights(tokens, q, weights, masked) {
+  const fmtBase = (base) => String(base); // JSON's 10000.0 prints as 10000
+
+  function explainWeights(tokens, keyTokens, q, weights, masked, cross) {
     const order = weights.map((w, j) => j).filter((j) => !(masked && masked[j] === null)).sort((a, b) => weights[b] - weights[a]);
     const top = order[0];
-    const self = top === q;
-    const parts = [`${quoted(tokens[q].text)} keeps `];
-    if (self) {
-      parts.push(`${pct(weights[q])} of its own value`);
+    const parts = [];
+    if (cross) {
+      parts.push(`${quoted(tokens[q].text)} takes the most, ${pct(weights[top])}, from the context's ${quoted(keyTokens[top].text)}`);
+      const rest = order.filter((j) => j !== top);
+      if (rest.length && rest.length <= 4) {
+        parts.push(`; it mixes in ${rest.map((j) => `${pct(weights[j])} of ${quoted(keyTokens[j].text)}`).join(', ')}`);
+      }
     } else {
-      parts.push(`${pct(weights[q])} of its own value and takes the most, ${pct(weights[top])}, from ${quoted(tokens[top].text)}`);
-    }
-    const rest = order.filter((j) => j !== q && j !== top);
-    if (rest.length && rest.length <= 4) {
-      parts.push(`; it mixes in ${rest.map((j) => `${pct(weights[j])} of ${quoted(tokens[j].text)}`).join(', ')}`);
+      parts.push(`${quoted(tokens[q].text)} keeps `);
+      if (top === q) {
+        parts.push(`${pct(weights[q])} of its own value`);
+      } else {
+        parts.push(`${pct(weights[q])} of its own value and takes the most, ${pct(weights[top])}, from ${quoted(tokens[top].text)}`);
+      }
+      const rest = order.filter((j) => j !== q && j !== top);
+      if (rest.length && rest.length <= 4) {
+        parts.push(`; it mixes in ${rest.map((j) => `${pct(weights[j])} of ${quoted(tokens[j].text)}`).join(', ')}`);
+      }
     }
     parts.push('. With random, untrained weights this pattern is an artefact of the initialisation, not understanding.');
     return h('p', { class: 'explain' }, parts.join(''));
@@ -635,21 +811,25 @@
 
   function heatmap(spec) {
     const { stage, title, formula, matrix, tokens, range, kind, maskRow } = spec;
+    const keyTokens = spec.keyTokens || tokens;
     const n = Math.min(matrix.length, HEATMAP_MAX_TOKENS);
-    const compact = n > CELL_NUMBERS_MAX_TOKENS;
+    const m = Math.min(matrix[0]?.length ?? 0, HEATMAP_MAX_TOKENS);
+    const compact = Math.max(n, m) > CELL_NUMBERS_MAX_TOKENS;
     const labels = tokens.slice(0, n).map((t) => t.text);
+    const keyLabels = keyTokens.slice(0, m).map((t) => t.text);
+    const keyWord = spec.keyTokens ? 'context key' : 'key';
     const valueText = (v) => (kind === 'weight' ? `${fmt(v, 4)} (${pct(v, 2)})` : fmt(v, 4));
-    const head = h('tr', {}, h('th', { class: 'hm-corner', scope: 'col' }, h('span', { class: 'visually-hidden', text: 'query \\ key' })),
-      labels.map((l, j) => h('th', { scope: 'col', class: 'hm-col', title: `key ${j}: ${l}` }, h('span', { class: 'hm-label', text: l }))));
+    const head = h('tr', {}, h('th', { class: 'hm-corner', scope: 'col' }, h('span', { class: 'visually-hidden', text: `query \\ ${keyWord}` })),
+      keyLabels.map((l, j) => h('th', { scope: 'col', class: 'hm-col', title: `${keyWord} ${j}: ${l}` }, h('span', { class: 'hm-label', text: l }))));
     const body = [];
     for (let i = 0; i < n; i += 1) {
       const cells = [];
-      for (let j = 0; j < n; j += 1) {
+      for (let j = 0; j < m; j += 1) {
         const v = matrix[i][j];
         const isMasked = v === null || (maskRow && maskRow(i, j));
         const label = isMasked
-          ? `${title}: query ${quoted(labels[i])} → key ${quoted(labels[j])}: masked${kind === 'weight' ? ' (weight 0)' : ' (−∞)'}`
-          : `${title}: query ${quoted(labels[i])} → key ${quoted(labels[j])}: ${valueText(v)}`;
+          ? `${title}: query ${quoted(labels[i])} → ${keyWord} ${quoted(keyLabels[j])}: masked${kind === 'weight' ? ' (weight 0)' : ' (−∞)'}`
+          : `${title}: query ${quoted(labels[i])} → ${keyWord} ${quoted(keyLabels[j])}: ${valueText(v)}`;
         const td = h('td', {
           class: `hm-cell${isMasked ? ' is-masked' : ''}`, tabindex: -1, title: label, 'aria-label': label,
           data: { row: i, col: j, value: v === null ? 'null' : String(v) },
@@ -663,7 +843,7 @@
     }
     const table = h('table', {
       class: `hm-grid${compact ? ' is-compact' : ''}`, role: 'grid',
-      'aria-label': `${title}, head ${state.head + 1}: rows are queries, columns are keys`,
+      'aria-label': `${title}, head ${state.head + 1}: rows are queries, columns are ${spec.keyTokens ? 'the context\'s keys' : 'keys'}`,
       data: { stage },
     }, h('thead', {}, head), h('tbody', {}, body));
     // Roving tabindex: one tab stop per grid, arrows move inside it.
@@ -714,15 +894,16 @@
     if (!cell) return;
     const table = cell.closest('table');
     const n = table.tBodies[0].rows.length;
+    const m = table.tBodies[0].rows[0].cells.length - 1; // minus the row label
     let row = Number(cell.dataset.row);
     let col = Number(cell.dataset.col);
     switch (e.key) {
-      case 'ArrowRight': col = Math.min(n - 1, col + 1); break;
+      case 'ArrowRight': col = Math.min(m - 1, col + 1); break;
       case 'ArrowLeft': col = Math.max(0, col - 1); break;
       case 'ArrowDown': row = Math.min(n - 1, row + 1); break;
       case 'ArrowUp': row = Math.max(0, row - 1); break;
       case 'Home': col = 0; if (e.ctrlKey) row = 0; break;
-      case 'End': col = n - 1; if (e.ctrlKey) row = n - 1; break;
+      case 'End': col = m - 1; if (e.ctrlKey) row = n - 1; break;
       case 'Enter':
       case ' ':
         e.preventDefault();
@@ -740,26 +921,33 @@
     const cfg = doc.config;
     const hd = state.head;
     const tokens = doc.tokens;
+    // Cross-attention: the context's tokens label the key axis of every map.
+    const keyTokens = isCross(doc) ? doc.context_tokens : undefined;
     const masked = S.masked_scores;
     const isMasked = masked ? (i, j) => masked.values[hd][i][j] === null : null;
-    ui.mapsTitle.replaceChildren(`Attention maps${cfg.num_heads > 1 ? ` · head ${hd + 1} of ${cfg.num_heads}` : ''}`);
+    const rope = cfg.positional_encoding === 'rope';
+    const qk = rope ? 'RoPE(Q)RoPE(K)ᵀ' : 'QKᵀ';
+    const crossNote = keyTokens ? ' · keys: the context' : '';
+    ui.mapsTitle.replaceChildren(`Attention maps${cfg.num_heads > 1 ? ` · head ${hd + 1} of ${cfg.num_heads}` : ''}${crossNote}`);
     const maps = [
-      heatmap({ stage: 'scores', title: 'Scores', formula: 'QKᵀ', matrix: S.scores.values[hd], tokens,
+      heatmap({ stage: 'scores', title: 'Scores', formula: qk, matrix: S.scores.values[hd], tokens, keyTokens,
         range: extent(S.scores.values[hd]), kind: 'score' }),
-      heatmap({ stage: 'scaled_scores', title: 'Scaled scores', formula: cfg.scale ? `QKᵀ/√${cfg.d_k}` : 'QKᵀ/1 (scaling off)',
-        matrix: S.scaled_scores.values[hd], tokens, range: extent(S.scaled_scores.values[hd]), kind: 'score' }),
+      heatmap({ stage: 'scaled_scores', title: 'Scaled scores', formula: cfg.scale ? `${qk}/√${cfg.d_k}` : `${qk}/1 (scaling off)`,
+        matrix: S.scaled_scores.values[hd], tokens, keyTokens, range: extent(S.scaled_scores.values[hd]), kind: 'score' }),
     ];
     if (masked) {
-      maps.push(heatmap({ stage: 'masked_scores', title: 'Masked scores', formula: 'future keys → −∞', matrix: masked.values[hd],
-        tokens, range: extent(masked.values[hd]), kind: 'score', showMasked: true }));
+      const formula = cfg.window !== undefined ? `future keys and keys ≥ ${cfg.window} back → −∞` : 'future keys → −∞';
+      maps.push(heatmap({ stage: 'masked_scores', title: cfg.window !== undefined ? 'Masked scores (sliding window)' : 'Masked scores',
+        formula, matrix: masked.values[hd], tokens, keyTokens, range: extent(masked.values[hd]), kind: 'score', showMasked: true }));
     }
     maps.push(heatmap({ stage: 'weights', title: 'Weights', formula: 'softmax: rows sum to 1', matrix: S.weights.values[hd],
-      tokens, range: [0, 1], kind: 'weight', maskRow: isMasked, showMasked: !!masked }));
-    const note = tokens.length > HEATMAP_MAX_TOKENS
-      ? h('p', { class: 'hint', text: `Showing the first ${HEATMAP_MAX_TOKENS} of ${tokens.length} tokens; download the JSON for all of them.` })
+      tokens, keyTokens, range: [0, 1], kind: 'weight', maskRow: isMasked, showMasked: !!masked }));
+    const longest = Math.max(tokens.length, (keyTokens || tokens).length);
+    const note = longest > HEATMAP_MAX_TOKENS
+      ? h('p', { class: 'hint', text: `Showing the first ${HEATMAP_MAX_TOKENS} of ${longest} tokens; download the JSON for all of them.` })
       : null;
     // Columns as wide as one map needs: about 3.6em a cell plus the row labels.
-    const n = Math.min(tokens.length, HEATMAP_MAX_TOKENS);
+    const n = Math.min((keyTokens || tokens).length, HEATMAP_MAX_TOKENS);
     const perCell = n > CELL_NUMBERS_MAX_TOKENS ? 1.05 : 2.8;
     const grid = h('div', { class: 'heatmaps', vars: { '--hm-min': `${Math.max(14, n * perCell + 5).toFixed(2)}em` } }, maps);
     ui.maps.replaceChildren(...[grid, note].filter(Boolean));
@@ -771,20 +959,22 @@
     const cfg = doc.config;
     const W = doc.stages.weights.values;
     const n = Math.min(doc.tokens.length, HEATMAP_MAX_TOKENS);
+    const keyTokens = keyTokensOf(doc);
+    const nk = Math.min(keyTokens.length, HEATMAP_MAX_TOKENS);
     if (cfg.num_heads === 1) {
       ui.thumbs.replaceChildren(h('p', { class: 'hint' },
         'One head. Move the head slider (try 4 heads at d_model 24) to see each head attend differently.'));
       return;
     }
-    if (cfg.num_heads * n * n > THUMBS_MAX_CELLS) {
+    if (cfg.num_heads * n * nk > THUMBS_MAX_CELLS) {
       ui.thumbs.replaceChildren(h('p', { class: 'hint', text: 'Too many heads × tokens to draw every head; pick a head above.' }));
       return;
     }
     const masked = doc.stages.masked_scores;
     const thumbs = W.map((m, hi) => {
-      const grid = h('span', { class: 'thumb-grid', vars: { '--n': String(n) }, 'aria-hidden': 'true' });
+      const grid = h('span', { class: 'thumb-grid', vars: { '--n': String(nk) }, 'aria-hidden': 'true' });
       for (let i = 0; i < n; i += 1) {
-        for (let j = 0; j < n; j += 1) {
+        for (let j = 0; j < nk; j += 1) {
           const off = masked && masked.values[hi][i][j] === null;
           const c = h('span', { class: `thumb-cell${off ? ' is-masked' : ''}${i === state.query ? ' is-query' : ''}` });
           if (!off) shade(c, m[i][j]);
@@ -793,16 +983,130 @@
       }
       const row = m[state.query];
       const top = row.indexOf(Math.max(...row));
+      const kv = cfg.query_heads_of_kv_head ? ` · K/V ${kvHeadOf(cfg, hi) + 1}` : '';
       return h('button', {
         type: 'button', class: 'thumb', 'aria-pressed': hi === state.head ? 'true' : 'false',
-        'aria-label': `Head ${hi + 1}: ${quoted(doc.tokens[state.query].text)} attends most to ${quoted(doc.tokens[top].text)} (${pct(row[top])})`,
+        'aria-label': `Head ${hi + 1}${kv ? ` (reads K/V head ${kvHeadOf(cfg, hi) + 1})` : ''}: ${quoted(doc.tokens[state.query].text)} `
+          + `attends most to ${quoted(keyTokens[top].text)} (${pct(row[top])})`,
         onclick: () => select(null, hi),
-      }, grid, h('span', { class: 'thumb-caption' }, `head ${hi + 1}`, h('span', { class: 'thumb-top', text: `${doc.tokens[top].text} ${pct(row[top], 0)}` })));
+      }, grid, h('span', { class: 'thumb-caption' }, `head ${hi + 1}${kv}`, h('span', { class: 'thumb-top', text: `${keyTokens[top].text} ${pct(row[top], 0)}` })));
     });
     ui.thumbs.replaceChildren(
       h('h3', { class: 'subhead', text: 'Every head\'s weights' }),
       h('p', { class: 'hint', text: 'Same sentence, different projections, different soft distributions. Pick a head to inspect it.' }),
       h('div', { class: 'thumbs' }, thumbs));
+  }
+
+  // -- grouped-query attention
+
+  function renderKv() {
+    const cfg = state.main.doc.config;
+    if (cfg.num_kv_heads === undefined) {
+      ui.kvSection.hidden = true;
+      ui.kvBody.replaceChildren();
+      return;
+    }
+    ui.kvSection.hidden = false;
+    const groups = cfg.query_heads_of_kv_head;
+    const kvh = kvHeadOf(cfg, state.head);
+    const kind = cfg.num_kv_heads === 1 ? `Multi-query attention (MQA): all ${cfg.num_heads} query heads read one K/V head.`
+      : cfg.num_kv_heads === cfg.num_heads ? 'Multi-head attention: every query head has its own K/V head.'
+        : `Grouped-query attention (GQA): ${cfg.num_heads} query heads in ${cfg.num_kv_heads} groups of `
+          + `${cfg.num_heads / cfg.num_kv_heads}, one K/V head per group.`;
+    const table = h('table', { class: 'side-table kv-table' },
+      h('caption', { class: 'visually-hidden', text: 'Which query heads share each K/V head' }),
+      h('thead', {}, h('tr', {}, h('th', { scope: 'col', text: 'K/V head' }), h('th', { scope: 'col', text: 'read by query heads' }))),
+      h('tbody', {}, groups.map((heads, j) => h('tr', { data: { kvHead: j }, class: j === kvh ? 'is-query' : null },
+        h('th', { scope: 'row', text: `K/V ${j + 1}` }),
+        h('td', { class: 'num', text: heads.map((i) => i + 1).join(', ') })))));
+    const bytes = cfg.kv_cache_bytes_per_token || {};
+    const ratio = cfg.num_heads / cfg.num_kv_heads;
+    const facts = h('dl', { class: 'facts kv-bytes' },
+      Object.entries(bytes).map(([dtype, b]) => h('div', { data: { dtype } },
+        h('dt', {}, `KV cache per token, ${dtype}`), h('dd', { text: `${int(b)} B` }))));
+    ui.kvBody.replaceChildren(
+      h('p', { class: 'explain kv-kind', text: kind }),
+      h('div', { class: 'saturation-layout' },
+        h('div', { class: 'table-scroll' }, table),
+        h('div', {},
+          facts,
+          h('p', { class: 'hint', text: `K and V for ${cfg.num_kv_heads} head${cfg.num_kv_heads === 1 ? '' : 's'} of d_k ${cfg.d_k}, `
+            + 'per token and per layer, from the service\'s config.'
+            + (ratio > 1 ? ` Multi-head attention would keep ${ratio}× as much.` : '') }))));
+  }
+
+  // -- KV-cache decoding
+
+  function renderDecode() {
+    const { doc } = state.main;
+    const cfg = doc.config;
+    const steps = Array.isArray(doc.decode) ? doc.decode : null;
+    if (!steps || !steps.length) {
+      ui.decodeSection.hidden = true;
+      ui.decodeBody.replaceChildren();
+      return;
+    }
+    ui.decodeSection.hidden = false;
+    const last = steps.length - 1;
+    const t = state.step === null ? last : Math.min(Math.max(state.step, 0), last);
+    const st = steps[t];
+    const hd = state.head;
+    const kvh = kvHeadOf(cfg, hd);
+    const cache = st.cache_positions;
+    const rope = Array.isArray(st.q_rotated);
+    ui.decodeStep.max = String(last);
+    ui.decodeStep.value = String(t);
+    ui.decodeStepValue.value = String(t);
+    ui.decodeStepValue.textContent = String(t);
+    ui.decodeStep.setAttribute('aria-valuetext',
+      `step ${t} of ${last}: ${quoted(st.token)}, ${cache.length} cached token${cache.length === 1 ? '' : 's'}`);
+
+    const roleText = { new: 'new', cached: 'cached', evicted: 'out of window', future: 'not yet' };
+    const strip = h('ol', { class: 'cache-strip', 'aria-label': `The sequence at step ${t}` }, doc.tokens.map((tk, i) => {
+      const role = i === st.position ? 'new' : cache.includes(i) ? 'cached' : i < st.position ? 'evicted' : 'future';
+      return h('li', { class: `cache-tok is-${role}`, data: { pos: i, role } },
+        h('span', { class: 'cache-text', text: tk.text }), h('span', { class: 'cache-role', text: roleText[role] }));
+    }));
+    const full = doc.stages.weights.values[hd][st.position];
+    const firstRow = Math.max(0, cache.length - HEATMAP_MAX_TOKENS); // long caches: the newest entries only
+    const diff = cache.reduce((mx, pos, r) => Math.max(mx, Math.abs(st.weights[hd][r] - full[pos])), 0);
+    const table = h('table', { class: 'side-table cache-table' },
+      h('caption', { class: 'visually-hidden', text: `The KV cache at step ${t}, read by head ${hd + 1}` }),
+      h('thead', {}, h('tr', {},
+        h('th', { scope: 'col', text: 'cached token' }),
+        h('th', { scope: 'col' }, rope ? 'RoPE(k) in k_cache' : 'k_cache'),
+        h('th', { scope: 'col', text: 'v_cache' }),
+        h('th', { scope: 'col', text: 'scaled score' }),
+        h('th', { scope: 'col', text: 'weight' }))),
+      h('tbody', {}, cache.map((pos, r) => (r < firstRow ? null : h('tr', { data: { pos }, class: pos === st.position ? 'is-query' : null },
+        h('th', { scope: 'row' }, doc.tokens[pos].text, h('span', { class: 'row-note', text: `position ${pos}${pos === st.position ? ', new' : ''}` })),
+        h('td', { data: { col: 'k' } }, vec(st.k_cache[kvh][r], 3, 4)),
+        h('td', { data: { col: 'v' } }, vec(st.v_cache[kvh][r], 3, 4)),
+        h('td', { class: 'num', data: { col: 'score' }, text: fmt(st.scaled_scores[hd][r], 4) }),
+        h('td', { class: 'num', data: { col: 'weight' }, text: pct(st.weights[hd][r]) }))))));
+    const cut = firstRow > 0
+      ? h('p', { class: 'hint', text: `Showing the newest ${cache.length - firstRow} of ${cache.length} cache entries; download the JSON for all of them.` })
+      : null;
+    const bytes = cfg.kv_cache_bytes_per_token;
+    const kvName = cfg.num_kv_heads !== undefined ? ` (K/V head ${kvh + 1})` : '';
+    ui.decodeBody.replaceChildren(
+      strip,
+      h('p', { class: 'explain decode-summary' },
+        `Step ${t}: ${quoted(st.token)} at position ${st.position}. Its q${rope ? ', rotated,' : ''} attends to the `
+        + `${cache.length} cached key${cache.length === 1 ? '' : 's'} and value${cache.length === 1 ? '' : 's'}${kvName}`
+        + `${cfg.window !== undefined && cache[0] > 0 ? `; the sliding window of ${cfg.window} has dropped positions before ${cache[0]}` : ''}.`
+        + (bytes ? ` The cache now holds ${cache.length} × ${int(bytes.float32)} B = ${int(cache.length * bytes.float32)} B in float32.` : '')),
+      h('div', { class: 'stack' },
+        vecLine('decode-q', rope ? `RoPE(q)_${st.token} =` : `q_${st.token} =`, rope ? st.q_rotated[hd] : st.q[hd]),
+        vecLine('decode-k', `${rope ? 'RoPE(k)' : 'k'}_${st.token} joins the cache:`, rope ? st.k_rotated[kvh] : st.k[kvh])),
+      h('div', { class: 'table-scroll' }, table),
+      cut,
+      h('div', { class: 'stack' },
+        vecLine('decode-context', 'context ≈', st.context[hd]),
+        vecLine('decode-output', 'output =', st.output)),
+      h('p', { class: 'hint', data: { check: 'decode' } },
+        `Same weights as row ${st.position} of the full causal trace above (largest difference ${diff.toExponential(1)}): `
+        + 'the cache changes the cost, not the numbers.'));
   }
 
   // -- saturation
@@ -819,6 +1123,7 @@
     const q = state.query;
     const hd = state.head;
     const tokens = scaled.tokens;
+    const keyTokens = keyTokensOf(scaled);
     const variants = [
       { id: 'scaled', doc: scaled, name: 'Scaled', note: `÷ √${scaled.config.d_k} = ${fmt(scaled.config.scale_factor, 3)}` },
       { id: 'unscaled', doc: unscaled, name: 'Unscaled', note: '÷ 1' },
@@ -838,7 +1143,7 @@
         h('th', { scope: 'col' }, 'key', h('span', { class: 'row-note', text: `query ${quoted(tokens[q].text)}` })),
         variants.map((v) => h('th', { scope: 'col', data: { variant: v.id } }, v.name, h('span', { class: 'row-note', text: v.note }))))),
       h('tbody', {},
-        tokens.map((t, j) => h('tr', { data: { key: j }, class: j === q ? 'is-query' : null },
+        keyTokens.map((t, j) => h('tr', { data: { key: j }, class: j === q && !isCross(scaled) ? 'is-query' : null },
           h('th', { scope: 'row', text: t.text }), variants.map((v) => weightCell(v, j)))),
         h('tr', { class: 'stat-row', data: { stat: 'entropy' } },
           h('th', { scope: 'row' }, 'entropy', h('span', { class: 'row-note', text: 'nats, from stats' })),
@@ -847,13 +1152,13 @@
           h('th', { scope: 'row' }, 'max weight', h('span', { class: 'row-note', text: 'from stats' })),
           variants.map((v) => h('td', { class: 'num', data: { variant: v.id }, text: pct(v.doc.stats.max_weight[hd][q]) })))));
     const visible = (scaled.stages.masked_scores
-      ? scaled.stages.masked_scores.values[hd][q].filter((v) => v !== null).length : tokens.length);
+      ? scaled.stages.masked_scores.values[hd][q].filter((v) => v !== null).length : keyTokens.length);
     const ms = scaled.stats.max_weight[hd][q];
     const mu = unscaled.stats.max_weight[hd][q];
     const es = scaled.stats.entropy[hd][q];
     const eu = unscaled.stats.entropy[hd][q];
     const text = visible <= 1
-      ? `${quoted(tokens[q].text)} can see only itself here, so its single weight is 100% either way.`
+      ? `${quoted(tokens[q].text)} can see only ${isCross(scaled) ? 'one key' : 'itself'} here, so its single weight is 100% either way.`
       : scaled.config.d_k === 1 ? 'With d_k = 1, √d_k = 1: scaling changes nothing. Raise d_model or lower the head count.'
       : `Without the √d_k divisor the largest weight goes from ${pct(ms)} to ${pct(mu)} and the entropy from ${fmt(es, 3)} to `
         + `${fmt(eu, 3)} nats (a uniform row over ${visible} keys would be ln ${visible} = ${fmt(Math.log(visible), 3)}). `
@@ -947,7 +1252,10 @@
     if (!state.main) return;
     const b = state.main.body;
     const slug = b.sentence.trim().toLowerCase().replace(/[^a-z0-9]+/g, '-').replace(/^-|-$/g, '').slice(0, 40) || 'trace';
-    const name = `attention-trace_${slug}_d${b.d_model}_h${b.num_heads}_seed${b.seed}${b.scale ? '' : '_unscaled'}${b.causal ? '_causal' : ''}.json`;
+    const variant = [b.positional_encoding === 'rope' ? '_rope' : '', b.num_kv_heads ? `_kv${b.num_kv_heads}` : '',
+      b.window ? `_w${b.window}` : '', 'context_sentence' in b ? '_cross' : '', b.decode ? '_decode' : ''].join('');
+    const name = `attention-trace_${slug}_d${b.d_model}_h${b.num_heads}_seed${b.seed}${b.scale ? '' : '_unscaled'}`
+      + `${b.causal ? '_causal' : ''}${variant}.json`;
     const url = URL.createObjectURL(new Blob([state.main.text], { type: 'application/json' }));
     const a = h('a', { href: url, download: name, class: 'visually-hidden' });
     document.body.append(a);
@@ -967,10 +1275,16 @@
       clearTimeout(state.timer);
       refresh();
     });
-    ui.sentence.addEventListener('input', () => schedule(300));
-    for (const input of [ui.dModel, ui.seed]) input.addEventListener('input', () => schedule(250));
+    for (const input of [ui.sentence, ui.contextSentence]) input.addEventListener('input', () => schedule(300));
+    for (const input of [ui.dModel, ui.seed, ui.ropeBase, ui.kvHeads, ui.window]) input.addEventListener('input', () => schedule(250));
     ui.heads.addEventListener('input', () => schedule(150));
-    for (const input of [ui.scale, ui.causal, ui.pe]) input.addEventListener('change', () => schedule(0));
+    for (const input of [ui.scale, ui.causal, ui.pe, ui.ropePairing, ui.decode]) input.addEventListener('change', () => schedule(0));
+    ui.decodeStep.addEventListener('input', () => {
+      if (!state.main) return;
+      state.step = Number(ui.decodeStep.value);
+      writeHash(readRequest().body);
+      renderDecode();
+    });
     ui.copy.addEventListener('click', copyCurl);
     ui.download.addEventListener('click', downloadJson);
     window.addEventListener('hashchange', () => {
