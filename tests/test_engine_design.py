@@ -124,7 +124,9 @@ def _code_files() -> list[Path]:
         files = [p for p in ROOT.rglob("*") if ".venv" not in p.parts and ".git" not in p.parts]
     skip_dirs = {"tests", "docs"}
     skip_ext = {".md", ".yaml", ".yml", ".json", ".png", ".txt", ".toml", ".ico", ".svg", ".cfg", ".ini"}
+    # examples/*/students/ are sample submissions, one per known bug and named after it: test fixtures.
     return [p for p in files if p.is_file() and not skip_dirs & set(p.relative_to(ROOT).parts)
+            and "students" not in p.relative_to(ROOT).parts
             and p.suffix not in skip_ext and p.relative_to(ROOT).as_posix() != "engine/bugs.py"]
 
 
