@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: run test install browser bench loadtest clean
+.PHONY: run test install browser bench loadtest attack measure-memory clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,5 +50,15 @@ bench: $(VENV)/.bench-installed
 loadtest: $(VENV)/.installed
 	$(BIN)/python scripts/loadtest --kill-worker $(LOADTEST_ARGS)
 
+# Slow-client and amplification attacks with a probe watching /health
+# (docs/reliability.md); ATTACK_ARGS="--url http://127.0.0.1:8080" attacks a
+# server running already (loopback only).
+attack: $(VENV)/.installed
+	$(BIN)/python scripts/attack $(ATTACK_ARGS)
+
+# Each worker's steady and peak memory at the largest allowed requests (docs/deploy.md).
+measure-memory: $(VENV)/.installed
+	$(BIN)/python scripts/measure-memory $(MEASURE_ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) .venv-deploy .pytest_cache .hypothesis *.egg-info

@@ -3,10 +3,27 @@
 Environment:
   HOST, PORT          bind address (default 127.0.0.1:8000; the image sets HOST=0.0.0.0)
   WEB_CONCURRENCY     worker processes (default: the CPUs this process may use)
-  GUNICORN_TIMEOUT    seconds a worker may spend on one request before it is
-                      killed and replaced (default 30): frees a worker held by a
-                      slow client or a runaway request
+  GUNICORN_TIMEOUT    seconds one request may run in the application before the
+                      worker is killed and replaced (default 30): a runaway request
+  GUNICORN_HEADER_TIMEOUT  seconds a client has to send a request head (default 10)
+  GUNICORN_BODY_TIMEOUT    longest pause in a request body, and its grace period
+                      before the minimum rate of 64 KiB/s applies (default 10)
+  GUNICORN_SEND_TIMEOUT    longest a client may read nothing of its answer (default 10)
+  GUNICORN_WORKER_CONNECTIONS  open connections per worker (default 256); when
+                      full, the slowest client still sending its request is dropped
+  GUNICORN_MAX_QUEUE  complete requests waiting for a worker's compute thread
+                      before it answers 503 (default 16)
+  GUNICORN_MAX_BUFFERED  bytes of requests and answers a worker holds for slow
+                      clients before it cuts the most stalled one off (default 64 MiB)
+  GUNICORN_MAX_REQUESTS  requests after which a worker is replaced (default 2000,
+                      plus up to 10 % jitter; 0 = never): returns heap fragmentation
   LOG_LEVEL           gunicorn error-log level (default info)
+
+The worker class is service.worker.BufferedWorker: it reads each request whole,
+under deadlines, before the application sees it, and writes each answer as
+the client reads it, so slow or idle clients cost a socket, not a worker
+(docs/reliability.md, "Slow clients"). It serves plain HTTP/1.x: TLS ends at
+the proxy.
 """
 
 import os
@@ -24,14 +41,23 @@ def _cpus() -> int:
 
 
 bind = [f"{os.environ.get('HOST', '127.0.0.1')}:{os.environ.get('PORT', '8000')}"]
-# The work is CPU-bound numpy with one BLAS thread: one sync worker per core
-# keeps every core busy without oversubscribing them.
+# The work is CPU-bound numpy with one BLAS thread: one worker process per core
+# keeps every core busy without oversubscribing them. Each worker computes one
+# request at a time; its event loop holds the connections (at most
+# worker_connections, the slowest senders dropped first when full).
 workers = int(os.environ.get("WEB_CONCURRENCY", _cpus()))
-worker_class = "sync"
+worker_class = "service.worker.BufferedWorker"
+worker_connections = int(os.environ.get("GUNICORN_WORKER_CONNECTIONS", "256"))
 timeout = int(os.environ.get("GUNICORN_TIMEOUT", "30"))
+# Workers are replaced after this many requests (spread by the jitter so that
+# they do not all restart at once): glibc's heap does not shrink back after the
+# largest answers, so a long-lived worker's RSS creeps up (docs/deploy.md).
+max_requests = int(os.environ.get("GUNICORN_MAX_REQUESTS", "2000"))
+max_requests_jitter = max_requests // 10
 # On SIGTERM, workers get this long to finish in-flight requests: a clean stop
 # within a few seconds (container runtimes wait 10 s before SIGKILL).
 graceful_timeout = 5
+# Kept-alive connections wait this long for their next request.
 keepalive = 5
 # Bound request lines and headers (gunicorn answers 400 above them).
 limit_request_line = 8190
@@ -61,6 +87,18 @@ gunicorn.http.wsgi.SERVER = "attention-trace"
 # Access log values JSON-escaped; gunicorn's own error answers as problem+json;
 # a slow client timed out gets 408 (see service/gunicorn_support.py).
 from service.gunicorn_support import JsonAccessLogger, install  # noqa: E402
+from service.settings import Settings  # noqa: E402
+from service.worker import configure  # noqa: E402
 
 logger_class = JsonAccessLogger
 install()
+configure(
+    header_timeout=float(os.environ.get("GUNICORN_HEADER_TIMEOUT", "10")),
+    body_timeout=float(os.environ.get("GUNICORN_BODY_TIMEOUT", "10")),
+    send_timeout=float(os.environ.get("GUNICORN_SEND_TIMEOUT", "10")),
+    max_queue=int(os.environ.get("GUNICORN_MAX_QUEUE", "16")),
+    max_buffered=int(os.environ.get("GUNICORN_MAX_BUFFERED", str(64 * 1024 * 1024))),
+    # the worker refuses a larger Content-Length unread (the app answers 413)
+    max_body_bytes=Settings.from_env().max_body_bytes,
+    max_check_body_bytes=Settings.from_env().max_check_body_bytes,  # /check and /check/batch
+)

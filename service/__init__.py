@@ -7,6 +7,7 @@ gunicorn serves, configured from the environment.
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from pathlib import Path
 
@@ -17,6 +18,11 @@ from .cache import ResponseCache
 from .settings import Settings
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+#: CORS: what a browser on another origin may use (the API has no other methods,
+#: and reads no other request header)
+CORS_METHODS = ("GET", "POST")
+CORS_HEADERS = ("Content-Type", "X-Request-ID")
 
 # The API answers JSON only: nothing may run, load or frame.
 API_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
@@ -34,16 +40,25 @@ def create_app(settings: Settings | None = None) -> Flask:
     settings = settings or Settings.from_env()
     # No app-level static route: the viewer blueprint serves /static/ with its own headers.
     app = Flask(__name__, static_folder=None)
+    # No redirect is ever built from the Host header: werkzeug would answer
+    # "/static//x" with a 308 to http://<Host>/static/x (an open redirect
+    # behind a cache). With slashes not merged, such a path is just a 404.
+    app.url_map.merge_slashes = False
     app.config.update(MAX_CONTENT_LENGTH=settings.max_body_bytes)
     app.extensions["attention_trace.settings"] = settings
     app.extensions["attention_trace.openapi"] = find_openapi().read_bytes()
+    # The weight cache is per process; the app's settings bound it. (Imported
+    # here: gunicorn's master imports this package but never needs numpy.)
+    from engine.params import set_cache_bytes
+
+    set_cache_bytes(weights=settings.weight_cache_bytes)
     app.extensions["attention_trace.responses"] = (
         ResponseCache(settings.response_cache_bytes) if settings.response_cache_bytes else None
     )
 
     from .api import bp
     from .compression import maybe_compress
-    from .problems import register_error_handlers
+    from .problems import ProblemError, register_error_handlers
     from .viewer import bp as viewer_bp
 
     app.register_blueprint(bp)
@@ -52,13 +67,21 @@ def create_app(settings: Settings | None = None) -> Flask:
     # Browser frontends on other origins may call the API; never with credentials.
     # With any origin allowed, answer a literal "*" (cacheable, and browsers
     # refuse credentials with it) instead of echoing the caller's origin.
-    CORS(app, origins=list(settings.cors_origins), supports_credentials=False,
-         send_wildcard=settings.cors_origins == ("*",), expose_headers=["X-Request-ID"], max_age=600)
+    # Only the methods and request headers the API uses are allowed.
+    any_origin = settings.cors_origins == ("*",)
+    CORS(app, origins=list(settings.cors_origins), supports_credentials=False, send_wildcard=any_origin,
+         methods=list(CORS_METHODS), allow_headers=list(CORS_HEADERS), expose_headers=["X-Request-ID"],
+         max_age=600)
 
     @app.before_request
     def _request_id() -> None:
         given = request.headers.get("X-Request-ID", "")
         g.request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        g.cpu_start = time.thread_time()
+        # RFC 9112 3.2: a server MUST answer 400 to an HTTP/1.1 request without Host.
+        if request.environ.get("SERVER_PROTOCOL") == "HTTP/1.1" and not request.environ.get("HTTP_HOST"):
+            raise ProblemError(400, "Bad Request", "An HTTP/1.1 request must carry a Host header.",
+                               kind="bad-request")
 
     @app.after_request
     def _headers(resp: Response) -> Response:
@@ -66,6 +89,11 @@ def create_app(settings: Settings | None = None) -> Flask:
         resp.headers["X-Content-Type-Options"] = "nosniff"
         resp.headers.setdefault("Content-Security-Policy", API_CSP)
         resp.headers["Referrer-Policy"] = "no-referrer"
+        # Answers are computed per request (and may echo a student's tokens):
+        # no shared or browser cache keeps them. The viewer sets its own policy.
+        resp.headers.setdefault("Cache-Control", "no-store")
+        if not any_origin:
+            resp.vary.add("Origin")  # the CORS headers depend on it
         return maybe_compress(resp, settings)
 
     return app

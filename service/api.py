@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from flask import Blueprint, Response, current_app, request
+from flask import Blueprint, Response, current_app, g, request
 from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from . import core, serialize
+from . import budget, compression, core, serialize
 from .models import BatchRequest, CheckRequest, TraceRequest
 from .problems import ProblemError, validation_problem
 from .settings import Settings
@@ -29,9 +29,10 @@ def json_response(doc: object, status: int = 200) -> Response:
 
 
 def read_body() -> bytes:
-    """The request body, at most max_body_bytes: 413 above it, whether or not
-    a Content-Length was sent (a chunked body has none), 400 if it cannot be read."""
-    limit = settings().max_body_bytes
+    """The request body, at most this path's limit (Settings.body_limit): 413 above it, whether
+    or not a Content-Length was sent (a chunked body has none), 400 if it cannot be read."""
+    limit = settings().body_limit(request.path)
+    request.max_content_length = limit  # werkzeug's own bound while reading (Flask >= 3.1: per request)
     if request.content_length is not None and request.content_length > limit:
         raise RequestEntityTooLarge()
     try:
@@ -55,7 +56,33 @@ def read_json_body() -> bytes:
         raise ProblemError(415, "Unsupported Media Type",
                            f"Send the body as JSON with 'Content-Type: application/json' (got {got}).",
                            kind="unsupported-media-type", headers={"Accept-Post": "application/json"})
+    coding = request.headers.get("Content-Encoding", "").strip().lower()
+    if coding not in ("", "identity"):  # bodies are never decoded: a coded one would be parsed as garbage
+        raise ProblemError(415, "Unsupported Media Type",
+                           "Send the body without a Content-Encoding (got "
+                           f"'{request.headers.get('Content-Encoding', '')[:64]}').",
+                           kind="unsupported-media-type", headers={"Accept-Encoding": "identity"})
     return read_body()
+
+
+def bound_json_values(body: bytes) -> None:
+    """Refuse (413) a /check body that holds more JSON values than max_check_json_values, before parsing it.
+
+    Every JSON value is the document, the first item of an array or object, or
+    follows a comma, so commas + opening brackets + 1 bounds the values from above
+    (commas in strings only make the bound safer); bytes.count runs in C.
+    """
+    limit = settings().max_check_json_values
+    count = body.count(b",") + 1
+    if count <= limit:
+        count += body.count(b"[")
+    if count <= limit:
+        count += body.count(b"{")
+    if count > limit:
+        raise ProblemError(413, "Request Entity Too Large",
+                           f"The request body holds more than {limit} JSON values (numbers, nulls, lists, ...), the "
+                           f"limit for {request.path}; send fewer stages per request, or split the batch.",
+                           kind="payload-too-large")
 
 
 def parse_body(model: type[M], body: bytes | None = None) -> M:
@@ -72,21 +99,42 @@ def parse_body(model: type[M], body: bytes | None = None) -> M:
 def post_trace() -> Response:
     raw = read_json_body()
     cache = current_app.extensions["attention_trace.responses"]
-    body = cache.get(raw) if cache is not None else None
-    if body is None:
-        body = core.render_trace(parse_body(TraceRequest, raw), settings())
-        if cache is not None:
-            cache.put(raw, body)
+    if cache is None:
+        req = parse_body(TraceRequest, raw)
+        g.cpu_estimate = compression.estimate_s(budget.cost("/trace", [req]))
+        return current_app.response_class(core.render_trace(req, settings()), mimetype="application/json")
+    # The cache keeps answers as sent: identity, and compressed (service/compression.py).
+    g.response_cache_key = raw
+    encoding = compression.choose_encoding(settings(), request.accept_encodings.quality)
+    packed = cache.get(compression.encoded_key(encoding, raw)) if encoding else None
+    if packed is not None:
+        resp = current_app.response_class(packed, mimetype="application/json")
+        resp.headers["Content-Encoding"] = encoding
+        resp.vary.add("Accept-Encoding")
+        return resp
+    hit = cache.get_with_cost(raw)
+    if hit is not None:
+        body, g.cpu_estimate = hit
+    else:
+        req = parse_body(TraceRequest, raw)
+        g.cpu_estimate = compression.estimate_s(budget.cost("/trace", [req]))  # what compression may spend
+        body = core.render_trace(req, settings())
+        cache.put(raw, body, cost=g.cpu_estimate)
     return current_app.response_class(body, mimetype="application/json")
 
 
 @bp.post("/check")
 def post_check() -> Response:
-    return json_response(core.check_document(parse_body(CheckRequest), settings()))
+    raw = read_json_body()
+    bound_json_values(raw)
+    return json_response(core.check_document(parse_body(CheckRequest, raw), settings()))
 
 
 def _batch() -> Response:
-    batch = parse_body(BatchRequest)
+    raw = read_json_body()
+    if request.path == "/check/batch":
+        bound_json_values(raw)
+    batch = parse_body(BatchRequest, raw)
     return json_response(core.batch_document(request.path, batch, settings()))
 
 

@@ -10,14 +10,28 @@ first round trips of a new connection anyway). Operators whose clients sit on
 a fast network, or behind a compressing proxy, set ``compression`` to off.
 Output is deterministic (gzip's mtime is fixed), so equal requests still get
 equal bytes.
+
+**Compression never more than doubles a request's CPU.** brotli at quality 1
+costs ~6.2 ns a byte of trace JSON, which is more than producing the JSON did
+for the largest traces (~105 ms of CPU for 40 MB, then 254 ms to compress
+it: the issue measured 270 ms → 643 ms). So a body is compressed only if its
+estimated compression CPU (``COST_NS_PER_BYTE``, measured, with a margin) is
+at most what the request itself is estimated to cost: its work units
+(service/budget.py: numbers computed, weights generated, a fixed part) at
+``NS_PER_UNIT``. The estimate comes from the request alone, so the same
+request is always answered the same way, cached or not. Answers without an
+estimate (/check, batches) use the CPU time the request has actually used.
+Otherwise the body goes out as it is (``Vary: Accept-Encoding`` either way).
+/trace answers are kept compressed in the response cache too.
 """
 
 from __future__ import annotations
 
 import gzip
+import time
 
 import brotli
-from flask import Response, request
+from flask import Response, current_app, g, request
 
 from .settings import Settings
 
@@ -25,6 +39,29 @@ _ENCODERS = {
     "br": lambda body: brotli.compress(body, quality=1),
     "gzip": lambda body: gzip.compress(body, compresslevel=1, mtime=0),
 }
+
+
+#: CPU a byte of trace JSON costs to compress (measured 6.2 ns for br quality 1
+#: and 9.0 ns for gzip level 1, docs/performance.md; with a margin)
+COST_NS_PER_BYTE = {"br": 7.0, "gzip": 10.0}
+#: CPU a unit of work costs (service/budget.py; measured ~42 ns a trace number)
+NS_PER_UNIT = 42.0
+
+
+def estimate_s(units: int) -> float:
+    """The CPU seconds a request of this many work units is expected to cost."""
+    return units * NS_PER_UNIT * 1e-9
+
+
+def affordable(encoding: str, size: int) -> bool:
+    """Compressing `size` bytes costs no more CPU than the request itself (so at most doubles it)."""
+    budget = g.get("cpu_estimate")
+    if budget is None:
+        start = g.get("cpu_start")
+        if start is None:
+            return True
+        budget = time.thread_time() - start
+    return size * COST_NS_PER_BYTE[encoding] * 1e-9 <= budget
 
 
 def choose_encoding(settings: Settings, accept_encoding_quality) -> str | None:
@@ -52,8 +89,18 @@ def maybe_compress(resp: Response, settings: Settings) -> Response:
         return resp
     resp.vary.add("Accept-Encoding")  # the answer depends on it, for every cache on the way
     encoding = choose_encoding(settings, request.accept_encodings.quality)
-    if encoding is None:
+    if encoding is None or not affordable(encoding, len(body)):
         return resp
-    resp.set_data(_ENCODERS[encoding](body))
+    packed = _ENCODERS[encoding](body)
+    resp.set_data(packed)
     resp.headers["Content-Encoding"] = encoding
+    key = g.get("response_cache_key")
+    cache = current_app.extensions.get("attention_trace.responses")
+    if key is not None and cache is not None and resp.status_code == 200:
+        cache.put(encoded_key(encoding, key), packed)
     return resp
+
+
+def encoded_key(encoding: str, key: bytes) -> bytes:
+    """The response cache's key for an encoded answer (identity answers are keyed by the body alone)."""
+    return b"\x00" + encoding.encode() + b"\x00" + key

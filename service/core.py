@@ -4,6 +4,7 @@ command-line client runs it in-process."""
 
 from __future__ import annotations
 
+import math
 import platform
 from importlib import metadata
 from typing import Any
@@ -13,11 +14,11 @@ import orjson
 from pydantic import ValidationError
 
 import engine
-from engine import BUGS, STAGE_IDS, STAGE_INFO
-from engine.checks import shape_of
+from engine import BUGS, STAGE_INFO
+from engine.layer import ALL_STAGE_IDS
 from engine.params import explicit_parameters
 
-from . import serialize
+from . import budget, compare, hints, serialize
 from .models import BatchRequest, CheckRequest, TraceRequest, TraceSpec
 from .problems import ProblemError, engine_problem, problem_document, validation_problem
 from .settings import Settings
@@ -32,14 +33,22 @@ def run_trace(req: TraceSpec, bug: str | None = None) -> engine.Trace:
     params = None
     if req.parameters is not None:
         p = req.parameters
-        params = explicit_parameters(p.W_Q, p.W_K, p.W_V, p.W_O, d_model=req.d_model, num_heads=req.num_heads)
-    return engine.trace(req.trace_config, split=req.split, input=req.input, parameters=params, bug=bug)
+        params = explicit_parameters(p.W_Q, p.W_K, p.W_V, p.W_O, d_model=req.d_model, num_heads=req.num_heads,
+                                     num_kv_heads=req.num_kv_heads)
+    return engine.trace(req.trace_config, split=req.split, input=req.input, parameters=params, bug=bug,
+                        context_split=req.context_split, context_input=req.context_input)
 
 
 def trace_document(req: TraceRequest, limits: Settings) -> dict[str, Any]:
     t = run_trace(req, bug=req.inject_bug)
     doc = serialize.trace_document(t, include_parameters=req.include_parameters, stages=req.stages,
+                                   parameters_layout=req.parameters_layout,
                                    precision=req.precision)
+    if req.parameters_layout != "per_head":
+        doc["config"]["parameters_layout"] = req.parameters_layout
+    if req.decode:
+        doc["config"]["decode"] = True
+        doc["decode"] = serialize.decode_document(engine.decode(t), precision=req.precision)
     if req.inject_bug:
         doc["injected_bug"] = {
             "name": req.inject_bug,
@@ -57,93 +66,157 @@ def render_trace(req: TraceRequest, limits: Settings) -> bytes:
 
 # ------------------------------------------------------------------ /check
 
-TOLERANCE_RULE = "|received − expected| ≤ atol + rtol·|expected|"
-
 
 def _fmt(x: float) -> str:
     return f"{x:.6g}"
 
 
-def compare_stage(sid: str, expected: engine.Stage, received: list[Any], rtol: float, atol: float) -> dict[str, Any]:
-    """Compare one submitted stage with the reference, value by value."""
+class Submission:
+    """A validated submission, each numeric stage read into arrays at most once, and only
+    when its shape is one some trace has (so the arrays are bounded by the trace's size)."""
+
+    def __init__(self, req: CheckRequest) -> None:
+        self.raw = req.submission
+        self.shapes = req.shapes
+        self._read: dict[str, compare.Received] = {}
+
+    def received(self, sid: str) -> compare.Received:
+        if sid not in self._read:
+            self._read[sid] = compare.read(self.raw[sid], self.shapes[sid])
+        return self._read[sid]
+
+
+def _masked_note(count: int) -> str:
+    return (f"; {count} masked entr{'y' if count == 1 else 'ies'} sent as -inf or a value ≤ -1e9 "
+            f"{'was' if count == 1 else 'were'} treated as masked")
+
+
+def _non_finite_text(c: compare.Comparison) -> str:
+    shown = ", ".join(f"{name} at {idx}" for idx, name in c.non_finite_at)
+    more = f" and {c.non_finite - len(c.non_finite_at)} more" if c.non_finite > len(c.non_finite_at) else ""
+    return (f"{c.non_finite} of {c.n_values} values are not finite numbers ({shown}{more}), "
+            "so this stage fails")
+
+
+def compare_stage(sid: str, expected: engine.Stage, sub: Submission, tol: compare.Tolerance) -> dict[str, Any]:
+    """Compare one submitted stage with the reference (the answer's per-stage entry)."""
     exp_shape = list(expected.shape)
-    base = {"step": STAGE_INFO[sid].step, "expected_shape": exp_shape}
+    info = STAGE_INFO[sid]
+    base = {"step": info.step, "expected_shape": exp_shape}
+    none = {"rel_error": None, "abs_tolerance": None, "non_finite": None, "treated_as_masked": 0}
     if sid == "tokens":
+        received = sub.raw[sid]
         want = list(expected.values)
         shape_ok = len(received) == len(want)
         bad = [i for i, (w, r) in enumerate(zip(want, received)) if w != r]
         first = bad[0] if bad else None
         mism = len(bad) + abs(len(received) - len(want))
         return {**base, "passed": shape_ok and not bad, "shape_ok": shape_ok, "received_shape": [len(received)],
-                "n_values": len(want), "mismatches": mism, "max_abs_error": None, "max_rel_error": None,
+                "n_values": len(want), "mismatches": mism, "max_abs_error": None, "max_rel_error": None, **none,
                 "first_mismatch": None if first is None else {"index": [first], "expected": want[first],
                                                               "received": received[first]},
                 "message": "the tokens match" if shape_ok and not bad else
                 f"the tokens differ: expected {want}, got {received}"}
 
-    got_shape = shape_of(received)
+    got_shape = sub.shapes[sid]
     if got_shape is None or list(got_shape) != exp_shape:
         return {**base, "passed": False, "shape_ok": False,
                 "received_shape": None if got_shape is None else list(got_shape),
                 "n_values": int(np.prod(exp_shape)), "mismatches": int(np.prod(exp_shape)),
-                "max_abs_error": None, "max_rel_error": None, "first_mismatch": None,
-                "message": f"the shape is wrong: expected {exp_shape} ({', '.join(STAGE_INFO[sid].axes)}), "
+                "max_abs_error": None, "max_rel_error": None, **none, "first_mismatch": None,
+                "message": f"the shape is wrong: expected {exp_shape} ({', '.join(info.axes)}), "
                            f"got {'a ragged array' if got_shape is None else list(got_shape)}"}
 
-    obj = np.array(received, dtype=object)
-    got_null = np.equal(obj, None)  # [same shape]
-    got = np.where(got_null, 0.0, obj).astype(np.float64)
-    exp = np.asarray(expected.values, dtype=np.float64)
-    exp_null = expected.mask if expected.mask is not None else np.zeros(exp.shape, dtype=bool)
-    both = ~exp_null & ~got_null  # numeric pairs
-    abs_err = np.where(both, np.abs(got - exp), 0.0)
-    ok_num = abs_err <= atol + rtol * np.abs(exp)
-    bad = (both & ~ok_num) | (exp_null != got_null)
-    mism = int(bad.sum())
-    # Received values are bounded by 1e300 (models), so no error here overflows.
-    max_abs = float(abs_err.max()) if both.any() else None
-    nz = both & (exp != 0)
-    with np.errstate(over="ignore"):  # a subnormal expected weight can make the ratio overflow
-        rel = abs_err[nz] / np.abs(exp[nz])
-    max_rel = float(min(rel.max(), np.finfo(np.float64).max)) if nz.any() else None
+    c = compare.compare(np.asarray(expected.values, dtype=np.float64), expected.mask, sub.received(sid), tol)
     first = None
-    if mism:
-        idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        first = {"index": list(idx),
-                 "expected": None if exp_null[idx] else float(exp[idx]),
-                 "received": None if got_null[idx] else float(got[idx])}
-    if not mism:
-        message = f"all {exp.size} values match (largest error {_fmt(max_abs or 0.0)})"
+    if c.first is not None:
+        first = {"index": c.first, "expected": c.first_expected, "received": c.first_received}
+    if not c.mismatches:
+        message = f"all {c.n_values} values match (largest error {_fmt(c.max_abs_error or 0.0)})"
     else:
-        e_txt = "null (masked)" if first["expected"] is None else _fmt(first["expected"])
-        r_txt = "null" if first["received"] is None else _fmt(first["received"])
-        message = (f"{mism} of {exp.size} values are off; the first is at {first['index']} "
-                   f"({', '.join(STAGE_INFO[sid].axes)}): expected {e_txt}, got {r_txt}")
-    return {**base, "passed": mism == 0, "shape_ok": True, "received_shape": list(got_shape),
-            "n_values": int(exp.size), "mismatches": mism, "max_abs_error": max_abs, "max_rel_error": max_rel,
-            "first_mismatch": first, "message": message}
+        parts = []
+        if c.non_finite:
+            parts.append(_non_finite_text(c))
+        others = c.mismatches - c.non_finite
+        if others or not c.non_finite:
+            e_txt = "null (masked)" if c.first_expected is None else _fmt(c.first_expected)
+            r = c.first_received
+            r_txt = "null" if r is None else r if isinstance(r, str) else _fmt(r)
+            parts.append(f"{c.mismatches} of {c.n_values} values are off{' in all' if c.non_finite else ''}; "
+                         f"the first is at {c.first} ({', '.join(info.axes)}): expected {e_txt}, got {r_txt}")
+        message = "; ".join(parts)
+    if c.treated_as_masked:
+        message += _masked_note(c.treated_as_masked)
+    return {**base, "passed": c.passed, "shape_ok": True, "received_shape": list(got_shape),
+            "n_values": c.n_values, "mismatches": c.mismatches, "max_abs_error": c.max_abs_error,
+            "max_rel_error": c.max_rel_error, "rel_error": c.rel_error, "abs_tolerance": c.abs_tolerance,
+            "non_finite": None if not c.non_finite else {
+                "count": c.non_finite, "first": [{"index": idx, "value": name} for idx, name in c.non_finite_at]},
+            "treated_as_masked": c.treated_as_masked, "first_mismatch": first, "message": message}
 
 
-def _matches(t: engine.Trace, submission: dict[str, list[Any]], rtol: float, atol: float) -> bool:
-    return all(sid in t.stages and compare_stage(sid, t.stages[sid], vals, rtol, atol)["passed"]
-               for sid, vals in submission.items())
+def _matches(t: engine.Trace, sub: Submission, order: list[str], tol: compare.Tolerance) -> bool:
+    """Whether every submitted stage matches trace ``t`` within the tolerance (``order``'s first
+    stage first: give the first wrong one there, since a bug that explains it is rare)."""
+    for sid in order:
+        st = t.stages.get(sid)
+        if st is None:
+            return False
+        if sid == "tokens":
+            if list(st.values) != sub.raw[sid]:
+                return False
+            continue
+        shape = sub.shapes[sid]
+        if shape is None or tuple(shape) != tuple(st.shape):
+            return False
+        if not compare.passes(np.asarray(st.values, dtype=np.float64), st.mask, sub.received(sid), tol):
+            return False
+    return True
+
+
+def _starts_after(t: engine.Trace, bug: engine.Bug, stage: str) -> bool:
+    """Whether every step the bug replaces comes after the step computing ``stage``: then the bug's
+    trace holds the reference's very arrays up to that stage (engine.recompute reuses them)."""
+    names = [s.name for s in t.steps]
+    if stage not in names:
+        return False  # not a step (tokens, or an explicit input): try the bug
+    replaced = [names.index(s.name) for s in bug.replaces if s.name in names]
+    return bool(replaced) and min(replaced) > names.index(stage)
+
+
+def _hint_received(sid: str, t: engine.Trace, sub: Submission) -> compare.Received:
+    """The first wrong stage's arrays for the hints: read only when they hold as many values as the stage."""
+    shape = sub.shapes.get(sid)
+    if shape is None or math.prod(shape) != math.prod(t.stages[sid].shape):
+        return compare.Received(None)
+    return sub.received(sid)
 
 
 def check_document(req: CheckRequest, limits: Settings) -> dict[str, Any]:
     """Compare a submission with the reference; diagnose the first wrong stage."""
     t = run_trace(req)
-    order = [sid for sid in STAGE_IDS if sid in req.submission]  # the models checked that t has them all
-    results = {sid: compare_stage(sid, t.stages[sid], req.submission[sid], req.rtol, req.atol) for sid in order}
+    tol = req.tolerance
+    sub = Submission(req)
+    order = [sid for sid in ALL_STAGE_IDS if sid in req.submission]  # the models checked that t has them all
+    results = {sid: compare_stage(sid, t.stages[sid], sub, tol) for sid in order}
     first_wrong = next((sid for sid in order if not results[sid]["passed"]), None)
 
     matches: list[str] = []
+    hint_list: list[dict[str, str]] = []
     if first_wrong is not None:
-        for bug in engine.applicable_bugs(t.config, t.n_tokens, explicit_input=t.input_source == "explicit"):
-            buggy = engine.recompute(t, bug)  # from the bug's step on; earlier arrays are reused
-            if engine.same_numbers(buggy, t, order):
-                continue  # this bug changes nothing the student submitted
-            if _matches(buggy, req.submission, req.rtol, req.atol):
+        for bug in engine.applicable_bugs(t.config, t.n_tokens, explicit_input=t.input_source == "explicit",
+                                          n_context=t.n_context):
+            if _starts_after(t, bug, first_wrong):
+                continue  # it changes nothing up to the first wrong stage, which it therefore cannot reproduce
+            # From the bug's step on; earlier arrays are reused. (A bug that changes none of the
+            # submitted stages fails where the reference fails, so it needs no separate test.)
+            buggy = engine.recompute(t, bug)
+            if _matches(buggy, sub, [first_wrong, *(sid for sid in order if sid != first_wrong)], tol):
                 matches.append(bug.name)
+        if not matches and first_wrong != "tokens":  # what the student's numbers show (service/hints.py)
+            st = t.stages[first_wrong]
+            hint_list = hints.hints(first_wrong, np.asarray(st.values, dtype=np.float64), st.mask,
+                                    _hint_received(first_wrong, t, sub), t.config, tol)
     bug = matches[0] if matches else None
 
     if first_wrong is None:
@@ -158,18 +231,20 @@ def check_document(req: CheckRequest, limits: Settings) -> dict[str, Any]:
             diag_msg = ("Your numbers do not match any known bug; compare your step "
                         f"{info.step} with {t.stages[first_wrong].formula}.")
         message = f"{where}: {results[first_wrong]['message']}. {diag_msg}"
+        if hint_list:
+            message += " Hints: " + hints.summary(hint_list)
 
     return {
         "schema_version": serialize.SCHEMA_VERSION,
         "engine_version": t.engine_version,
         "parameters_digest": t.parameters_digest,
         "config": serialize.config_document(t),
-        "tolerance": {"rtol": req.rtol, "atol": req.atol, "rule": TOLERANCE_RULE},
+        "tolerance": tol.document(),
         "passed": first_wrong is None,
         "first_wrong_stage": first_wrong,
         "stages": results,
         "diagnosis": {"bug": bug, "summary": BUGS[bug].summary if bug else None, "matches": matches,
-                      "message": diag_msg},
+                      "message": diag_msg, "hints": hint_list},
         "message": message,
     }
 
@@ -206,6 +281,15 @@ def batch_document(path: str, batch: BatchRequest, limits: Settings) -> dict[str
                            f"{limits.max_trace_values}; split it into smaller batches", kind="validation-error",
                            errors=[{"pointer": "/items", "type": "batch_too_large",
                                     "message": f"{total} numbers in all; the limit is {limits.max_trace_values}"}])
+    # ... and so is its CPU: weight generation and the /check comparisons count too (service/budget.py).
+    work = budget.cost(single, [p for p in parsed if not isinstance(p, ProblemError)])
+    if work > limits.max_request_cost:
+        raise ProblemError(422, "Invalid request",
+                           f"the batch would cost {work} units of work (numbers computed, weights generated), "
+                           f"above the limit of {limits.max_request_cost}; split it into smaller batches or "
+                           "share seeds between items", kind="validation-error",
+                           errors=[{"pointer": "/items", "type": "batch_too_costly",
+                                    "message": f"{work} units in all; the limit is {limits.max_request_cost}"}])
     results = []
     for i, p in enumerate(parsed):
         if not isinstance(p, ProblemError):
@@ -240,6 +324,6 @@ def version_document(limits: Settings) -> dict[str, Any]:
             **{name: _dist_version(name) for name in ("numpy", "pydantic", "orjson", "regex")},
         },
         "limits": limits.limits(),
-        "stage_ids": list(STAGE_IDS),
+        "stage_ids": list(ALL_STAGE_IDS),
         "bugs": {name: bug.summary for name, bug in BUGS.items()},
     }

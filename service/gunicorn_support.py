@@ -3,9 +3,10 @@
 - ``JsonAccessLogger``: access-log values are JSON-escaped, so a quote,
   backslash or percent-decoded newline in a path or user agent can neither
   break a log line nor forge a field (gunicorn itself escapes only quotes).
-- ``write_problem``: the errors gunicorn answers itself, before the app sees
-  the request (400 bad request line, 414, 431, 417, 501), become
-  problem+json with the app's security headers instead of an HTML page.
+- ``problem_response`` / ``write_problem``: the errors gunicorn answers
+  itself, before the app sees the request (400 bad request line, 414, 431,
+  417, 501; and, in service/worker.py, 408 and 503), become problem+json with
+  the app's security headers instead of an HTML page.
 - ``handle_error``: when the arbiter aborts a worker that is still waiting on
   a slow client's body (WORKER TIMEOUT), that client gets 408, not a 500.
 
@@ -41,15 +42,26 @@ class JsonAccessLogger(Logger):
     atoms_wrapper_class = _JsonAtoms
 
 
-def write_problem(sock, status_int: int, reason: str, mesg: str) -> None:  # gunicorn.util.write_error's signature
+_KINDS.update({413: "payload-too-large", 500: "internal-error", 503: "unavailable"})
+
+
+def problem_response(status_int: int, reason: str, detail: str, request_id: str | None = None, *,
+                     retry_after: int | None = None) -> bytes:
+    """A complete HTTP/1.1 problem+json answer that closes the connection."""
     body = json.dumps({"type": "urn:attention-trace:problem:" + _KINDS.get(status_int, "http-error"),
-                       "title": reason, "status": status_int,
-                       "detail": f"The server refused the request before reading it: {reason}."}).encode()
+                       "title": reason, "status": status_int, "detail": detail}).encode()
+    extra = f"Retry-After: {retry_after}\r\n" if retry_after is not None else ""
     head = (f"HTTP/1.1 {status_int} {reason}\r\nConnection: close\r\n"
             f"Content-Type: application/problem+json\r\nContent-Length: {len(body)}\r\n"
+            f"Cache-Control: no-store\r\n{extra}"
             f"X-Content-Type-Options: nosniff\r\nContent-Security-Policy: {API_CSP}\r\n"
-            f"X-Request-ID: {uuid.uuid4().hex}\r\n\r\n")
-    gunicorn.util.write_nonblock(sock, head.encode("latin-1") + body)
+            f"X-Request-ID: {request_id or uuid.uuid4().hex}\r\n\r\n")
+    return head.encode("latin-1") + body
+
+
+def write_problem(sock, status_int: int, reason: str, mesg: str) -> None:  # gunicorn.util.write_error's signature
+    gunicorn.util.write_nonblock(sock, problem_response(
+        status_int, reason, f"The server refused the request before reading it: {reason}."))
 
 
 _original_handle_error = Worker.handle_error

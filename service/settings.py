@@ -11,6 +11,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 
 ENV_PREFIX = "ATTENTION_TRACE_"
+#: the paths whose bodies may be as large as max_check_body_bytes (a whole submission)
+CHECK_PATHS = frozenset({"/check", "/check/batch"})
 
 
 @dataclass(frozen=True)
@@ -24,8 +26,18 @@ class Settings:
     #: most numbers one trace may return (all stages, plus parameters if asked);
     #: bounds response size (~20 bytes a number) and memory before any array exists
     max_trace_values: int = 2_500_000
-    #: largest request body in bytes (413 above it)
+    #: largest request body in bytes (413 above it), except /check and /check/batch
     max_body_bytes: int = 4 * 1024 * 1024
+    #: largest /check and /check/batch body in bytes (413 above it): a submission of
+    #: every stage at d_model 512, 64 tokens, 8 heads is ~7.5 MiB as compact JSON and
+    #: ~7.9 MiB with ", " separators (docs/checking.md)
+    max_check_body_bytes: int = 16 * 1024 * 1024
+    #: most JSON values (numbers, nulls, strings, lists, objects) a /check or
+    #: /check/batch body may hold, counted from its commas and brackets before it is
+    #: parsed (413 above it): parsing costs up to ~140 bytes of memory per value, so
+    #: this bounds a request's memory, whatever the body holds. Every stage at d_model
+    #: 512, 64 tokens, 8 heads is ~430 000 values.
+    max_check_json_values: int = 1_000_000
     #: most items in one /trace/batch or /check/batch request; their traces
     #: together may hold at most max_trace_values numbers
     max_batch_items: int = 32
@@ -42,6 +54,16 @@ class Settings:
     #: bytes of /trace answers each worker keeps, keyed by the exact request
     #: body (answers up to 256 KiB); 0 turns the cache off
     response_cache_bytes: int = 32 * 1024 * 1024
+    #: bytes of generated weight sets each worker keeps (4·d_model²·8 bytes a set:
+    #: 8 MiB at d_model 512, so 4 of those by default); bounds the worker's memory
+    weight_cache_bytes: int = 32 * 1024 * 1024
+
+    @property
+    def max_request_cost(self) -> int:
+        """The work budget of one request, batches included, in numbers (service/budget.py):
+        the most one single trace may cost, max_trace_values plus one weight set of
+        4·max_d_model² generated numbers."""
+        return self.max_trace_values + 4 * self.max_d_model ** 2
 
     @classmethod
     def from_env(cls, environ: os._Environ[str] | dict[str, str] | None = None) -> Settings:
@@ -67,9 +89,14 @@ class Settings:
             values[f.name] = number
         return cls(**values)
 
+    def body_limit(self, path: str) -> int:
+        """The body limit of a request path: max_check_body_bytes for /check and /check/batch."""
+        return self.max_check_body_bytes if path in CHECK_PATHS else self.max_body_bytes
+
     def limits(self) -> dict[str, object]:
         """The limits in force, as reported by GET /version."""
         d = asdict(self)
         d["cors_origins"] = list(self.cors_origins)
         d["compression"] = list(self.compression)
+        d["max_request_cost"] = self.max_request_cost
         return d

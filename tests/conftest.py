@@ -3,6 +3,7 @@ against openapi.yaml, and real gunicorn on a free loopback port."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -145,7 +146,16 @@ def free_port() -> int:
 class Gunicorn:
     """Real gunicorn with the committed config, on loopback, stopped by its PID."""
 
-    def __init__(self, workers: int = 2, env: dict[str, str] | None = None) -> None:
+    def __init__(self, workers: int = 2, env: dict[str, str] | None = None, prefix: list[str] | None = None) -> None:
+        # free_port() only finds a port that was free a moment ago: another process may
+        # take it before gunicorn binds it. Then gunicorn says "Connection in use": try
+        # another port (a bounded number of times) instead of failing the test.
+        for attempt in range(3):
+            if self._start(workers, env, prefix):
+                return
+        raise RuntimeError(f"gunicorn found no free port in 3 attempts; see {self.log}")
+
+    def _start(self, workers: int, env: dict[str, str] | None, prefix: list[str] | None) -> bool:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = ROOT / "artifacts" / f"gunicorn-{self.port}.log"
@@ -154,17 +164,20 @@ class Gunicorn:
                     **(env or {})}
         self._log = self.log.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "service.wsgi:app"],
+            [*(prefix or []), sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "service.wsgi:app"],
             cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 60
         while True:
+            if "Connection in use" in self.log_text():
+                self.stop()
+                return False
             if self.proc.poll() is not None:
                 self._log.close()
                 raise RuntimeError(f"gunicorn exited with {self.proc.returncode}; see {self.log}")
             try:
                 if requests.get(self.url + "/health", timeout=2).ok:
-                    break
+                    return True
             except requests.RequestException:  # refused or slow while workers boot under load
                 pass
             if time.monotonic() > deadline:
@@ -188,6 +201,29 @@ class Gunicorn:
     def log_text(self) -> str:
         self._log.flush()
         return self.log.read_text(encoding="utf-8", errors="replace")
+
+    def log_entries(self) -> list[dict]:
+        """The access log's JSON lines so far (a line still being written is skipped)."""
+        entries = []
+        for line in self.log_text().splitlines():
+            if line.startswith('{"time"'):
+                try:
+                    entries.append(json.loads(line))
+                except ValueError:
+                    continue
+        return entries
+
+    def wait_for_log(self, predicate, count: int = 1, within: float = 10.0) -> list[dict]:
+        """The access-log entries matching `predicate`, once there are `count` of them or
+        `within` seconds have passed. A worker writes its line after the response has
+        gone (and from another process), so reading the log right after the response
+        races with it: poll with a deadline, never a fixed sleep."""
+        deadline = time.monotonic() + within
+        while True:
+            found = [e for e in self.log_entries() if predicate(e)]
+            if len(found) >= count or time.monotonic() > deadline:
+                return found
+            time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")

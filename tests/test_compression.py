@@ -7,7 +7,9 @@ import gzip
 import brotli
 import pytest
 
-BIG = {"sentence": "the cat sat on the mat and looked at the dog", "d_model": 64, "num_heads": 4}  # ~100 KB
+BIG = {"sentence": "the cat sat on the mat and looked at the dog", "d_model": 64, "num_heads": 4}  # ~157 KB
+#: gzip costs ~1.5× br a byte: compressing BIG would cost more than computing it (service/compression.py)
+BIG_GZ = {**BIG, "d_model": 128}  # ~281 KB, 3.8 ms of estimated work
 SMALL = {"sentence": "the cat sat", "d_model": 4}  # ~3 KB
 
 
@@ -35,12 +37,12 @@ def test_small_bodies_and_clients_without_br_are_not_compressed(client):
 
 def test_gzip_when_the_operator_enables_it(app_factory):
     client = app_factory(compression=("br", "gzip")).test_client()
-    resp = client.post("/trace", json=BIG, headers={"Accept-Encoding": "gzip"})
+    resp = client.post("/trace", json=BIG_GZ, headers={"Accept-Encoding": "gzip"})
     assert resp.headers["Content-Encoding"] == "gzip"
-    plain = client.post("/trace", json=BIG).get_data()
+    plain = client.post("/trace", json=BIG_GZ).get_data()
     assert gzip.decompress(resp.get_data()) == plain
-    assert client.post("/trace", json=BIG, headers={"Accept-Encoding": "gzip"}).get_data() == resp.get_data()
-    prefers = client.post("/trace", json=BIG, headers={"Accept-Encoding": "gzip, br"})
+    assert client.post("/trace", json=BIG_GZ, headers={"Accept-Encoding": "gzip"}).get_data() == resp.get_data()
+    prefers = client.post("/trace", json=BIG_GZ, headers={"Accept-Encoding": "gzip, br"})
     assert prefers.headers["Content-Encoding"] == "br"  # the operator's order decides
 
 
@@ -48,6 +50,28 @@ def test_compression_off(app_factory):
     client = app_factory(compression=()).test_client()
     resp = client.post("/trace", json=BIG, headers={"Accept-Encoding": "br, gzip"})
     assert "Content-Encoding" not in resp.headers
+
+
+def test_compression_never_costs_more_than_the_answer(client, app_factory):
+    """brotli costs ~6.2 ns a byte; the largest traces cost ~2.6 ns a byte to produce. Compressing
+    them would more than double the request's CPU (issue #13: 270 ms → 643 ms), so they go out
+    as they are, while an answer that was expensive to compute for its size is compressed."""
+    import time
+
+    from test_resources import measure_limits
+
+    largest = {**measure_limits().largest_trace(), "seed": 4242}
+    plain = app_factory(response_cache_bytes=0).test_client()
+    t = time.thread_time()
+    resp = plain.post("/trace", json=largest, headers={"Accept-Encoding": "br"})
+    cpu = time.thread_time() - t
+    assert resp.status_code == 200 and "Content-Encoding" not in resp.headers
+    assert "Accept-Encoding" in resp.headers["Vary"] and len(resp.get_data()) > 30e6
+    # the weights of d_model 512 are 1 M generated numbers: a 256 KB answer is worth compressing
+    costly = {"sentence": "the cat sat on the mat", "d_model": 512, "num_heads": 8, "seed": 4243}
+    resp = plain.post("/trace", json=costly, headers={"Accept-Encoding": "br"})
+    assert resp.headers["Content-Encoding"] == "br"
+    assert cpu < 10  # sanity: the largest trace is a fraction of a second, not a hang
 
 
 def test_compression_setting_from_env():

@@ -503,7 +503,10 @@ def test_compose_runs_three_hardened_replicas_behind_nginx():
     assert str(image_env()["PORT"]) in [str(p) for p in app["expose"]]
     assert nginx["depends_on"]["app"]["condition"] == "service_healthy"
     mounts = {v.split(":")[1]: v.split(":")[0] for v in nginx["volumes"]}
-    assert (DEPLOY / mounts["/etc/nginx/nginx.conf"]).resolve() == DEPLOY / "nginx.conf"
+    assert (DEPLOY / mounts["/etc/nginx/nginx.conf.in"]).resolve() == DEPLOY / "nginx.conf"
+    # the start command fills in the resolver and runs that file
+    command = " ".join(nginx["command"])
+    assert "@RESOLVER@" in command and "/etc/nginx/nginx.conf.in" in command and "nginx -c /tmp/nginx.conf" in command
     for published in nginx["ports"]:
         assert published.startswith("127.0.0.1:"), "the default compose file publishes on loopback only"
 
@@ -531,19 +534,20 @@ def test_nginx_proxies_to_the_compose_replicas():
     doc = load_compose()
     # proxy_pass takes $backend, set to the service name and the image's port
     sets = {d["args"][0]: d["args"][1] for d in directives(conf, "set")}
-    targets = [sets.get(d["args"][0], d["args"][0]) for d in directives(conf, "proxy_pass")]
-    assert targets == [f"http://app:{image_env()['PORT']}"]
+    targets = {sets.get(d["args"][0], d["args"][0]) for d in directives(conf, "proxy_pass")}
+    assert targets == {f"http://app:{image_env()['PORT']}"}
     assert "app" in doc["services"]
-    # a resolver, so the replicas are looked up at request time (Docker's DNS)
+    # a resolver, so the replicas are looked up at request time (the container's
+    # nameserver, filled in at start: Docker's 127.0.0.11, podman's aardvark-dns)
     resolver = next(directives(conf, "resolver"))["args"]
-    assert resolver[0] == "127.0.0.11" and any(a.startswith("valid=") for a in resolver)
+    assert resolver[0] == "@RESOLVER@" and any(a.startswith("valid=") for a in resolver)
     # nginx listens where compose publishes it
     listen = {d["args"][0] for d in directives(conf, "listen")}
     published = {p.rsplit(":", 1)[-1] for p in doc["services"]["nginx"]["ports"]}
     assert published <= listen
-    # the service answers 413 itself: nginx lets a little more through
-    size = next(directives(conf, "client_max_body_size"))["args"][0]
-    assert int(size.rstrip("m")) * 1024 * 1024 > Settings().max_body_bytes
+    # nginx refuses bodies over the service's own limits itself (as problem+json, below)
+    sizes = [int(d["args"][0].rstrip("m")) * 1024 * 1024 for d in directives(conf, "client_max_body_size")]
+    assert sizes == [Settings().max_body_bytes, Settings().max_check_body_bytes]
     # nginx waits longer than gunicorn lets a worker run
     read_timeout = _duration_seconds(next(directives(conf, "proxy_read_timeout"))["args"][0])
     assert read_timeout > gunicorn_settings({})["timeout"]
@@ -584,12 +588,17 @@ def test_k8s_deployment_probes_resources_and_security():
     assert spec["replicas"] >= 3
     assert spec["selector"]["matchLabels"].items() <= labels.items()
     assert service["spec"]["selector"].items() <= labels.items()
-    (container,) = pod["containers"]
-    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"http": int(image_env()["PORT"])}
+    container, proxy = pod["containers"]
+    assert (container["name"], proxy["name"]) == ("app", "proxy")
+    # the Service reaches the sidecar only; the app listens on loopback, inside the Pod
+    assert "ports" not in container
+    assert {e["name"]: e["value"] for e in container["env"]}["HOST"] == "127.0.0.1"
+    ports = {p["name"]: p["containerPort"] for p in proxy["ports"]}
+    assert ports == {"http": 8080}
     assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
+    assert proxy["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}  # through to the app
+    assert proxy["livenessProbe"]["httpGet"] == {"path": "/nginx-health", "port": "http"}
+    assert "127.0.0.1:8000/health" in " ".join(container["livenessProbe"]["exec"]["command"])
     resources = container["resources"]
     for kind in ("requests", "limits"):
         assert {"cpu", "memory"} <= set(resources[kind]), kind
@@ -598,9 +607,11 @@ def test_k8s_deployment_probes_resources_and_security():
     uid = int(of(final_stage(), "USER")[-1]["value"].split(":")[0])
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == uid
-    sc = container["securityContext"]
-    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
-    assert sc["capabilities"]["drop"] == ["ALL"]
+    for c in (container, proxy):
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert c["resources"]["limits"]["memory"] == c["resources"]["requests"]["memory"], c["name"]
     # a read-only root still needs a writable /tmp for gunicorn's heartbeat files
     tmp = next(m for m in container["volumeMounts"] if m["mountPath"] == "/tmp")
     assert any(v["name"] == tmp["name"] and "emptyDir" in v for v in pod["volumes"])
@@ -608,6 +619,73 @@ def test_k8s_deployment_probes_resources_and_security():
     pre_stop = " ".join(container["lifecycle"]["preStop"]["exec"]["command"])
     sleep = float(re.search(r"sleep\((\d+(?:\.\d+)?)\)", pre_stop).group(1))
     assert pod["terminationGracePeriodSeconds"] > sleep + gunicorn_settings({})["graceful_timeout"]
+
+
+def _sidecar_conf_module():
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("sidecar_nginx_conf", str(ROOT / "scripts" / "sidecar-nginx-conf"))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_k8s_sidecar_config_is_the_compose_nginx_conf_for_one_pod(tmp_path):
+    """The ConfigMap holds scripts/sidecar-nginx-conf's output exactly (run it with
+    --write after changing deploy/nginx.conf), and that parses."""
+    docs = {d["kind"]: d for d in load_k8s()}
+    held = docs["ConfigMap"]["data"]["nginx.conf"]
+    mod = _sidecar_conf_module()
+    assert held == mod.MARK.strip() + "\n" + mod.sidecar_conf()
+    conf_file = tmp_path / "nginx.conf"
+    conf_file.write_text(held, encoding="utf-8")
+    parsed = crossplane.parse(str(conf_file), strict=True, check_ctx=True, check_args=True)
+    assert parsed["status"] == "ok", parsed["errors"]
+    sidecar = parsed["config"][0]["parsed"]
+    sets = {d["args"][0]: d["args"][1] for d in directives(sidecar, "set")}
+    assert sets["$backend"] == "http://127.0.0.1:8000"
+    assert not list(directives(sidecar, "resolver")) and not list(directives(sidecar, "user"))
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    assert pod["volumes"][1]["configMap"]["name"] == docs["ConfigMap"]["metadata"]["name"]
+
+
+def test_nginx_bounds_every_client():
+    """Issue #13: the proxy's own deadlines, body and buffer bounds, per-address
+    limits, retries of pure POSTs, and problem+json for its own refusals."""
+    conf = load_nginx()
+    one = lambda name: next(directives(conf, name))["args"]  # noqa: E731
+    from service.worker import Limits
+
+    for name in ("client_header_timeout", "client_body_timeout", "send_timeout"):
+        assert _duration_seconds(one(name)[0]) <= Limits().send_timeout, name
+    assert one("proxy_max_temp_file_size") == ["0"]  # answers never spool to (tmpfs) disk
+    assert not list(directives(conf, "proxy_request_buffering"))  # on (the default): bodies arrive whole
+    zones = {d["args"][0] for d in directives(conf, "limit_req_zone")} | \
+        {d["args"][0] for d in directives(conf, "limit_conn_zone")}
+    assert zones == {"$binary_remote_addr"}
+    posts = [d for d in directives(conf, "location") if d["args"][-1].startswith(("^/trace", "^/check"))]
+    assert len(posts) == 2
+    for loc in posts:
+        names = {d["directive"] for d in loc["block"]}
+        assert {"limit_req", "limit_conn", "proxy_pass"} <= names, loc["args"]
+    nu = one("proxy_next_upstream")
+    assert {"error", "timeout", "http_502", "http_503", "non_idempotent"} <= set(nu)
+    pages = {d["args"][0]: d["args"][-1] for d in directives(conf, "error_page")}
+    assert pages["413"] == "@too_large" and pages["429"] == "@too_many" and pages["502"] == "@unavailable"
+    for loc in directives(conf, "location"):
+        if loc["args"][0].startswith("@"):
+            block = {d["directive"]: d["args"] for d in loc["block"]}
+            assert block["default_type"] == ["application/problem+json"]
+            status, body = block["return"]
+            assert json.loads(body)["status"] == int(status)
+    # compose: the temp space holds 8 of the largest /check bodies, and counts as the container's memory
+    nginx = load_compose()["services"]["nginx"]
+    tmp = next(t for t in nginx["tmpfs"] if t.startswith("/tmp:"))
+    size = int(re.search(r"size=(\d+)m", tmp).group(1))
+    assert size * 2**20 >= 8 * Settings().max_check_body_bytes
+    assert int(nginx["deploy"]["resources"]["limits"]["memory"].rstrip("M")) >= size + 128
 
 
 # -------------------------------------------------------------------- scripts

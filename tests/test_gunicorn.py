@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 
 import pytest
 import requests
@@ -25,7 +24,7 @@ def test_health_and_trace_over_http(gunicorn_server, spec_checker):
 
 
 def test_same_request_byte_identical_across_calls_and_workers(gunicorn_server):
-    # Concurrent clients keep both sync workers busy, so both answer the same
+    # Concurrent clients keep both workers busy, so both answer the same
     # request; the access log names the worker (pid) behind each request id.
     def call(i: int) -> bytes:
         r = requests.post(gunicorn_server.url + "/trace", json=CAT, timeout=10,
@@ -38,8 +37,9 @@ def test_same_request_byte_identical_across_calls_and_workers(gunicorn_server):
     with cf.ThreadPoolExecutor(max_workers=4) as pool:
         for batch in range(10):  # bounded: stops as soon as both workers have answered
             bodies.update(pool.map(call, range(batch * 40, batch * 40 + 40)))
-            entries = [json.loads(line) for line in gunicorn_server.log_text().splitlines() if line.startswith("{")]
-            pids = {e["pid"] for e in entries if e["request_id"].startswith("identical-")}
+            entries = gunicorn_server.wait_for_log(lambda e: e["request_id"].startswith("identical-"),
+                                                   count=(batch + 1) * 40, within=5)
+            pids = {e["pid"] for e in entries}
             if len(pids) == 2:
                 break
     assert len(bodies) == 1
@@ -66,11 +66,10 @@ def test_access_log_is_json_with_request_id_and_no_body(gunicorn_server):
                       headers={"X-Request-ID": "log-check-1"})
     assert r.headers["X-Request-ID"] == "log-check-1"
     assert r.headers["Server"] == "attention-trace"  # no server name or version banner
-    log = gunicorn_server.log_text()
-    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
-    mine = [entry for entry in lines if entry["request_id"] == "log-check-1"]
+    # The worker writes the line after the response: wait for it (with a deadline), never sleep.
+    mine = gunicorn_server.wait_for_log(lambda e: e["request_id"] == "log-check-1")
     assert mine and mine[0]["path"] == "/trace" and mine[0]["status"] == 200
-    assert "secret-sentence-xyz" not in log
+    assert "secret-sentence-xyz" not in gunicorn_server.log_text()
 
 
 def test_sigterm_stops_cleanly_within_a_few_seconds():

@@ -45,20 +45,28 @@ def measure_limits():
     return module
 
 
+# The peak is VmHWM, not getrusage's ru_maxrss: on Linux ru_maxrss survives
+# execve, so a child forked from a large pytest process (after the memory-heavy
+# tests) would start at pytest's size, and this test would fail or pass by test
+# order. VmHWM belongs to the new address space.
 _CHILD = r"""
-import json, os, resource, sys, time
+import json, os, sys, time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+def hwm_kib():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
 from service import create_app
 body = sys.stdin.buffer.read()
 client = create_app().test_client()
 client.get("/health")
-idle = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+idle = hwm_kib()
 start = time.perf_counter()
 resp = client.post("/trace", data=body, content_type="application/json")
 data = resp.get_data()
 wall = time.perf_counter() - start
 print(json.dumps({"status": resp.status_code, "wall_s": wall, "bytes": len(data),
-                  "idle_kib": idle, "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+                  "idle_kib": idle, "peak_kib": hwm_kib()}))
 """
 
 

@@ -1,0 +1,62 @@
+"""What a request costs, counted from the validated request before any work starts.
+
+The unit is one number of a trace (one float the engine computes and the
+response carries). Measured on the project's machine (docs/reliability.md,
+"Every request's cost bounded"), in CPU time of the worker:
+
+- a trace costs ~42 ns a number (the largest the limits allow, 2.5 M numbers,
+  ~105 ms; JSON encoding is half of it);
+- generating one weight set costs about one unit a weight: 4·d_model² numbers
+  from SHAKE-256 plus their digest, ~26 + 5 ms at d_model 512 (1 M weights),
+  ~47 ms a /trace/batch item with its own seed at d_model 512;
+- a /check item costs 3–7 times the trace of the same shape (parsing and
+  comparing the submission, then re-running the bugs' steps): counted as 4×;
+- every item has a fixed overhead (validation, a Python loop), ~10 000 units.
+
+A weight set is counted once per distinct (seed, d_model, num_heads,
+num_kv_heads) in a batch, and counted whether or not it is cached: the bound
+must not depend on what happened to be computed before.
+
+The budget (``Settings.max_request_cost``) is what the most expensive single
+/trace may cost: ``max_trace_values`` numbers plus one weight set at
+``max_d_model``, 3.55 M units at the defaults (~150 ms). Every single /trace
+is within it by construction (its numbers are bounded by ``max_trace_values``
+and its weights by ``max_d_model``); a batch must fit in it as a whole.
+Compression is bounded separately, by what the request has already cost
+(service/compression.py): it can at most double a request's CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+#: units of one batch item's fixed overhead
+ITEM_COST = 10_000
+#: a /check item costs this many times its trace's numbers
+CHECK_FACTOR = 4
+
+
+def weight_key(spec: Any) -> tuple | None:
+    """The generated weight set a request needs (None when it brings its own)."""
+    if getattr(spec, "parameters", None) is not None:
+        return None
+    return (getattr(spec, "seed", 0), spec.d_model, spec.num_heads, getattr(spec, "num_kv_heads", None))
+
+
+def weight_cost(d_model: int) -> int:
+    """Units to generate one weight set: 4·d_model² numbers (an upper bound under grouped K/V heads)."""
+    return 4 * d_model * d_model
+
+
+def cost(path: str, specs: Iterable[Any]) -> int:
+    """The cost of answering these validated requests of one endpoint ("/trace" or "/check") together."""
+    total, weights = 0, set()
+    for spec in specs:
+        values = int(getattr(spec, "_value_count", 0) or 0)
+        total += ITEM_COST + values * (CHECK_FACTOR if path == "/check" else 1)
+        key = weight_key(spec)
+        if key is not None and key not in weights:
+            weights.add(key)
+            total += weight_cost(spec.d_model)
+    return total

@@ -1,0 +1,902 @@
+"""A gunicorn worker that reads whole requests before any work starts, and
+writes whole responses after it: nginx's buffering, inside each worker.
+
+Why (docs/reliability.md has the measurements): gunicorn's sync worker gives
+one client the whole worker from accept() to close(). Two idle sockets, two
+slowloris clients, a slow body or a client that never reads stopped all
+traffic for 31 s, the worker timeout. gthread only moves the problem to its
+thread pool (a thread blocks on a client that sent one byte). Here, one
+event loop per worker (``selectors``, in the main thread) does all the
+socket I/O, non-blocking and under deadlines; the application runs in two
+threads only on requests that have fully arrived:
+
+- **reading**: the request head must arrive within ``header_timeout`` seconds
+  of the connection (or of the previous response, on a kept-alive
+  connection), at most 64 KiB; the body at no less than ``min_body_rate``
+  (16 KiB/s) on average after a ``body_timeout`` grace, and with no pause
+  longer than ``body_timeout``. ``Content-Length`` above the service's body limit is
+  handed to the app at once (it answers 413) without reading the body, and
+  ``Expect: 100-continue`` is answered only after that check;
+- **admission**: a complete request goes to a *lane*. GET/HEAD/OPTIONS (health
+  probes, /version, the viewer) have their own thread, so they never wait
+  behind a trace; everything else queues for the *work* thread, at most
+  ``max_queue`` deep and ``queue_timeout`` seconds old, else an immediate 503
+  with Retry-After (a proxy retries it on another replica);
+- **writing**: the response is rendered into memory and sent as the client
+  reads it; a client that reads nothing for ``send_timeout`` seconds is cut
+  off. Buffered output and input are bounded per worker (``max_buffered``):
+  above it, the most stalled reader is cut off first;
+- **capacity**: at most ``worker_connections`` connections per worker; when
+  full, the slowest connection still sending its request is dropped to make
+  room, so idle and slow clients cannot lock others out;
+- **logging**: every request the server refuses or cuts off itself (400, 408,
+  413, 414, 417, 431, 501, 503) gets a JSON access-log line with the client's
+  address, as answered requests do, plus a warning in the error log.
+
+A request that runs longer than gunicorn's ``timeout`` stops the worker's
+heartbeat, so the arbiter replaces the worker as it would a sync worker.
+Plain HTTP/1.x only (no TLS, no HTTP/2: TLS ends at the proxy or ingress).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import queue
+import selectors
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from gunicorn import http
+from gunicorn.http import wsgi
+from gunicorn.http.body import ChunkedReader, LengthReader
+from gunicorn.http.errors import (
+    ChunkMissingTerminator, ExpectationFailed, InvalidChunkExtension, InvalidChunkSize, LimitRequestHeaders,
+    LimitRequestLine, UnsupportedTransferCoding,
+)
+from gunicorn.workers import base
+
+from service.gunicorn_support import problem_response
+from service.settings import CHECK_PATHS
+
+#: largest request head accepted (request line + headers); gunicorn's own
+#: limits (limit_request_line, limit_request_field_size, limit_request_fields)
+#: apply within it
+MAX_HEAD = 64 * 1024
+#: a body no larger than this may always be read, even when the worker's input
+#: buffer is full (small requests are never starved by large slow ones)
+SMALL_BODY = 64 * 1024
+SEND_CHUNK = 256 * 1024
+#: a connection younger than this is never dropped to make room (its request may still be on the way)
+SHED_AGE = 0.5
+#: how often a busy worker looks for new connections (an idle one takes them at once)
+ACCEPT_POLL = 0.02
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Set once in gunicorn.conf.py (the master), inherited by every worker."""
+
+    header_timeout: float = 10.0
+    body_timeout: float = 10.0
+    min_body_rate: float = 16 * 1024
+    send_timeout: float = 10.0
+    queue_timeout: float = 15.0
+    max_queue: int = 16
+    max_fast_queue: int = 64
+    max_buffered: int = 64 * 1024 * 1024
+    max_body_bytes: int = 4 * 1024 * 1024
+    #: /check and /check/batch take larger bodies (Settings.max_check_body_bytes)
+    max_check_body_bytes: int = 16 * 1024 * 1024
+    linger: float = 2.0
+
+
+LIMITS = Limits()
+
+
+def configure(**values: Any) -> Limits:
+    """gunicorn.conf.py's hook: replace the limits (before the workers fork)."""
+    global LIMITS
+    LIMITS = Limits(**values)
+    return LIMITS
+
+
+class BufferSource:
+    """The bytes of one connection so far, read by gunicorn's parser as if they were its socket."""
+
+    def __init__(self, data: bytes = b"") -> None:
+        self.buf = bytearray(data)
+        self.pos = 0
+
+    def recv(self, n: int) -> bytes:
+        chunk = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += len(chunk)
+        return chunk
+
+    def rest(self) -> bytes:
+        return bytes(self.buf[self.pos:])
+
+
+class OutBuffer:
+    """What gunicorn's Response writes, collected in memory."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self.parts.append(bytes(data))
+
+    def send(self, data: bytes) -> int:
+        self.parts.append(bytes(data))
+        return len(data)
+
+    def gettimeout(self) -> float:
+        return 0.0
+
+    def setblocking(self, flag: bool) -> None:
+        pass
+
+    def value(self) -> list[bytes]:
+        """The parts as written (not joined: a 40 MB answer is not copied once more)."""
+        return self.parts
+
+
+class BadChunk(Exception):
+    pass
+
+
+class ChunkScanner:
+    """Finds where a chunked body ends in a growing buffer, and how many body bytes it holds."""
+
+    def __init__(self, start: int) -> None:
+        self.pos = start
+        self.state = "size"
+        self.need = 0
+        self.decoded = 0
+        self.end: int | None = None
+
+    def scan(self, buf: bytearray) -> None:
+        while self.end is None:
+            if self.state == "size":
+                i = buf.find(b"\r\n", self.pos)
+                if i < 0:
+                    if len(buf) - self.pos > 1024:
+                        raise BadChunk
+                    return
+                size = buf[self.pos:i].split(b";", 1)[0].strip()
+                try:
+                    self.need = int(size, 16)
+                except ValueError:
+                    raise BadChunk from None
+                self.pos = i + 2
+                self.state = "data" if self.need else "trailer"
+            elif self.state == "data":
+                if len(buf) < self.pos + self.need + 2:
+                    return
+                self.pos += self.need + 2
+                self.decoded += self.need
+                self.state = "size"
+            else:  # trailer lines, each at the start of a line, then an empty line
+                i = buf.find(b"\r\n", self.pos)
+                if i < 0:
+                    if len(buf) - self.pos > MAX_HEAD:
+                        raise BadChunk
+                    return
+                if i == self.pos:
+                    self.end = i + 2
+                else:
+                    self.pos = i + 2
+
+
+class Conn:
+    __slots__ = ("sock", "fd", "addr", "server", "state", "source", "accepted", "phase_start", "last_progress",
+                 "received", "head_end", "req", "parser", "need", "chunks", "deadline", "out", "out_pos", "out_left",
+                 "out_size",
+                 "keep", "close_after", "request_start", "lane", "queued_at", "events", "linger_until")
+
+    def __init__(self, sock: socket.socket, addr: Any, server: Any, now: float) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.addr = addr
+        self.server = server
+        self.accepted = now
+        self.events = 0
+        self.reset(now, b"")
+
+    def reset(self, now: float, leftover: bytes) -> None:
+        """Wait for the next request head (a new or kept-alive connection)."""
+        self.state = "head"
+        self.source = BufferSource(leftover)
+        self.phase_start = now
+        self.last_progress = now
+        self.received = len(leftover)
+        self.head_end = -1
+        self.req = None
+        self.parser = None
+        self.need = 0
+        self.chunks: ChunkScanner | None = None
+        self.deadline = now + LIMITS.header_timeout
+        self.out: deque[memoryview] | None = None  # what is left to send, in parts
+        self.out_pos = 0  # bytes sent so far
+        self.out_left = 0
+        self.out_size = 0
+        self.keep = False
+        self.close_after = False
+        self.request_start = None
+        self.lane = None
+        self.queued_at = 0.0
+        self.linger_until = 0.0
+
+    @property
+    def buffered(self) -> int:
+        return len(self.source.buf) + (self.out_left if self.out is not None else 0)
+
+    def client_ip(self) -> str:
+        return self.addr[0] if isinstance(self.addr, tuple) else str(self.addr)
+
+
+class _Rejection:
+    """Enough of gunicorn's request/response for an access-log line about a refused request."""
+
+    def __init__(self, status: int, reason: str, sent: int, request_id: str) -> None:
+        self.status = f"{status} {reason}"
+        self.sent = sent
+        self.headers = [("X-Request-ID", request_id)]
+
+
+class BufferedWorker(base.Worker):
+    """See the module docstring."""
+
+    def init_process(self) -> None:
+        _tune_malloc()
+        self.sel = selectors.DefaultSelector()
+        self.conns: dict[int, Conn] = {}
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        self.done: queue.SimpleQueue = queue.SimpleQueue()
+        self.fast_q: deque[Conn] = deque()
+        self.work_q: deque[Conn] = deque()
+        self.cond = threading.Condition()
+        self.running: dict[str, tuple[Conn, float] | None] = {"fast": None, "work": None}
+        self.accepting = False
+        self.nr_lock = threading.Lock()
+        super().init_process()
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> None:
+        for listener in self.sockets:
+            listener.setblocking(False)
+        self._accept(True)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+        self.sel.register(self.PIPE[0], selectors.EVENT_READ, "signal")
+        threads = [threading.Thread(target=self._lane, args=(name,), name=f"lane-{name}", daemon=True)
+                   for name in ("fast", "work")]
+        for t in threads:
+            t.start()
+        stop_by = None
+        while True:
+            now = time.monotonic()
+            if self._heartbeat_ok(now):
+                self.notify()
+            if not self.alive:
+                if stop_by is None:
+                    stop_by = now + self.cfg.graceful_timeout
+                    self._accept(False)
+                    self._close_idle()
+                if not self.conns or now > stop_by:
+                    break
+            if self.ppid != os.getppid():
+                self.log.info("Parent changed, shutting down: %s", self)
+                break
+            # Load balancing between workers: an idle worker waits on the listening
+            # socket and takes a new connection at once; a worker with work queued or
+            # running only polls it every ACCEPT_POLL seconds, so new connections go
+            # to an idle worker when there is one, and are still taken (within
+            # ACCEPT_POLL) when every worker is busy.
+            busy = self.alive and (self._busy() or self._full())
+            self._accept(self.alive and not busy)
+            timeout = self._next_wakeup(now)
+            if busy:
+                timeout = min(timeout, ACCEPT_POLL)
+            try:
+                events = self.sel.select(timeout=timeout)
+            except OSError as e:
+                if e.errno != errno.EINTR:
+                    raise
+                events = []
+            for key, mask in events:
+                self._dispatch(key, mask)
+            self._completions()
+            if busy:
+                for listener in self.sockets:
+                    self._on_accept(listener, burst=4)
+            self._timeouts(time.monotonic())
+        with self.cond:
+            self.cond.notify_all()
+        for conn in list(self.conns.values()):
+            self._close(conn)
+
+    @property
+    def worker_connections(self) -> int:
+        return max(8, int(self.cfg.worker_connections))
+
+    def _full(self) -> bool:
+        """At worker_connections (lingering closes, a few seconds at most, do not count)."""
+        return sum(1 for c in self.conns.values() if c.state != "linger") >= self.worker_connections
+
+    def _busy(self) -> bool:
+        return bool(self.work_q) or self.running["work"] is not None
+
+    def _heartbeat_ok(self, now: float) -> bool:
+        """No request has run longer than gunicorn's timeout (else the arbiter should replace us)."""
+        for item in self.running.values():
+            if item is not None and now - item[1] > self.timeout:
+                return False
+        return True
+
+    def _next_wakeup(self, now: float) -> float:
+        soonest = now + 1.0
+        for conn in self.conns.values():
+            if conn.state in ("head", "body", "write", "linger") and conn.deadline < soonest:
+                soonest = conn.deadline
+        return max(0.0, min(1.0, soonest - now))
+
+    def _accept(self, on: bool) -> None:
+        if on == self.accepting:
+            return
+        for listener in self.sockets:
+            if on:
+                self.sel.register(listener, selectors.EVENT_READ, "accept")
+            else:
+                self.sel.unregister(listener)
+        self.accepting = on
+
+    def _dispatch(self, key: selectors.SelectorKey, mask: int) -> None:
+        if key.data == "accept":
+            self._on_accept(key.fileobj)
+        elif key.data == "wake":
+            try:
+                while os.read(self.wake_r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+        elif key.data == "signal":
+            try:
+                while os.read(self.PIPE[0], 4096):
+                    pass
+            except (BlockingIOError, OSError):
+                pass
+        else:
+            conn: Conn = key.data
+            if self.conns.get(conn.fd) is not conn:
+                return
+            if mask & selectors.EVENT_READ:
+                self._on_readable(conn)
+            if self.conns.get(conn.fd) is conn and mask & selectors.EVENT_WRITE:
+                self._on_writable(conn)
+
+    def _watch(self, conn: Conn, events: int) -> None:
+        if events == conn.events:
+            return
+        if conn.events == 0:
+            self.sel.register(conn.sock, events, conn)
+        elif events == 0:
+            self.sel.unregister(conn.sock)
+        else:
+            self.sel.modify(conn.sock, events, conn)
+        conn.events = events
+
+    # ------------------------------------------------------------------ accept
+
+    def _on_accept(self, listener: socket.socket, burst: int = 64) -> None:
+        for _ in range(burst):  # a burst at a time, then back to the others
+            if self._full() and not self._shed_slowest_sender():
+                return
+            try:
+                sock, addr = listener.accept()
+            except OSError as e:
+                if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.ECONNABORTED):
+                    return
+                raise
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = Conn(sock, addr, listener.getsockname(), time.monotonic())
+            self.conns[conn.fd] = conn
+            self._watch(conn, selectors.EVENT_READ)
+
+    def _shed_slowest_sender(self) -> bool:
+        """Full: drop the connection that has sent its request the slowest (at least SHED_AGE old)."""
+        now = time.monotonic()
+        victims = [c for c in self.conns.values() if c.state in ("head", "body") and now - c.phase_start > SHED_AGE]
+        if not victims:
+            return False
+        victim = min(victims, key=lambda c: c.received / (now - c.phase_start))
+        request_id = uuid.uuid4().hex
+        body = problem_response(408, "Request Timeout", "The server is full and this request was the slowest "
+                                "to arrive.", request_id)
+        self._log_refusal(victim, 408, "Request Timeout", victim.req, len(body), request_id,
+                          f"dropped to make room (worker_connections full): it sent {victim.received} bytes "
+                          f"in {now - victim.phase_start:.1f} s")
+        try:
+            victim.sock.send(body)  # one try, no lingering: the room is needed now
+        except OSError:
+            pass
+        self._close(victim)
+        return True
+
+    # ------------------------------------------------------------------ reading
+
+    def _on_readable(self, conn: Conn) -> None:
+        if conn.state == "linger":
+            self._linger_read(conn)
+            return
+        if conn.state not in ("head", "body"):
+            return
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            if conn.state == "head" and conn.received == 0:
+                self._close(conn)  # a kept-alive or idle connection the client closed: nothing to say
+            else:
+                self.log.info("client %s closed the connection after sending %d bytes of a request",
+                              conn.client_ip(), conn.received)
+                self._close(conn)
+            return
+        now = time.monotonic()
+        conn.source.buf += data
+        conn.received += len(data)
+        conn.last_progress = now
+        self._advance(conn, now)
+
+    def _advance(self, conn: Conn, now: float) -> None:
+        if conn.state == "head":
+            buf = conn.source.buf
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > MAX_HEAD:
+                    line_end = buf.find(b"\r\n")
+                    too_long = line_end < 0 or line_end > self.cfg.limit_request_line
+                    exc = LimitRequestLine(len(buf), self.cfg.limit_request_line) if too_long \
+                        else LimitRequestHeaders("the request head is larger than 64 KiB")
+                    self._reject_exc(conn, exc)
+                return
+            conn.head_end = end + 4
+            self._parse_head(conn, now)
+        elif conn.state == "body":
+            self._check_body(conn, now)
+
+    def _parse_head(self, conn: Conn, now: float) -> None:
+        conn.parser = http.get_parser(self.cfg, conn.source, conn.addr)
+        try:
+            req = next(conn.parser)
+        except StopIteration:
+            self._close(conn)
+            return
+        except http.errors.NoMoreData:
+            self._close(conn)
+            return
+        except Exception as exc:  # gunicorn's parser refused the head: 400/414/417/431/501
+            self._reject_exc(conn, exc, req=getattr(exc, "req", None))
+            return
+        conn.req = req
+        conn.request_start = datetime.now()
+        # gunicorn would answer 100 Continue as soon as the app starts; this worker does, below,
+        # only once the body is known to be within the limit (RFC 9110 10.1.1).
+        expects_continue, req._expected_100_continue = req._expected_100_continue, False
+        reader = req.body.reader if req.body is not None else None
+        limit = LIMITS.max_check_body_bytes if req.path in CHECK_PATHS else LIMITS.max_body_bytes
+        conn.state = "body"
+        conn.phase_start = now
+        if isinstance(reader, LengthReader):
+            conn.need = conn.head_end + reader.length
+            if reader.length > limit:
+                # Refused unread: the app answers 413 from Content-Length alone. No 100 Continue.
+                conn.close_after = True
+                self._submit(conn, now)
+                return
+            conn.deadline = now + LIMITS.body_timeout + reader.length / LIMITS.min_body_rate
+        elif isinstance(reader, ChunkedReader):
+            conn.chunks = ChunkScanner(conn.head_end)
+            conn.deadline = now + LIMITS.body_timeout + limit / LIMITS.min_body_rate
+        else:
+            conn.need = conn.head_end
+        if expects_continue:
+            try:
+                conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+            except OSError:
+                pass
+        self._check_body(conn, now)
+
+    def _check_body(self, conn: Conn, now: float) -> None:
+        buf = conn.source.buf
+        if conn.chunks is not None:
+            try:
+                conn.chunks.scan(buf)
+            except BadChunk:
+                conn.close_after = True  # the app reads it and answers 400: the framing is the client's error
+                self._submit(conn, now)
+                return
+            if conn.chunks.end is not None:
+                self._submit(conn, now)
+            elif conn.chunks.decoded > (LIMITS.max_check_body_bytes if conn.req.path in CHECK_PATHS
+                                        else LIMITS.max_body_bytes):
+                conn.close_after = True  # the app reads limit + 1 bytes and answers 413
+                self._submit(conn, now)
+            return
+        if len(buf) >= conn.need:
+            self._submit(conn, now)
+
+    # ------------------------------------------------------------------ admission
+
+    def _submit(self, conn: Conn, now: float) -> None:
+        """A complete request (or one to refuse unread) goes to its lane."""
+        self._watch(conn, 0)  # nothing more is read until it is answered
+        fast = conn.req.method in ("GET", "HEAD", "OPTIONS")
+        lane, q, cap = ("fast", self.fast_q, LIMITS.max_fast_queue) if fast else \
+            ("work", self.work_q, LIMITS.max_queue)
+        if len(q) >= cap:
+            self._reject(conn, 503, "Service Unavailable", req=conn.req,
+                         detail="The server is busy; try again in a moment.", retry_after=1,
+                         why=f"the {lane} queue is full ({cap} requests waiting)")
+            return
+        conn.state = "queued"
+        conn.lane = lane
+        conn.queued_at = now
+        with self.cond:
+            q.append(conn)
+            self.cond.notify_all()
+
+    def _lane(self, name: str) -> None:
+        q = self.fast_q if name == "fast" else self.work_q
+        while True:
+            with self.cond:
+                while not q:
+                    if not self.alive and not self.conns:
+                        return
+                    self.cond.wait(1.0)
+                conn = q.popleft()
+                self.running[name] = (conn, time.monotonic())
+            try:
+                result = self._serve(conn)
+            except BaseException as e:  # never let a lane die: answer 500 and go on
+                result = ("error", e)
+            finally:
+                self.running[name] = None
+            self.done.put((conn, result))
+            try:
+                os.write(self.wake_w, b"x")
+            except OSError:
+                pass
+
+    def _serve(self, conn: Conn) -> tuple:
+        """Run the app on a complete request (in a lane thread); the response comes back as bytes."""
+        waited = time.monotonic() - conn.queued_at
+        if waited > LIMITS.queue_timeout:
+            return ("reject", 503, "Service Unavailable", f"it waited {waited:.1f} s in the work queue")
+        req = conn.req
+        out = OutBuffer()
+        resp, environ = wsgi.create(req, out, conn.addr, conn.server, self.cfg)
+        environ["wsgi.multithread"] = True
+        with self.nr_lock:
+            self.nr += 1
+            if self.nr >= self.max_requests and self.alive:
+                self.log.info("Autorestarting worker after current request.")
+                self.alive = False
+        if not self.alive or not self.cfg.keepalive or conn.close_after:
+            resp.force_close()
+        respiter = self.wsgi(environ, resp.start_response)
+        try:
+            for item in respiter:
+                resp.write(item)
+            resp.close()
+        finally:
+            self.log.access(resp, req, environ, datetime.now() - conn.request_start)
+            if hasattr(respiter, "close"):
+                respiter.close()
+        keep = not resp.should_close()
+        leftover = b""
+        if keep:
+            keep = bool(conn.parser.finish_body())
+            leftover = conn.parser.unreader.take_buffered() + conn.source.rest()
+        return ("ok", out.value(), keep, leftover)
+
+    def _completions(self) -> None:
+        while True:
+            try:
+                conn, result = self.done.get_nowait()
+            except queue.Empty:
+                return
+            if self.conns.get(conn.fd) is not conn:
+                continue  # the client went away meanwhile (its descriptor may be someone else's now)
+            if result[0] == "ok":
+                _, data, keep, leftover = result
+                self._send(conn, data, keep, leftover)
+            elif result[0] == "reject":
+                _, status, reason, why = result
+                self._reject(conn, status, reason, req=conn.req, retry_after=1,
+                             detail="The server is busy; try again in a moment.", why=why)
+            else:
+                exc = result[1]
+                self.log.error("Error handling request %s %s: %r", getattr(conn.req, "method", "-"),
+                               getattr(conn.req, "uri", "-"), exc, exc_info=exc)
+                self._reject(conn, 500, "Internal Server Error", req=conn.req, detail="The server failed "
+                             "to answer this request.", why="the application raised")
+
+    # ------------------------------------------------------------------ writing
+
+    def _send(self, conn: Conn, data: bytes | list[bytes], keep: bool, leftover: bytes) -> None:
+        now = time.monotonic()
+        conn.state = "write"
+        parts = [data] if isinstance(data, bytes) else data
+        conn.out = deque(memoryview(p) for p in parts if p)
+        conn.out_pos = 0
+        conn.out_size = conn.out_left = sum(len(p) for p in conn.out)
+        conn.keep = keep and self.alive
+        conn.source = BufferSource(leftover)
+        conn.last_progress = now
+        conn.deadline = now + LIMITS.send_timeout
+        self._make_room(conn)
+        self._watch(conn, selectors.EVENT_WRITE)
+        self._on_writable(conn)
+
+    def _on_writable(self, conn: Conn) -> None:
+        if conn.state != "write" or conn.out is None:
+            return
+        sent = 0
+        while conn.out:
+            part = conn.out[0]
+            try:
+                n = conn.sock.send(part[:SEND_CHUNK])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self._close(conn)
+                return
+            sent += n
+            if n == len(part):
+                conn.out.popleft()
+            else:
+                conn.out[0] = part[n:]
+                break
+        if sent:
+            now = time.monotonic()
+            conn.out_pos += sent
+            conn.out_left -= sent
+            conn.last_progress = now
+            conn.deadline = now + LIMITS.send_timeout
+        if conn.out:
+            return
+        now = time.monotonic()
+        conn.out = None
+        if conn.keep:
+            leftover = conn.source.rest()
+            conn.reset(now, leftover)
+            conn.deadline = now + min(self.cfg.keepalive, LIMITS.header_timeout) if not leftover \
+                else now + LIMITS.header_timeout
+            self._watch(conn, selectors.EVENT_READ)
+            if leftover:
+                self._advance(conn, now)
+        else:
+            self._linger(conn, now)
+
+    def _linger(self, conn: Conn, now: float) -> None:
+        """Half-close, then read and drop what the client still sends, so that it
+        gets the answer rather than a reset (RFC 9112 9.6). At most
+        worker_connections lingering at once: beyond that the oldest is closed."""
+        lingering = [c for c in self.conns.values() if c.state == "linger"]
+        if len(lingering) >= self.worker_connections:
+            self._close(min(lingering, key=lambda c: c.deadline))
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._close(conn)
+            return
+        conn.state = "linger"
+        conn.source = BufferSource()
+        conn.deadline = now + LIMITS.linger
+        self._watch(conn, selectors.EVENT_READ)
+
+    def _linger_read(self, conn: Conn) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        conn.received += len(data)
+        if not data or conn.received > 4 * max(LIMITS.max_body_bytes, LIMITS.max_check_body_bytes):
+            self._close(conn)
+
+    def _make_room(self, keep: Conn) -> None:
+        """Above max_buffered, cut off the readers that have read least recently."""
+        total = sum(c.buffered for c in self.conns.values())
+        if total <= LIMITS.max_buffered:
+            return
+        now = time.monotonic()
+        stalled = sorted((c for c in self.conns.values() if c is not keep and c.state == "write"
+                          and now - c.last_progress > 1.0), key=lambda c: c.last_progress)
+        for c in stalled:
+            if total <= LIMITS.max_buffered:
+                break
+            total -= c.buffered
+            self._cut_off_reader(c, now, "the worker's output buffer is full")
+
+    def _cut_off_reader(self, conn: Conn, now: float, why: str) -> None:
+        sent, size = conn.out_pos, conn.out_size
+        self.log.warning("client %s cut off: it read %d of %d bytes of its answer and nothing for %.1f s (%s)",
+                         conn.client_ip(), sent, size, now - conn.last_progress, why)
+        self._close(conn)
+
+    # ------------------------------------------------------------------ timeouts and refusals
+
+    def _timeouts(self, now: float) -> None:
+        for conn in list(self.conns.values()):
+            if conn.state not in ("head", "body", "write", "linger") or now < conn.deadline:
+                continue
+            if conn.state == "linger":
+                self._close(conn)
+            elif conn.state == "write":
+                self._cut_off_reader(conn, now, f"send_timeout {LIMITS.send_timeout:g} s")
+            elif conn.state == "head" and conn.received == 0:
+                fresh = conn.phase_start == conn.accepted  # not a kept-alive connection after an answer
+                self._close(conn)  # idle, nothing sent: no answer is owed
+                if fresh:
+                    self._log_refusal(conn, 408, "Request Timeout", None, 0, uuid.uuid4().hex,
+                                      f"idle for {now - conn.phase_start:.1f} s without sending a request")
+            else:
+                self._refuse_slow(conn, f"header_timeout {LIMITS.header_timeout:g} s" if conn.state == "head"
+                                  else f"body too slow: {conn.received} bytes in {now - conn.phase_start:.1f} s")
+        # A body must keep coming: no pause longer than body_timeout, and after that
+        # grace, at least min_body_rate bytes a second on average.
+        for conn in list(self.conns.values()):
+            if conn.state != "body":
+                continue
+            elapsed = now - conn.phase_start
+            body = len(conn.source.buf) - conn.head_end
+            if now - conn.last_progress > LIMITS.body_timeout:
+                self._refuse_slow(conn, f"no body bytes for {now - conn.last_progress:.1f} s")
+            elif elapsed > LIMITS.body_timeout and body < LIMITS.min_body_rate * (elapsed - LIMITS.body_timeout):
+                self._refuse_slow(conn, f"body too slow: {body} bytes in {elapsed:.1f} s")
+
+    def _refuse_slow(self, conn: Conn, why: str) -> None:
+        self._reject(conn, 408, "Request Timeout", req=conn.req, why=why,
+                     detail="The request did not arrive in time.")
+
+    def _close_idle(self) -> None:
+        """On a graceful stop: kept-alive connections with no request on the way go now.
+
+        A connection accepted but not yet read may already hold its request in the
+        kernel's buffer: closing it would reset it and lose the request. Those (and
+        kept-alive ones whose next request has arrived) are served, within the
+        graceful timeout."""
+        for conn in list(self.conns.values()):
+            if conn.state != "head" or conn.received or conn.phase_start == conn.accepted:
+                continue
+            try:
+                waiting = conn.sock.recv(1, socket.MSG_PEEK)
+            except (BlockingIOError, InterruptedError):
+                waiting = None
+            except OSError:
+                waiting = b""
+            if not waiting:
+                self._close(conn)
+
+    def _reject_exc(self, conn: Conn, exc: Exception, req: Any = None) -> None:
+        status, reason = _status_of(exc)
+        self._reject(conn, status, reason, req=req, why=f"{type(exc).__name__}: {exc}",
+                     detail=f"The server refused the request before reading it: {reason}.")
+
+    def _reject(self, conn: Conn, status: int, reason: str, *, req: Any = None, why: str, detail: str,
+                retry_after: int | None = None) -> None:
+        """Answer a refusal the server makes itself (problem+json), log it, and close."""
+        request_id = uuid.uuid4().hex
+        body = problem_response(status, reason, detail, request_id, retry_after=retry_after)
+        self._log_refusal(conn, status, reason, req, len(body), request_id, why)
+        conn.close_after = True
+        conn.req = req
+        self._send(conn, body, False, b"")
+
+    def _log_refusal(self, conn: Conn, status: int, reason: str, req: Any, size: int, request_id: str,
+                     why: str) -> None:
+        self.log.warning("Refused %s %s from %s: %d %s (%s)", getattr(req, "method", "-"),
+                         getattr(req, "path", "-"), conn.client_ip(), status, reason, why)
+        environ = {"REQUEST_METHOD": getattr(req, "method", None) or "-", "RAW_URI": getattr(req, "uri", "-"),
+                   "PATH_INFO": getattr(req, "path", None) or "-", "QUERY_STRING": getattr(req, "query", ""),
+                   "SERVER_PROTOCOL": "HTTP/%s" % ".".join(map(str, getattr(req, "version", None) or (1, 1))),
+                   "REMOTE_ADDR": conn.client_ip(), "HTTP_USER_AGENT": _header(req, "USER-AGENT") or "-"}
+        started = conn.request_start or datetime.now() - timedelta(seconds=time.monotonic() - conn.phase_start)
+        self.log.access(_Rejection(status, reason, size, request_id), getattr(req, "headers", None) or [],
+                        environ, datetime.now() - started)
+
+    def _close(self, conn: Conn) -> None:
+        if self.conns.get(conn.fd) is conn:
+            del self.conns[conn.fd]
+        if conn.events:
+            try:
+                self.sel.unregister(conn.sock)
+            except (KeyError, ValueError, OSError):
+                pass
+            conn.events = 0
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+        conn.state = "closed"
+        conn.out = None
+
+    # ------------------------------------------------------------------ signals
+
+    def handle_abort(self, sig, frame):  # noqa: ANN001 - gunicorn's signature
+        """The arbiter timed a request out: tell its client, then exit as gunicorn does."""
+        for item in list(self.running.values()):
+            if item is not None:
+                conn = item[0]
+                body = problem_response(503, "Service Unavailable", "The request took too long and was "
+                                        "stopped.", uuid.uuid4().hex)
+                try:
+                    conn.sock.setblocking(True)
+                    conn.sock.settimeout(0.5)
+                    conn.sock.sendall(body)
+                except OSError:
+                    pass
+                self._log_refusal(conn, 503, "Service Unavailable", conn.req, len(body), "-",
+                                  f"it ran longer than the worker timeout ({self.timeout} s)")
+        super().handle_abort(sig, frame)
+
+
+def _tune_malloc() -> None:
+    """glibc's malloc, for a worker that computes in one thread and does I/O in another.
+
+    - At most 2 arenas (M_ARENA_MAX): by default each thread that allocates
+      gets its own, up to 8 per core, and each keeps the memory it freed.
+    - Blocks of 4 MiB and more are always mapped afresh and returned to the
+      system when freed (a fixed M_MMAP_THRESHOLD): glibc's default raises the
+      threshold to the largest block freed so far (up to 32 MiB), after which
+      every large array of a trace stays in the heap, fragmented, and the
+      worker's resident memory only grows (docs/reliability.md measures both).
+    GUNICORN_MALLOC_TUNING=0 leaves glibc's defaults.
+    """
+    if os.environ.get("GUNICORN_MALLOC_TUNING", "1") == "0":
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return  # not glibc
+    libc.mallopt(-8, 2)  # M_ARENA_MAX
+    libc.mallopt(-3, 4 * 1024 * 1024)  # M_MMAP_THRESHOLD
+
+
+def _header(req: Any, name: str) -> str | None:
+    for k, v in getattr(req, "headers", None) or []:
+        if k == name:
+            return v
+    return None
+
+
+def _status_of(exc: Exception) -> tuple[int, str]:
+    if isinstance(exc, LimitRequestLine):
+        return 414, "URI Too Long"
+    if isinstance(exc, LimitRequestHeaders):
+        return 431, "Request Header Fields Too Large"
+    if isinstance(exc, ExpectationFailed):
+        return 417, "Expectation Failed"
+    if isinstance(exc, UnsupportedTransferCoding):
+        return 501, "Not Implemented"
+    if isinstance(exc, (InvalidChunkSize, ChunkMissingTerminator, InvalidChunkExtension)):
+        return 400, "Bad Request"
+    return 400, "Bad Request"
+
