@@ -63,7 +63,7 @@ from gunicorn.http.errors import (
 from gunicorn.workers import base
 
 from service.gunicorn_support import problem_response
-from service.settings import CHECK_PATHS
+from service.settings import CHECK_PATHS, Settings
 
 #: largest request head accepted (request line + headers); gunicorn's own
 #: limits (limit_request_line, limit_request_field_size, limit_request_fields)
@@ -91,9 +91,10 @@ class Limits:
     max_queue: int = 16
     max_fast_queue: int = 64
     max_buffered: int = 64 * 1024 * 1024
-    max_body_bytes: int = 4 * 1024 * 1024
-    #: /check and /check/batch take larger bodies (Settings.max_check_body_bytes)
-    max_check_body_bytes: int = 16 * 1024 * 1024
+    # The service's own limits (gunicorn.conf.py passes the configured ones).
+    max_body_bytes: int = Settings.max_body_bytes
+    #: /check and /check/batch take larger bodies
+    max_check_body_bytes: int = Settings.max_check_body_bytes
     linger: float = 2.0
 
 
