@@ -134,8 +134,8 @@ def check_explicit_context(*, input_given: bool, context_input_given: bool, cros
             "context_input is the context's x, used only in cross-attention: give context_sentence or "
             "context_tokens, or drop context_input", field="context_input", code="context_input_without_context")
     if cross and input_given != context_input_given:
-        missing, axes = (("context_input", "[context token, d_model]") if input_given
-                         else ("input", "[token, d_model]"))
+        missing = "context_input" if input_given else "input"
+        axes = INPUT_AXES[missing]
         raise VariantConflictError(
             f"in cross-attention give your own x for both the sentence and the context, or for neither: "
             f"add {missing} {axes}", field=missing, code="explicit_input_pair")
@@ -292,8 +292,17 @@ def check_parameter_shapes(parameters: dict[str, Any], d_model: int, num_heads: 
         check_shape(f"parameters.{name}", parameters[name], expected, axes)
 
 
-def check_input_shape(x: Any, n: int, d_model: int) -> None:
-    check_shape("input", x, (n, d_model), "[token, d_model]")
+#: a given x's axes: the sentence's, or (cross-attention) the context's
+INPUT_AXES = {"input": "[token, d_model]", "context_input": "[context token, d_model]"}
+
+
+def check_input_shape(x: Any, n: int, d_model: int, name: str = "input") -> None:
+    check_shape(name, x, (n, d_model), INPUT_AXES[name])
+
+
+def given_input(x: Any, n: int, d_model: int, name: str = "input") -> np.ndarray:
+    """A given x (``input`` or ``context_input``): [n, d_model], finite, as a read-only float64 copy."""
+    return explicit_array(name, x, (n, d_model), INPUT_AXES[name])
 
 
 def check_trace_size(count: int, limit: int, *, n: int, d_model: int, num_heads: int,

@@ -36,7 +36,7 @@ from .checks import (
     check_cross_attention,
     check_explicit_context,
     check_parameter_shapes,
-    explicit_array,
+    given_input,
     split_context,
     split_tokens,
 )
@@ -166,9 +166,9 @@ def trace(
             if not np.isfinite(W).all():
                 raise NonFiniteInputError(f"parameters.{name} contains a non-finite value", field=f"parameters/{name}")
         params, digest = parameters, parameters_digest(parameters)
-    x = None if input is None else explicit_array("input", input, (len(toks), config.d_model), "[token, d_model]")
-    x_ctx = None if context_input is None or ctx is None else explicit_array(
-        "context_input", context_input, (len(ctx), config.d_model), "[context token, d_model]")
+    x = None if input is None else given_input(input, len(toks), config.d_model)
+    x_ctx = None if context_input is None or ctx is None else given_input(
+        context_input, len(ctx), config.d_model, "context_input")
 
     steps = layer_steps(config, explicit_input=x is not None, cross=cross)
     state = initial_state(config, [t.text for t in toks], vars(params), x,

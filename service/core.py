@@ -42,13 +42,8 @@ def run_trace(req: TraceSpec, bug: str | None = None) -> engine.Trace:
 def trace_document(req: TraceRequest, limits: Settings) -> dict[str, Any]:
     t = run_trace(req, bug=req.inject_bug)
     doc = serialize.trace_document(t, include_parameters=req.include_parameters, stages=req.stages,
-                                   parameters_layout=req.parameters_layout,
-                                   precision=req.precision)
-    if req.parameters_layout != "per_head":
-        doc["config"]["parameters_layout"] = req.parameters_layout
-    if req.decode:
-        doc["config"]["decode"] = True
-        doc["decode"] = serialize.decode_document(engine.decode(t), precision=req.precision)
+                                   precision=req.precision, parameters_layout=req.parameters_layout,
+                                   decode=engine.decode(t) if req.decode else None)
     if req.inject_bug:
         doc["injected_bug"] = {
             "name": req.inject_bug,

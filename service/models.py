@@ -28,7 +28,6 @@ from engine.checks import (
     check_explicit_context,
     check_input_shape,
     check_one_source,
-    check_shape,
     check_parameter_shapes,
     check_sentence,
     check_token_count,
@@ -253,7 +252,7 @@ class TraceSpec(BaseModel):
             if self.input is not None:
                 check_input_shape(self.input, n, self.d_model)
             if self.context_input is not None and m is not None:
-                check_shape("context_input", self.context_input, (m, self.d_model), "[context token, d_model]")
+                check_input_shape(self.context_input, m, self.d_model, "context_input")
             if self.parameters is not None:
                 check_parameter_shapes(dict(self.parameters), self.d_model, self.num_heads, self.num_kv_heads)
             count = trace_value_count(config, n, with_parameters=getattr(self, "include_parameters", False),

@@ -46,6 +46,7 @@ def trace_document(
     stages: list[str] | None = None,
     precision: int | None = None,
     parameters_layout: str = "per_head",
+    decode: list[DecodeStep] | None = None,
 ) -> dict[str, Any]:
     """The /trace response body. ``stages`` selects stage ids; ``precision`` rounds every number."""
     wanted = set(stages) if stages is not None else None
@@ -94,6 +95,12 @@ def trace_document(
     if t.cross:
         doc["context_tokens"] = [{"index": k.index, "text": k.text, "start": k.start, "end": k.end}
                                  for k in t.context_tokens]
+    # Options that change the answer's shape are echoed in config only when used (1.0 answers keep theirs).
+    if include_parameters and parameters_layout != "per_head":
+        doc["config"]["parameters_layout"] = parameters_layout
+    if decode is not None:
+        doc["config"]["decode"] = True
+        doc["decode"] = decode_document(decode, precision)
     return doc
 
 
