@@ -435,18 +435,25 @@ class BufferedWorker(base.Worker):
 
     # ------------------------------------------------------------------ reading
 
+    @staticmethod
+    def _recv(conn: Conn) -> bytes | None:
+        """At most 64 KiB: None when nothing is ready yet, b"" when the client closed or the socket failed."""
+        try:
+            return conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:
+            return b""
+
     def _on_readable(self, conn: Conn) -> None:
         if conn.state == "linger":
             self._linger_read(conn)
             return
         if conn.state not in ("head", "body"):
             return
-        try:
-            data = conn.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
+        data = self._recv(conn)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             if conn.state == "head" and conn.received == 0:
                 self._close(conn)  # a kept-alive or idle connection the client closed: nothing to say
@@ -710,12 +717,9 @@ class BufferedWorker(base.Worker):
         self._watch(conn, selectors.EVENT_READ)
 
     def _linger_read(self, conn: Conn) -> None:
-        try:
-            data = conn.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
+        data = self._recv(conn)
+        if data is None:
             return
-        except OSError:
-            data = b""
         conn.received += len(data)
         if not data or conn.received > 4 * max(LIMITS.max_body_bytes, LIMITS.max_check_body_bytes):
             self._close(conn)
