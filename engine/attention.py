@@ -147,25 +147,38 @@ def apply_mask(scores: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray,
     return np.where(excluded, 0.0, scores), excluded  # [h, n, n]  (masks are self-attention only: m = n)
 
 
-def softmax(scores: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
-    """Stage 9: a numerically stable softmax over the last axis (keys).
+def softmax_parts(scores: np.ndarray, mask: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The softmax's inner numbers over the last axis (keys): each row's max, the exponentials
+    exp(score − max), and each row's sum of them. ``softmax`` divides the two; ``engine.explain``
+    shows them for one cell (the very same arrays, so the very same bits).
 
     Subtracting each row's max makes the largest exponent exp(0) = 1, so scores
-    of ±1e6 cannot overflow. Masked keys get a weight of exactly 0 by setting
-    their exponentials to 0, never by a finite fill value. A causal mask keeps
-    each query's own key; a row whose every key is masked (only a wrong mask
-    does that) attends to nothing: all its weights are 0, never NaN.
+    of ±1e6 cannot overflow. Masked keys drop out of the max and get an
+    exponential of exactly 0 (exp(−inf)), never a finite fill value. A row whose
+    every key is masked (only a wrong mask does that) keeps a max of 0, not −inf.
     """
     if mask is None:
-        shifted = scores - scores.max(axis=-1, keepdims=True)  # [h, n, m], max entry 0
-        e = np.exp(shifted)
-        return e / e.sum(axis=-1, keepdims=True)  # [h, n, m], rows sum to 1
+        peak = scores.max(axis=-1, keepdims=True)  # [h, n, m] -> [h, n, 1]
+        e = np.exp(scores - peak)  # [h, n, m], max entry exp(0) = 1
+        return peak, e, e.sum(axis=-1, keepdims=True)  # ..., [h, n, 1]
     scores = np.where(mask, -np.inf, scores)  # masked keys drop out of the max
-    peak = scores.max(axis=-1, keepdims=True)  # [h, n, 1]
+    peak = scores.max(axis=-1, keepdims=True)  # [h, n, m] -> [h, n, 1]
     peak = np.where(peak == -np.inf, 0.0, peak)  # an all-masked row: exp(-inf - 0) = 0, not NaN
-    e = np.exp(scores - peak)  # exp(-inf) = 0 exactly for masked keys
-    total = e.sum(axis=-1, keepdims=True)  # [h, n, 1]
-    return e / np.where(total > 0, total, 1.0)  # [h, n, n], rows sum to 1 (0 for an all-masked row)
+    e = np.exp(scores - peak)  # [h, n, m]; exp(-inf) = 0 exactly for masked keys
+    return peak, e, e.sum(axis=-1, keepdims=True)  # ..., [h, n, 1]
+
+
+def softmax(scores: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """Stage 9: a numerically stable softmax over the last axis (keys), from ``softmax_parts``.
+
+    Masked keys get a weight of exactly 0; a row whose every key is masked
+    attends to nothing: all its weights are 0, never NaN.
+    """
+    _, e, total = softmax_parts(scores, mask)
+    if mask is None:
+        return e / total  # [h, n, m], rows sum to 1
+    return e / np.where(total > 0, total, 1.0)  # [h, n, m], rows sum to 1 (0 for an all-masked row)
 
 
 def weighted_values(weights: np.ndarray, v: np.ndarray) -> np.ndarray:
