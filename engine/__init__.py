@@ -46,7 +46,7 @@ from .layer import (
 )
 from .params import Parameters, explicit_parameters, generate_parameters, parameters_digest
 from .tokenize import Token, tokenize
-from .tracing import Stage, Trace, inject_bug, recompute, same_numbers, trace
+from .tracing import Stage, Trace, inject_bug, recompute, recompute_values, same_numbers, trace
 from .version import ENGINE_VERSION
 
 __all__ = [
@@ -91,6 +91,7 @@ __all__ = [
     "inject_bug",
     "parameters_digest",
     "recompute",
+    "recompute_values",
     "same_numbers",
     "stage_axes",
     "stage_ids",

@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from types import MappingProxyType
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Literal
 
 import numpy as np
@@ -364,9 +365,9 @@ def initial_state(config: TraceConfig, texts: list[str], weights: dict[str, np.n
     return state
 
 
-def run(steps: tuple[Step, ...], state: dict[str, Any], start: int = 0) -> None:
-    """Run ``steps[start:]`` in order, adding each output to ``state``."""
-    for step in steps[start:]:
+def run(steps: tuple[Step, ...], state: dict[str, Any], start: int = 0, stop: int | None = None) -> None:
+    """Run ``steps[start:stop]`` in order, adding each output to ``state``."""
+    for step in steps[start:stop]:
         out = step.fn(*[state[name] for name in step.inputs])
         if step.outputs:
             state.update(zip(step.outputs, out))
@@ -393,19 +394,51 @@ def attend(x: np.ndarray, weights: dict[str, np.ndarray], config: TraceConfig) -
     return state
 
 
+class Rerun(Mapping[str, Any]):
+    """The named values after swapping steps (by name), computed on demand: everything before the first
+    swapped step is reused, and the steps from it on run, in order, only as far as the values read need.
+
+    /check's diagnosis reads the first wrong stage of each known bug's rerun first; most bugs differ
+    there, and then the steps after it never run. :meth:`finish` runs the rest.
+    """
+
+    def __init__(self, steps: tuple[Step, ...], state: dict[str, Any], replacements: tuple[Step, ...]) -> None:
+        swap = {s.name: s for s in replacements}
+        names = [s.name for s in steps]
+        missing = set(swap) - set(names)
+        if missing:
+            raise ValueError(f"these steps are not part of the layer: {sorted(missing)}")
+        self.steps = tuple(swap.get(s.name, s) for s in steps)
+        self._next = min(names.index(name) for name in swap)
+        self._state = dict(state)  # the entries from the first swapped step on are all overwritten
+        self._stale = {out for s in self.steps[self._next:] for out in s.writes}
+
+    def __getitem__(self, key: str) -> Any:
+        while key in self._stale:  # run the steps up to the one that makes it
+            step = self.steps[self._next]
+            run(self.steps, self._state, self._next, self._next + 1)
+            self._stale.difference_update(step.writes)
+            self._next += 1
+        return self._state[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._state)
+
+    def __len__(self) -> int:
+        return len(self._state)
+
+    def finish(self) -> dict[str, Any]:
+        """Every value, the remaining steps run."""
+        run(self.steps, self._state, self._next)
+        self._next, self._stale = len(self.steps), set()
+        return self._state
+
+
 def rerun(steps: tuple[Step, ...], state: dict[str, Any],
           replacements: tuple[Step, ...]) -> tuple[tuple[Step, ...], dict[str, Any]]:
     """Swap steps (by name) and recompute from the first swapped one on, reusing everything before it."""
-    swap = {s.name: s for s in replacements}
-    names = [s.name for s in steps]
-    missing = set(swap) - set(names)
-    if missing:
-        raise ValueError(f"these steps are not part of the layer: {sorted(missing)}")
-    new_steps = tuple(swap.get(s.name, s) for s in steps)
-    start = min(names.index(name) for name in swap)
-    new_state = dict(state)  # the entries from `start` on are all overwritten
-    run(new_steps, new_state, start)
-    return new_steps, new_state
+    r = Rerun(steps, state, replacements)
+    return r.steps, r.finish()
 
 
 @dataclass(frozen=True)
@@ -528,6 +561,7 @@ def _stage_axes(sid: str, grouped: bool, cross: bool) -> tuple[tuple[str, ...], 
     return names, lists
 
 
+@lru_cache(maxsize=4096)  # asked for every stage of every request: a handful of configurations and sizes recur
 def stage_shape(sid: str, config: TraceConfig, n: int, n_context: int | None = None) -> tuple[int, ...]:
     """The shape of a stage for n tokens (and n_context context tokens in cross-attention)."""
     names, lists = stage_axes(sid, config, cross=n_context is not None)
@@ -537,6 +571,7 @@ def stage_shape(sid: str, config: TraceConfig, n: int, n_context: int | None = N
     return tuple(length[t] if t else size[a] for a, t in zip(names, lists))
 
 
+@lru_cache(maxsize=1024)  # the bound every request checks: cached per configuration and size (all hashable)
 def trace_value_count(config: TraceConfig, n: int, *, with_parameters: bool, n_context: int | None = None,
                       explicit_input: bool = False) -> int:
     """How many numbers a trace returns (its generated stages, the stats, the weights if asked):

@@ -43,12 +43,12 @@ from .checks import (
 from .errors import BugNotApplicableError, NonFiniteInputError, NumericOverflowError
 from .layer import (
     STAGE_INFO,
+    Rerun,
     Step,
     TraceConfig,
     formulas,
     initial_state,
     layer_steps,
-    rerun,
     run,
     stage_axes,
     stage_ids,
@@ -180,10 +180,30 @@ def trace(
     return inject_bug(t, wrong) if wrong is not None else t
 
 
+class _QuietRerun(Rerun):
+    """A Rerun whose steps run with float64 overflow silenced (huge explicit values; see ``trace``)."""
+
+    def __getitem__(self, key: str) -> Any:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return super().__getitem__(key)
+
+    def finish(self) -> dict[str, Any]:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return super().finish()
+
+
+def recompute_values(t: Trace, bug: Bug) -> Rerun:
+    """The named values of ``t`` recomputed with one known mistake, computed as they are read (the
+    arrays before the bug's step are reused; later steps run only as far as needed), without
+    assembling a Trace: what /check's diagnosis compares. A stage's values are ``values[stage_id]``;
+    masked_scores' mask is ``values["excluded"]``."""
+    return _QuietRerun(t.steps, t.state, bug.replaces)
+
+
 def recompute(t: Trace, bug: Bug) -> Trace:
     """``t`` recomputed with one known mistake, from its step on: the arrays before it are reused."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        steps, state = rerun(t.steps, t.state, bug.replaces)
+    r = recompute_values(t, bug)
+    steps, state = r.steps, r.finish()
     return _assemble(t.config, t.tokens, t.parameters, t.parameters_digest, steps, state,
                      explicit_parameters=t.parameters_source == "explicit", bug=bug.name, context=t.context_tokens)
 

@@ -5,6 +5,7 @@ command-line client runs it in-process."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 import platform
 from importlib import metadata
 from typing import Any
@@ -15,10 +16,10 @@ from pydantic import ValidationError
 
 import engine
 from engine import BUGS, STAGE_INFO
-from engine.layer import ALL_STAGE_IDS
+from engine.layer import ALL_STAGE_IDS, Step
 from engine.params import explicit_parameters
 
-from . import budget, compare, hints, serialize
+from . import budget, compare, hints, npz, serialize
 from .models import BatchRequest, CheckRequest, TraceRequest, TraceSpec
 from .problems import ProblemError, engine_problem, problem_document, validation_problem
 from .settings import Settings
@@ -39,11 +40,12 @@ def run_trace(req: TraceSpec, bug: str | None = None) -> engine.Trace:
                         context_split=req.context_split, context_input=req.context_input)
 
 
-def trace_document(req: TraceRequest, limits: Settings) -> dict[str, Any]:
+def trace_document(req: TraceRequest, limits: Settings | None = None, *, binary: bool = False) -> dict[str, Any]:
+    """The /trace answer as a document; ``binary`` keeps masked stages as arrays plus a mask (service/npz.py)."""
     t = run_trace(req, bug=req.inject_bug)
     doc = serialize.trace_document(t, include_parameters=req.include_parameters, stages=req.stages,
                                    precision=req.precision, parameters_layout=req.parameters_layout,
-                                   decode=engine.decode(t) if req.decode else None)
+                                   decode=engine.decode(t) if req.decode else None, binary=binary)
     if req.inject_bug:
         doc["injected_bug"] = {
             "name": req.inject_bug,
@@ -54,9 +56,14 @@ def trace_document(req: TraceRequest, limits: Settings) -> dict[str, Any]:
     return doc
 
 
-def render_trace(req: TraceRequest, limits: Settings) -> bytes:
+def render_trace(req: TraceRequest, limits: Settings | None = None) -> bytes:
     """The exact bytes /trace answers for a validated request."""
-    return serialize.dumps(trace_document(req, limits))
+    return serialize.dumps(trace_document(req))
+
+
+def render_trace_npz(req: TraceRequest) -> bytes:
+    """The bytes /trace answers to ``Accept: application/x-npz`` (service/npz.py)."""
+    return npz.dumps(trace_document(req, binary=True))
 
 
 # ------------------------------------------------------------------ /check
@@ -150,33 +157,36 @@ def compare_stage(sid: str, expected: engine.Stage, sub: Submission, tol: compar
             "treated_as_masked": c.treated_as_masked, "first_mismatch": first, "message": message}
 
 
-def _matches(t: engine.Trace, sub: Submission, order: list[str], tol: compare.Tolerance) -> bool:
-    """Whether every submitted stage matches trace ``t`` within the tolerance (``order``'s first
-    stage first: give the first wrong one there, since a bug that explains it is rare)."""
+def _matches(values: Mapping[str, Any], sub: Submission, order: list[str], tol: compare.Tolerance) -> bool:
+    """Whether every submitted stage matches a recomputed trace's ``values`` (engine.recompute_values)
+    within the tolerance (``order``'s first stage first: give the first wrong one there, since a bug
+    that explains it is rare)."""
     for sid in order:
-        st = t.stages.get(sid)
-        if st is None:
+        got = values.get(sid)
+        if got is None:
             return False
         if sid == "tokens":
-            if list(st.values) != sub.raw[sid]:
+            if list(got) != sub.raw[sid]:
                 return False
             continue
         shape = sub.shapes[sid]
-        if shape is None or tuple(shape) != tuple(st.shape):
+        if shape is None or tuple(shape) != got.shape:
             return False
-        if not compare.passes(np.asarray(st.values, dtype=np.float64), st.mask, sub.received(sid), tol):
+        mask = values["excluded"] if sid == "masked_scores" else None
+        if not compare.passes(got, mask, sub.received(sid), tol):
             return False
     return True
 
 
-def _starts_after(t: engine.Trace, bug: engine.Bug, stage: str) -> bool:
-    """Whether every step the bug replaces comes after the step computing ``stage``: then the bug's
-    trace holds the reference's very arrays up to that stage (engine.recompute reuses them)."""
-    names = [s.name for s in t.steps]
-    if stage not in names:
-        return False  # not a step (tokens, or an explicit input): try the bug
-    replaced = [names.index(s.name) for s in bug.replaces if s.name in names]
-    return bool(replaced) and min(replaced) > names.index(stage)
+def _affected(steps: tuple[Step, ...], made_by: dict[str, int], bug: engine.Bug,
+              order: list[str]) -> list[str]:
+    """The submitted stages a bug's recomputation can change: those computed at or after its first
+    replaced step, in walkthrough order. Every earlier stage holds the reference's very arrays
+    (engine.recompute_values reuses them), and tokens or an explicit input are no step's output.
+    ``made_by``: the index of the step that writes each value."""
+    replaced = {s.name for s in bug.replaces}
+    start = min(i for i, step in enumerate(steps) if step.name in replaced)
+    return [sid for sid in order if made_by.get(sid, -1) >= start]
 
 
 def _hint_received(sid: str, t: engine.Trace, sub: Submission) -> compare.Received:
@@ -198,20 +208,24 @@ def check_document(req: CheckRequest, limits: Settings) -> dict[str, Any]:
 
     matches: list[str] = []
     hint_list: list[dict[str, str]] = []
-    if first_wrong is not None:
+    made_by = {out: i for i, step in enumerate(t.steps) for out in step.writes}
+    if first_wrong in made_by:  # tokens, or an explicit input, no bug computes: none can explain them
         for bug in engine.applicable_bugs(t.config, t.n_tokens, explicit_input=t.input_source == "explicit",
                                           n_context=t.n_context):
-            if _starts_after(t, bug, first_wrong):
+            affected = _affected(t.steps, made_by, bug, order)
+            if first_wrong not in affected:
                 continue  # it changes nothing up to the first wrong stage, which it therefore cannot reproduce
-            # From the bug's step on; earlier arrays are reused. (A bug that changes none of the
-            # submitted stages fails where the reference fails, so it needs no separate test.)
-            buggy = engine.recompute(t, bug)
-            if _matches(buggy, sub, [first_wrong, *(sid for sid in order if sid != first_wrong)], tol):
+            # The stages before the bug's step are the reference's (they passed: they come before the
+            # first wrong one), so only the affected ones are compared, earliest first: they are the
+            # cheapest to recompute (engine.recompute_values computes as they are read), and a bug that
+            # changes a stage the reference got right usually fails right there.
+            if _matches(engine.recompute_values(t, bug), sub, affected, tol):
                 matches.append(bug.name)
+    if first_wrong is not None:
         if not matches and first_wrong != "tokens":  # what the student's numbers show (service/hints.py)
             st = t.stages[first_wrong]
             hint_list = hints.hints(first_wrong, np.asarray(st.values, dtype=np.float64), st.mask,
-                                    _hint_received(first_wrong, t, sub), t.config, tol)
+                                    _hint_received(first_wrong, t, sub), t.config, tol, cross=t.cross)
     bug = matches[0] if matches else None
 
     if first_wrong is None:
@@ -247,14 +261,17 @@ def check_document(req: CheckRequest, limits: Settings) -> dict[str, Any]:
 # ------------------------------------------------------------------ batches and /version
 
 
-def answer(path: str, req: TraceSpec, limits: Settings) -> Any:
-    """The single endpoint's answer: /trace as pre-encoded bytes (embedded as-is), /check as a document."""
+def answer(path: str, req: TraceSpec, limits: Settings, *, binary: bool = False) -> Any:
+    """The single endpoint's answer: /trace as pre-encoded bytes (embedded as-is), /check as a document;
+    ``binary``: a /trace document whose arrays service/npz.py stores."""
+    if path == "/trace" and binary:
+        return trace_document(req, binary=True)  # type: ignore[arg-type]
     if path == "/trace":
         return orjson.Fragment(render_trace(req, limits))  # type: ignore[arg-type]
     return check_document(req, limits)  # type: ignore[arg-type]
 
 
-def batch_document(path: str, batch: BatchRequest, limits: Settings) -> dict[str, Any]:
+def batch_document(path: str, batch: BatchRequest, limits: Settings, *, binary: bool = False) -> dict[str, Any]:
     """Validate and answer each item of /trace/batch or /check/batch on its own, in order.
 
     The total work is bounded first: a batch whose traces would hold more than
@@ -289,7 +306,8 @@ def batch_document(path: str, batch: BatchRequest, limits: Settings) -> dict[str
     for i, p in enumerate(parsed):
         if not isinstance(p, ProblemError):
             try:
-                results.append({"index": i, "status": 200, "result": answer(single, p, limits), "problem": None})
+                results.append({"index": i, "status": 200, "result": answer(single, p, limits, binary=binary),
+                                "problem": None})
                 continue
             except engine.EngineError as e:
                 p = engine_problem(e)

@@ -40,16 +40,17 @@ def _hint(code: str, message: str) -> dict[str, str]:
 
 
 def hints(sid: str, expected: np.ndarray, mask: np.ndarray | None, received: Received, config: TraceConfig,
-          tol: Tolerance) -> list[dict[str, str]]:
-    """What the student's numbers for stage ``sid`` show, most specific first (possibly nothing)."""
+          tol: Tolerance, *, cross: bool = False) -> list[dict[str, str]]:
+    """What the student's numbers for stage ``sid`` show, most specific first (possibly nothing).
+    ``cross``: cross-attention, whose keys are the context's tokens (no query has an own key)."""
     if received.values is None or received.null is None or sid == "tokens":
         return []
     with np.errstate(all="ignore"):  # a student's 1e308 may overflow a sum: the checks then simply do not hold
-        return _hints(sid, expected, mask, received, config, tol)
+        return _hints(sid, expected, mask, received, config, tol, cross)
 
 
 def _hints(sid: str, expected: np.ndarray, mask: np.ndarray | None, received: Received, config: TraceConfig,
-           tol: Tolerance) -> list[dict[str, str]]:
+           tol: Tolerance, cross: bool = False) -> list[dict[str, str]]:
     assert received.values is not None and received.null is not None
     got, null = received.values, received.null
     out: list[dict[str, str]] = []
@@ -57,7 +58,7 @@ def _hints(sid: str, expected: np.ndarray, mask: np.ndarray | None, received: Re
         out += _non_finite(sid, got, null, mask)
         if sid == "weights":
             out += _row_sums(got, expected, tol)
-        if sid in ("masked_scores", "weights"):
+        if sid in ("masked_scores", "weights") and not cross:  # a query's own key: self-attention only
             out += _diagonal(sid, got, null, expected, config, tol)
     transposed = _transposed(sid, expected, mask, received, tol)
     out += transposed

@@ -47,8 +47,12 @@ def trace_document(
     precision: int | None = None,
     parameters_layout: str = "per_head",
     decode: list[DecodeStep] | None = None,
+    binary: bool = False,
 ) -> dict[str, Any]:
-    """The /trace response body. ``stages`` selects stage ids; ``precision`` rounds every number."""
+    """The /trace response body. ``stages`` selects stage ids; ``precision`` rounds every number.
+
+    ``binary``: for service/npz.py, a masked stage's values stay an array (NaN where masked) and the
+    stage gains a boolean ``mask``; the JSON answer has null there instead."""
     wanted = set(stages) if stages is not None else None
     out_stages: dict[str, Any] = {}
     for sid, st in t.stages.items():
@@ -56,6 +60,8 @@ def trace_document(
             continue
         if isinstance(st.values, list):
             values: Any = st.values
+        elif st.mask is not None and binary:
+            values = np.where(st.mask, np.nan, _array(st.values, sid, precision))
         elif st.mask is not None:
             values = _masked(st.values, st.mask, sid, precision)
         else:
@@ -68,6 +74,8 @@ def trace_document(
             "shape": list(st.shape),
             "values": values,
         }
+        if binary and st.mask is not None:
+            out_stages[sid]["mask"] = np.asarray(st.mask, dtype=bool)
         if t.cross:  # which token list each axis indexes: the queries' or the context's
             out_stages[sid]["axis_tokens"] = list(st.axis_tokens)
     doc: dict[str, Any] = {

@@ -438,6 +438,22 @@ def test_hint_diagonal_masked(client):
     assert "diagonal_masked" in _codes(hints) and "np.triu(…, k=1)" in hints[0]["message"]
 
 
+def test_hints_for_cross_attention_weights_never_fail(client):
+    """Cross-attention's weights are [head, query, context key]: not square, no query has an own key.
+    A transposed submission once made the diagonal hint index past the key axis (a 500)."""
+    body = {"sentence": "le chat", "context_sentence": "the cat sat", "num_heads": 2, "d_model": 8}
+    w = np.array(trace_arrays(client, body)["weights"])  # [2, 2, 3]
+    r = client.post("/check", json=body | {"submission": {"weights": np.swapaxes(w, -1, -2).tolist()}})
+    assert r.status_code == 200
+    doc = r.get_json()
+    assert doc["first_wrong_stage"] == "weights" and "diagonal_masked" not in _codes(doc["diagnosis"]["hints"])
+    square = {"sentence": "le chat sat", "context_sentence": "the cat sat", "num_heads": 2, "d_model": 8}
+    w = np.array(trace_arrays(client, square)["weights"])  # [2, 3, 3]: square, yet no own key
+    w[..., np.arange(3), np.arange(3)] = 0.0
+    doc = client.post("/check", json=square | {"submission": {"weights": w.tolist()}}).get_json()
+    assert "diagonal_masked" not in _codes(doc["diagnosis"]["hints"])
+
+
 def test_no_hints_when_a_known_bug_matches_or_nothing_is_wrong(client):
     w = client.post("/trace", json=BODY | {"inject_bug": "softmax_wrong_axis"}).get_json()["stages"]["weights"]
     doc = check(client, BODY, {"weights": w["values"]})
