@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: run test install browser bench loadtest attack measure-memory clean
+.PHONY: run test install browser bench bench-guard loadtest attack measure-memory clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ bench: $(VENV)/.bench-installed
 	command -v wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq wrk; } \
 	  || echo "wrk could not be installed: the Python load generator stands in"
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BIN)/python -m bench.run $(BENCH_ARGS)
+
+# CI's performance guard (bench/guard.py, ~30 s): ratios against a floor measured in the same run;
+# fails only on a regression of more than 2x against bench/guard-baseline.json. Figures: artifacts/bench-guard.*
+bench-guard: $(VENV)/.bench-installed
+	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BIN)/python -m bench.guard $(GUARD_ARGS)
 
 # Real gunicorn under concurrent mixed load, with one worker SIGKILLed mid-run
 # (docs/reliability.md). E.g. make loadtest LOADTEST_ARGS="--duration 60 --threads 8"

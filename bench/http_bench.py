@@ -378,6 +378,27 @@ def run_load(server: Server, gen: LoadGenerator, fixture: Fixture, workloads: li
     return table
 
 
+def run_check(server: Server, gen: LoadGenerator, fixture: Fixture, rounds: int, duration_s: float, conns: int,
+              results: dict[str, Any]) -> Table:
+    """/check S with a wrong 5-stage submission (bench/guard.py's check_body) against /trace S, interleaved."""
+    table = Table(f"3a. /check against /trace at S under load ({conns} connections, {rounds} round(s))",
+                  ["request", "req/s", "p50", "p99", "worker CPU / request", "vs /trace S"])
+    runs: dict[str, list[Run]] = {"trace": [], "check": []}
+    for r in range(rounds):
+        order = [("trace", "S", "/trace"), ("check", "check", "/check")]
+        for kind, name, path in order if r % 2 == 0 else list(reversed(order)):
+            runs[kind].append(gen.run(server, path, fixture.request_file(name), conns, duration_s, f"check-{kind}"))
+    t, c = _summ(runs["trace"]), _summ(runs["check"])
+    ratio = _med([a.rps / b.rps for a, b in zip(runs["check"], runs["trace"], strict=True) if b.rps])
+    results.update({"trace": t, "check": c, "ratio": ratio})
+    for label, d, rel in (("/trace S", t, 1.0), ("/check S, wrong 5-stage submission", c, ratio)):
+        table.add(label, f"{d['rps']:.1f}", fmt_time(d["p50_s"]), fmt_time(d["p99_s"]),
+                  fmt_time(d["cpu_per_request_s"]), fmt_ratio(rel))
+    table.notes.append("the submission is the first known bug's (engine.BUG_NAMES[0]) q, scores, scaled_scores, weights and output of the "
+                       "causal S trace: /check recomputes the reference, compares, and tries every applicable bug")
+    return table
+
+
 def run_sequential(server: Server, gen: LoadGenerator, fixture: Fixture, workloads: list[Workload],
                    duration_s: float, min_requests: int, results: dict[str, Any], floor: set[str]) -> None:
     """One connection at a time: latency without queueing, server time without contention between workers.

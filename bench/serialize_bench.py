@@ -68,7 +68,8 @@ def run_serialization(workloads: list[Workload], repeats: int, budget_s: float, 
                       skip_stdlib: set[str] | None = None) -> Table:
     table = Table("2. Serialization per workload (median)",
                   ["workload", "numbers", "response bytes", "orjson (service)", "stdlib json of nested lists",
-                   "stdlib / orjson", "same output?", "whole render in process", "render / orjson"])
+                   "stdlib / orjson", "same output?", "whole render in process", "render / orjson",
+                   "npz bytes", "whole render as npz", "npz / JSON render"])
     s = Settings()
     for w in workloads:
         _, doc = document(w)
@@ -81,21 +82,28 @@ def run_serialization(workloads: list[Workload], repeats: int, budget_s: float, 
         def render(raw: bytes = raw) -> bytes:
             return service_path.render(raw, s)
 
+        def render_npz(raw: bytes = raw) -> bytes:
+            return service_path.render_npz(raw, s)
+
         if render() != a:
             check += "; render_trace differs from trace_document!"
+        npz_size = len(render_npz())
         big = w.n_tokens >= 128
-        fns = [lambda: serialize.dumps(doc), render] + ([lambda: stdlib_dumps(doc)] if with_stdlib else [])
-        t_orjson, t_render, *rest = interleaved(fns, max(3, repeats // 3) if big else repeats, budget_s=budget_s)
+        fns = [lambda: serialize.dumps(doc), render, render_npz] + ([lambda: stdlib_dumps(doc)] if with_stdlib else [])
+        t_orjson, t_render, t_npz, *rest = interleaved(fns, max(3, repeats // 3) if big else repeats,
+                                                       budget_s=budget_s)
         t_std = rest[0] if rest else None
         results[w.name] = {"bytes": len(a), "stdlib_bytes": len(b), "orjson_s": t_orjson, "stdlib_s": t_std,
-                           "render_s": t_render, "same_output": check}
+                           "render_s": t_render, "same_output": check, "npz_bytes": npz_size, "render_npz_s": t_npz}
         table.add(w.name, f"{w.numbers:,}", f"{len(a):,}", fmt_time(t_orjson), fmt_time(t_std),
                   fmt_ratio(t_std / t_orjson) if t_std else "–", check, fmt_time(t_render),
-                  fmt_ratio(t_render / t_orjson))
+                  fmt_ratio(t_render / t_orjson), f"{npz_size:,}", fmt_time(t_npz), fmt_ratio(t_npz / t_render))
     table.notes.append("orjson = service.serialize.dumps(trace_document(...)) (OPT_SERIALIZE_NUMPY); stdlib = "
                        "ndarray.tolist() + json.dumps(separators=(',', ':'), ensure_ascii=False), timed together")
     table.notes.append("whole render = TraceRequest.model_validate_json + the service's render_trace "
                        "(validate, trace, document, encode): the service's work for one request without HTTP")
+    table.notes.append("whole render as npz = the same for Accept: application/x-npz (service/npz.py): every "
+                       "array as exact float64 bytes in an uncompressed zip instead of decimal text")
     table.notes.append("\"spelled differently\": orjson writes small magnitudes positionally "
                        "(-0.000030694177521364736) where json writes -3.0694177521364736e-05: the same float64 "
                        "on parsing, different bytes")

@@ -28,6 +28,11 @@ def render(raw: bytes, settings: Settings) -> bytes:
     return render_trace(validate(raw, settings), settings)
 
 
+def render_npz(raw: bytes, settings: Settings) -> bytes:
+    """What POST /trace does for ``Accept: application/x-npz`` (service/npz.py), without HTTP."""
+    return core.render_trace_npz(validate(raw, settings))
+
+
 class WsgiCaller:
     """POST a body to a path of a WSGI app in process; returns (status line, body bytes)."""
 

@@ -167,10 +167,16 @@ SCALING_D_MODEL = 512
 SCALING_HEADS = 4
 
 
-def scaling_series(max_tokens: int | None = None) -> list[Workload]:
+#: issue #14's series: time per byte from 32 to 256 tokens at d_model 64 (where the fixed cost per request shows)
+NARROW_D_MODEL = 64
+
+
+def scaling_series(max_tokens: int | None = None, d_model: int = SCALING_D_MODEL, start: int = 8) -> list[Workload]:
+    """Token counts doubling from ``start`` up to the limit, at ``d_model`` with 4 heads."""
     top = max_tokens or Settings().max_tokens
-    out, n = [], 8
+    prefix = "" if d_model == SCALING_D_MODEL else f"d{d_model} "
+    out, n = [], start
     while n <= top:
-        out.append(Workload(f"n={n}", n, SCALING_D_MODEL, SCALING_HEADS))
+        out.append(Workload(f"{prefix}n={n}", n, d_model, SCALING_HEADS))
         n *= 2
     return out
