@@ -37,7 +37,8 @@ CONTEXT_PER_LINE = 8
 FIELD_FLAGS = {"/sentence": "SENTENCE", "/d_model": "--d-model", "/num_heads": "--heads", "/seed": "--seed",
                "/scale": "--no-scale", "/causal": "--causal", "/positional_encoding": "--rope",
                "/rope_base": "--rope-base", "/rope_pairing": "--rope-pairing", "/num_kv_heads": "--kv-heads",
-               "/window": "--window", "/context_sentence": "--context", "/decode": "--decode"}
+               "/window": "--window", "/context_sentence": "--context", "/decode": "--decode",
+               "/head": "--head", "/query": "--explain", "/key": "--explain", "/format": "--export"}
 
 
 class UsageError(Exception):
@@ -342,7 +343,17 @@ def trace_parser() -> argparse.ArgumentParser:
                    help="cross-attention: the keys and values come from this context sentence")
     v.add_argument("--decode", action="store_true",
                    help="also show the KV-cache decoding step of the query token (with --causal)")
+    p.add_argument("--explain", metavar="QUERY,KEY",
+                   help="explain one cell, number by number (q·k, ÷√d_k, exp, ÷Σ, weight·v): QUERY and KEY each a "
+                        "token or a 0-based index (KEY from the context with --context); the head is --head (default 0)")
     p.add_argument("--json", action="store_true", help="print the full trace JSON instead of the table")
+    p.add_argument("--export", choices=("bertviz", "circuitsvis", "transformer-explainer"), metavar="FORMAT",
+                   help="print the trace as JSON in an attention viewer's input format: bertviz, circuitsvis or "
+                        "transformer-explainer (POST /export; docs/interop.md)")
+    p.add_argument("--npz", metavar="FILE", help="write every stage as exact float64 arrays to FILE "
+                   "(application/x-npz: np.load reads it; metadata.json holds the rest of the answer)")
+    p.add_argument("--html", metavar="FILE", help="write the viewer's page for this trace to FILE: one HTML file "
+                   "that opens offline, read-only (the same file as POST /trace/html; needs the service package)")
     p.add_argument("--decimals", type=int, default=3, choices=range(0, 13), metavar="N",
                    help="decimals of scores and context (default 3; percentages get two fewer, at least one)")
     p.add_argument("--layout", choices=("auto", "rows", "table"), default="auto",
@@ -403,8 +414,26 @@ def run_trace(args: argparse.Namespace, out: TextIO) -> int:
             body[name] = getattr(args, name)
     if args.decode:
         body["decode"] = True
+    if args.explain is not None:  # one cell's numbers (attention_trace/explain_cli.py)
+        from .explain_cli import run_explain
+
+        return run_explain(args, body, out)
+    if args.export is not None:  # the trace in a viewer's input format (POST /export)
+        with make_client(args) as client:
+            doc = client.export(body, format=args.export)
+        out.write(json.dumps(doc, ensure_ascii=False) + "\n")
+        return EXIT_OK
     if not args.json:
         body["stages"] = [s for s in TABLE_STAGES if s != "masked_scores" or args.causal]
+    if args.npz:  # the archive exactly as the service sent it: every stage, exact float64 (np.load reads it)
+        body.pop("stages", None)
+        with make_client(args) as client:
+            data = client.trace_npz(body)
+        write_file(args.npz, data)
+        out.write(f"wrote {len(data)} bytes to {args.npz} (application/x-npz; np.load reads it)\n")
+        return EXIT_OK
+    if args.html:  # the viewer's offline page, byte for byte what POST /trace/html answers (service/standalone.py)
+        return run_html(args, body, out)
     with make_client(args) as client:
         t = client.trace(body)
     if args.json:
@@ -419,6 +448,39 @@ def run_trace(args: argparse.Namespace, out: TextIO) -> int:
     out.write(render_walkthrough(t, query, heads, decimals=args.decimals, layout=args.layout, style=style,
                                  sentence=args.sentence) + "\n")
     return EXIT_OK
+
+
+def run_html(args: argparse.Namespace, body: dict[str, Any], out: TextIO) -> int:
+    """Trace the request and its scale-flipped comparison (as the viewer does), and write the standalone page."""
+    try:
+        from service.standalone import comparison_request, render_html
+    except ImportError as e:
+        raise UsageError(f"--html needs the service package (service.standalone): {e}") from None
+    body.pop("stages", None)
+    with make_client(args) as client:
+        t = client.trace(body)
+        try:
+            alt = client.trace(comparison_request(body)).raw
+        except ProblemError:  # too large to trace twice, say: the page says it holds no comparison
+            alt = None
+    data = render_html(t.raw, body, comparison=alt).encode("utf-8")
+    write_file(args.html, data)
+    if args.html != "-":
+        out.write(f"wrote {len(data)} bytes to {args.html} (the viewer's page for this trace; opens offline)\n")
+    return EXIT_OK
+
+
+def write_file(path: str, data: bytes) -> None:
+    """Write an answer to ``path`` ('-' is standard output); a clear usage error if it cannot be written."""
+    try:
+        if path == "-":
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+            return
+        with open(path, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def read_submission(path: str) -> dict[str, Any]:

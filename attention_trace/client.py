@@ -43,7 +43,7 @@ __all__ = [
     "Client", "LocalClient",
     "Trace", "Stage", "Token", "Config", "Stats", "Parameters", "InjectedBug",
     "CheckResult", "StageCheck", "Mismatch", "NonFinite", "Diagnosis", "Hint", "Tolerance",
-    "BatchItem", "Health", "VersionInfo", "encode_json",
+    "BatchItem", "Health", "VersionInfo", "encode_json", "Explanation",
 ]
 
 #: (connect, read) seconds. Connecting to a healthy service is quick; a large
@@ -192,6 +192,51 @@ class Config:
         return cls(**{f: doc.get(f) for f in cls.__dataclass_fields__})  # type: ignore[arg-type]
 
 
+NPZ = "application/x-npz"
+
+
+def load_npz(data: bytes) -> Any:
+    """A /trace answer sent as ``application/x-npz`` (the service's service/npz.py) back as its JSON
+    document, in which each ``{"npz": key}`` is that member's array (NaN where the JSON has null;
+    a masked stage's ``mask`` says where)."""
+    import io
+
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        meta = json.loads(z["metadata.json"])
+        arrays = {key: z[key] for key in z.files if key != "metadata.json"}
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            if node.keys() == {"npz"}:
+                return arrays[node["npz"]]
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return walk(meta)
+
+
+@dataclass(frozen=True)
+class _NpzBody:
+    """An ``application/x-npz`` answer's bytes, as sent (``trace_npz``), until a caller reads it."""
+
+    content: bytes
+    what: str
+
+    def load(self) -> Any:
+        try:
+            return load_npz(self.content)
+        except Exception as e:  # a truncated or foreign body: say so rather than a zipfile traceback
+            raise ClientError(f"{self.what} answered an {NPZ} body that could not be read: "
+                              f"{type(e).__name__}: {e}") from None
+
+
+def _document(answer: Any) -> Any:
+    """The JSON document of an answer (an npz answer read back into one)."""
+    return answer.load() if isinstance(answer, _NpzBody) else answer
+
+
 def _to_array(values: Any) -> np.ndarray:
     """Nested lists of numbers (and nulls) as float64; null becomes NaN."""
     return np.array(values, dtype=np.float64)  # None -> nan
@@ -207,7 +252,10 @@ class Stage:
     formula: str
     axes: tuple[str, ...]
     shape: tuple[int, ...]
-    values: list[Any] = field(repr=False)
+    #: nested lists as in the JSON (null where masked), or the float64 array itself (NaN where
+    #: masked) when the trace came as arrays (``trace(..., arrays=True)``)
+    values: list[Any] | np.ndarray = field(repr=False)
+    binary_mask: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def array(self) -> np.ndarray:
         """The values as a float64 array in ``axes`` order. Masked (null) entries
@@ -222,12 +270,14 @@ class Stage:
         """True where a value is null (masked), for numeric stages; None for ``tokens``."""
         if self.id == "tokens":
             return None
+        if isinstance(self.values, np.ndarray):
+            return self.binary_mask.copy() if self.binary_mask is not None else np.zeros(self.shape, dtype=bool)
         return np.equal(np.array(self.values, dtype=object), None).reshape(self.shape)
 
     @classmethod
     def from_json(cls, sid: str, doc: Mapping[str, Any]) -> Stage:
         return cls(sid, doc["step"], doc["title"], doc["formula"], tuple(doc["axes"]), tuple(doc["shape"]),
-                   doc["values"])
+                   doc["values"], doc.get("mask"))
 
 
 class _Stages(dict):  # type: ignore[type-arg]
@@ -445,6 +495,37 @@ class CheckResult:
         )
 
 
+@dataclass(frozen=True)
+class Explanation:
+    """A /explain response: one cell's steps (``step("weight").value``). ``raw`` is the JSON as received."""
+
+    head: int
+    query: int
+    key: int
+    query_token: str
+    key_token: str
+    masked: bool
+    mask_reason: str | None
+    scale_factor: float
+    steps: list[dict[str, Any]]
+    config: Config
+    raw: dict[str, Any] = field(repr=False, compare=False)
+    request_id: str | None = field(default=None, compare=False)
+
+    def step(self, step_id: str) -> dict[str, Any]:
+        """The step with this id: products, score, scaled, row_max, exp, denominator, weight, contributions."""
+        for s in self.steps:
+            if s["id"] == step_id:
+                return s
+        raise KeyError(f"no step {step_id!r}; the steps are {', '.join(s['id'] for s in self.steps)}")
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], request_id: str | None = None) -> Explanation:
+        return cls(doc["head"], doc["query"], doc["key"], doc["query_token"], doc["key_token"], doc["masked"],
+                   doc["mask_reason"], doc["scale_factor"], list(doc["steps"]), Config.from_json(doc["config"]),
+                   raw=doc, request_id=request_id)
+
+
 R = TypeVar("R")
 
 
@@ -494,9 +575,10 @@ def encode_json(payload: Any) -> bytes:
     return json.dumps(payload, default=_json_default, separators=(",", ":"), allow_nan=True).encode("utf-8")
 
 
-def _encode_request(payload: Any, request_id: str | None) -> tuple[bytes | None, dict[str, str]]:
+def _encode_request(payload: Any, request_id: str | None,
+                    accept: str | None = None) -> tuple[bytes | None, dict[str, str]]:
     """The body and headers of one call, the same over HTTP and in-process."""
-    headers = {"Accept": "application/json, application/problem+json"}
+    headers = {"Accept": f"{accept or 'application/json'}, application/problem+json"}
     data = None
     if payload is not None:
         data = encode_json(payload)
@@ -529,7 +611,8 @@ class _Base:
 
     _default_request_id: RequestId = None
 
-    def _request(self, method: str, path: str, payload: Any, request_id: str | None) -> tuple[Any, str | None]:
+    def _request(self, method: str, path: str, payload: Any, request_id: str | None,
+                 accept: str | None = None) -> tuple[Any, str | None]:
         raise NotImplementedError
 
     def _rid(self, request_id: str | None) -> str | None:
@@ -538,22 +621,61 @@ class _Base:
             request_id = d() if callable(d) else d
         return _check_request_id(request_id)
 
-    def _call(self, method: str, path: str, payload: Any = None, request_id: str | None = None) -> tuple[Any, str | None]:
-        return self._request(method, path, payload, self._rid(request_id))
+    def _call(self, method: str, path: str, payload: Any = None, request_id: str | None = None,
+              accept: str | None = None) -> tuple[Any, str | None]:
+        return self._request(method, path, payload, self._rid(request_id), accept)
 
-    def trace(self, body: Request | None = None, /, *, request_id: str | None = None, **fields: Any) -> Trace:
-        """POST /trace: every stage of the layer for one sentence (or token list)."""
-        doc, rid = self._call("POST", "/trace", _merge(body, fields), request_id)
-        return Trace.from_json(doc, rid)
+    def trace(self, body: Request | None = None, /, *, request_id: str | None = None, arrays: bool = False,
+              **fields: Any) -> Trace:
+        """POST /trace: every stage of the layer for one sentence (or token list).
+
+        ``arrays=True`` asks for ``application/x-npz``: every stage arrives as the exact float64
+        array (no decimal text; faster for large traces), and each Stage's ``values`` is that array
+        (NaN where masked, with ``mask``). The numbers are the JSON answer's, bit for bit."""
+        doc, rid = self._call("POST", "/trace", _merge(body, fields), request_id, NPZ if arrays else None)
+        return Trace.from_json(_document(doc), rid)
+
+    def trace_npz(self, body: Request | None = None, /, *, request_id: str | None = None, **fields: Any) -> bytes:
+        """POST /trace with ``Accept: application/x-npz``: the archive's bytes exactly as the service sent
+        them (``np.load`` reads it; :func:`load_npz` turns it back into the JSON's document)."""
+        answer, _ = self._call("POST", "/trace", _merge(body, fields), request_id, NPZ)
+        if not isinstance(answer, _NpzBody):
+            raise ClientError(f"POST /trace answered JSON where {NPZ} was asked for (a service older than 1.1.0?)")
+        return answer.content
 
     def check(self, body: Request | None = None, /, *, request_id: str | None = None, **fields: Any) -> CheckResult:
         """POST /check: compare ``submission`` (stage id -> values) with the reference."""
         doc, rid = self._call("POST", "/check", _merge(body, fields), request_id)
         return CheckResult.from_json(doc, rid)
 
+    def explain(self, sentence: str | Request | None = None, /, *, head: int, query: int, key: int,
+                request_id: str | None = None, **options: Any) -> Explanation:
+        """POST /explain: every number of one cell (head, query, key; 0-based), from q·k to the weight.
+
+        ``sentence`` is the text, or a whole /trace request body; ``options`` are /trace's fields.
+        """
+        body = {"sentence": sentence} if isinstance(sentence, str) else sentence
+        doc, rid = self._call("POST", "/explain", _merge(body, {**options, "head": head, "query": query, "key": key}),
+                              request_id)
+        return Explanation.from_json(doc, rid)
+
+    def export(self, sentence: str | Request | None = None, /, *, format: str, request_id: str | None = None,
+               **options: Any) -> dict[str, Any]:
+        """POST /export: the trace in a viewer's input format, ``"bertviz"``, ``"circuitsvis"`` or
+        ``"transformer-explainer"``; the answer's ``data`` holds it (docs/interop.md, "Exports").
+
+        ``sentence`` is the text, or a whole /trace request body; ``options`` are /trace's fields.
+        Returns the JSON document as sent; ``attention_trace.export`` turns it into the Python
+        viewers' arguments.
+        """
+        body = {"sentence": sentence} if isinstance(sentence, str) else sentence
+        doc, _ = self._call("POST", "/export", _merge(body, {**options, "format": format}), request_id)
+        return doc
+
     def _batch(self, path: str, items: Iterable[Request], wrap: Callable[[dict[str, Any], str | None], R],
-               request_id: str | None) -> list[BatchItem[R]]:
-        doc, rid = self._call("POST", path, {"items": [dict(i) for i in items]}, request_id)
+               request_id: str | None, accept: str | None = None) -> list[BatchItem[R]]:
+        answer, rid = self._call("POST", path, {"items": [dict(i) for i in items]}, request_id, accept)
+        doc = _document(answer)
         out: list[BatchItem[R]] = []
         for r in doc["results"]:
             problem = None if r["problem"] is None else ProblemError.from_document(r["problem"], request_id=rid)
@@ -561,9 +683,11 @@ class _Base:
             out.append(BatchItem(r["index"], r["status"], result, problem))
         return out
 
-    def trace_batch(self, items: Iterable[Request], *, request_id: str | None = None) -> list[BatchItem[Trace]]:
-        """POST /trace/batch: each item answered on its own; a bad item does not fail the rest."""
-        return self._batch("/trace/batch", items, Trace.from_json, request_id)
+    def trace_batch(self, items: Iterable[Request], *, request_id: str | None = None,
+                    arrays: bool = False) -> list[BatchItem[Trace]]:
+        """POST /trace/batch: each item answered on its own; a bad item does not fail the rest.
+        ``arrays=True``: exact float64 arrays, as :meth:`trace`."""
+        return self._batch("/trace/batch", items, Trace.from_json, request_id, NPZ if arrays else None)
 
     def check_batch(self, items: Iterable[Request], *, request_id: str | None = None) -> list[BatchItem[CheckResult]]:
         """POST /check/batch."""
@@ -644,9 +768,10 @@ class Client(_Base):
             delay = max(delay, min(self.backoff_max, float(retry_after)))
         return delay
 
-    def _request(self, method: str, path: str, payload: Any, request_id: str | None) -> tuple[Any, str | None]:
+    def _request(self, method: str, path: str, payload: Any, request_id: str | None,
+                 accept: str | None = None) -> tuple[Any, str | None]:
         url = self.url + path
-        data, headers = _encode_request(payload, request_id)
+        data, headers = _encode_request(payload, request_id, accept)
         attempt = 0
         while True:
             attempt += 1
@@ -685,6 +810,8 @@ def _answer(status: int, headers: Mapping[str, str], content: bytes, reason: str
             url: str) -> tuple[Any, str | None]:
     """A response's document, or the ProblemError it stands for (HTTP and in-process alike)."""
     rid = headers.get("X-Request-ID")
+    if 200 <= status < 300 and headers.get("Content-Type", "").split(";")[0].strip() == NPZ:
+        return _NpzBody(content, f"{method} {url}"), rid
     try:
         doc = json.loads(content)
     except ValueError:
@@ -733,8 +860,9 @@ class LocalClient(_Base):
     def __repr__(self) -> str:
         return "LocalClient()"
 
-    def _request(self, method: str, path: str, payload: Any, request_id: str | None) -> tuple[Any, str | None]:
-        data, headers = _encode_request(payload, request_id)
+    def _request(self, method: str, path: str, payload: Any, request_id: str | None,
+                 accept: str | None = None) -> tuple[Any, str | None]:
+        data, headers = _encode_request(payload, request_id, accept)
         resp = self._http.open(path, method=method, data=data, headers=headers)
         return _answer(resp.status_code, resp.headers, resp.get_data(), resp.status.partition(" ")[2],
                        method, f"local:{path}")

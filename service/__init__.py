@@ -57,11 +57,15 @@ def create_app(settings: Settings | None = None) -> Flask:
     )
 
     from .api import bp
+    from .export_api import bp as export_bp
     from .compression import maybe_compress
+    from .explain_api import bp as explain_bp
     from .problems import ProblemError, register_error_handlers
     from .viewer import bp as viewer_bp
 
     app.register_blueprint(bp)
+    app.register_blueprint(export_bp)
+    app.register_blueprint(explain_bp)  # POST /explain
     app.register_blueprint(viewer_bp)
     register_error_handlers(app)
     # Browser frontends on other origins may call the API; never with credentials.

@@ -8,7 +8,7 @@ from flask import Blueprint, Response, current_app, g, request
 from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from . import budget, compression, core, serialize
+from . import budget, compression, core, npz, serialize
 from .models import BatchRequest, CheckRequest, TraceRequest
 from .problems import ProblemError, validation_problem
 from .settings import Settings
@@ -18,6 +18,8 @@ bp = Blueprint("api", __name__)
 M = TypeVar("M", bound=BaseModel)
 
 _JSON_TYPES = ("application/json",)
+#: what /trace and /trace/batch can answer, the default first
+_TRACE_TYPES = ("application/json", npz.MEDIA_TYPE)
 
 
 def settings() -> Settings:
@@ -95,9 +97,38 @@ def parse_body(model: type[M], body: bytes | None = None) -> M:
         raise validation_problem(e) from None
 
 
+def wants_npz() -> bool:
+    """Content negotiation on /trace and /trace/batch: JSON unless the client prefers ``application/x-npz``
+    (without an Accept header, or with */* or equal preference, JSON)."""
+    return request.accept_mimetypes.best_match(_TRACE_TYPES) == npz.MEDIA_TYPE
+
+
+def post_trace_npz(raw: bytes) -> Response:
+    """/trace as exact binary arrays (service/npz.py). The response cache keeps it under its own key."""
+    cache = current_app.extensions["attention_trace.responses"]
+    key = b"\x00npz\x00" + raw  # never a JSON body's key: those are valid JSON, which cannot start with NUL
+    body = cache.get(key) if cache is not None else None
+    if body is None:
+        req = parse_body(TraceRequest, raw)
+        body = core.render_trace_npz(req)
+        if cache is not None:
+            cache.put(key, body, cost=compression.estimate_s(budget.cost("/trace", [req])))
+    resp = current_app.response_class(body, mimetype=npz.MEDIA_TYPE)
+    resp.vary.add("Accept")
+    return resp
+
+
 @bp.post("/trace")
 def post_trace() -> Response:
     raw = read_json_body()
+    if wants_npz():
+        return post_trace_npz(raw)
+    resp = post_trace_json(raw)
+    resp.vary.add("Accept")  # the same URL answers npz to a client that asks for it
+    return resp
+
+
+def post_trace_json(raw: bytes) -> Response:
     cache = current_app.extensions["attention_trace.responses"]
     if cache is None:
         req = parse_body(TraceRequest, raw)
@@ -135,7 +166,14 @@ def _batch() -> Response:
     if request.path == "/check/batch":
         bound_json_values(raw)
     batch = parse_body(BatchRequest, raw)
-    return json_response(core.batch_document(request.path, batch, settings()))
+    if request.path == "/trace/batch" and wants_npz():
+        resp = current_app.response_class(npz.dumps(core.batch_document(request.path, batch, settings(), binary=True)),
+                                          mimetype=npz.MEDIA_TYPE)
+    else:
+        resp = json_response(core.batch_document(request.path, batch, settings()))
+    if request.path == "/trace/batch":
+        resp.vary.add("Accept")
+    return resp
 
 
 @bp.post("/trace/batch")

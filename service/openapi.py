@@ -10,15 +10,26 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from engine import STAGE_IDS
 
+from .explain_api import ExplainRequest, ExplainResponse
+from .explain_api import openapi_path as explain_openapi_path
+from .export_api import ExportRequest, ExportResponse
+from .export_api import openapi_operation as export_openapi_operation
 from .models import SCHEMA_MODELS
+
 from .serialize import SCHEMA_VERSION
 from .settings import Settings
 
 REF = "#/components/schemas/{model}"
+
+#: every model of the contract, the source of components.schemas: /trace's and /check's (service/models.py)
+#: and those of the endpoints built on them (/export, /explain)
+CONTRACT_MODELS: tuple[type[BaseModel], ...] = (*SCHEMA_MODELS, ExportRequest, ExportResponse, ExplainRequest,
+                                                ExplainResponse)
 
 
 def _problem(description: str, example: dict[str, Any]) -> dict[str, Any]:
@@ -53,7 +64,7 @@ def _example_check() -> dict[str, Any]:
 
 
 def build_spec() -> dict[str, Any]:
-    _, defs = models_json_schema([(m, "validation") for m in SCHEMA_MODELS], ref_template=REF)
+    _, defs = models_json_schema([(m, "validation") for m in CONTRACT_MODELS], ref_template=REF)
     schemas = defs["$defs"]
     limits = Settings()
     stage_list = ", ".join(f"`{s}`" for s in STAGE_IDS)
@@ -103,15 +114,27 @@ def build_spec() -> dict[str, Any]:
                         "responses": {"200": {"description": "OK", "headers": request_id, "content": content},
                                       **common}}}
 
+    # Content negotiation on /trace and /trace/batch (service/npz.py): the same answer as exact arrays.
+    npz_media = {"application/x-npz": {
+        "schema": {"type": "string", "contentMediaType": "application/x-npz",
+                   "description": "Sent when the request's Accept prefers application/x-npz (JSON stays the "
+                                  "default). An uncompressed zip that np.load reads: `metadata.json` is the JSON "
+                                  "answer with each numeric array replaced by {\"npz\": KEY}, KEY the array's "
+                                  "JSON Pointer without the leading slash (e.g. `stages/q/values`); each array "
+                                  "is the member KEY.npy, float64 in the JSON's shape. Masked entries are NaN, "
+                                  "and a masked stage gains `mask` (boolean, true where the JSON has null). "
+                                  "Every number equals the JSON answer's bit for bit."}}}
+
     def post_op(op_id: str, tag_name: str, summary: str, description: str, req_schema: str, resp_schema: str,
-                example: Any) -> dict[str, Any]:
+                example: Any, npz: bool = False) -> dict[str, Any]:
         return {"post": {
             "operationId": op_id, "tags": [tag_name], "summary": summary, "description": description,
             "requestBody": {"required": True, "content": {"application/json": {
                 "schema": {"$ref": REF.format(model=req_schema)}}}},
             "responses": {
                 "200": {"description": "OK", "headers": request_id, "content": {"application/json": {
-                    "schema": {"$ref": REF.format(model=resp_schema)}, "example": example}}},
+                    "schema": {"$ref": REF.format(model=resp_schema)}, "example": example},
+                    **(npz_media if npz else {})}},
                 **problems, **common,
             },
         }}
@@ -164,7 +187,8 @@ def build_spec() -> dict[str, Any]:
                     "responses": {
                         "200": {"description": "The full trace.", "headers": request_id, "content": {
                             "application/json": {"schema": {"$ref": REF.format(model="TraceResponse")},
-                                                 "example": _example_trace()}}},
+                                                 "example": _example_trace()},
+                            **npz_media}},
                         **problems,
                         **common,
                     },
@@ -187,8 +211,12 @@ def build_spec() -> dict[str, Any]:
             "/trace/batch": post_op(
                 "traceBatch", "trace", "Several traces in one request",
                 "Each item is a /trace request body, answered independently and in order: a bad item gets "
-                "its own problem entry (with pointers under /items/<i>) and does not fail the rest.",
-                "BatchRequest", "BatchResponse", None),
+                "its own problem entry (with pointers under /items/<i>) and does not fail the rest. "
+                "`Accept: application/x-npz` answers every item's arrays in one archive (keys under "
+                "`results/<i>/result/`).",
+                "BatchRequest", "BatchResponse", None, npz=True),
+            "/explain": explain_openapi_path(schemas, problems, common, request_id, REF),
+            "/export": export_openapi_operation(schemas, REF, problems, common, request_id),
             "/check/batch": post_op(
                 "checkBatch", "check", "Several checks in one request",
                 "Each item is a /check request body, answered independently and in order.",
@@ -211,6 +239,21 @@ def build_spec() -> dict[str, Any]:
                     for mime in ("text/html", "text/javascript", "text/css", "image/svg+xml")}},
                     "304": {"description": "Not modified (ETag / If-None-Match)."},
                     **{k: v for k, v in common.items() if k != "500"}},
+            }},
+            "/trace/html": {"post": {
+                "operationId": "traceHtml", "tags": ["viewer"],
+                "summary": "The viewer's page for one trace, as one offline HTML file",
+                "description": "Takes a /trace request (every stage: no `stages`) and answers the viewer's page with "
+                               "that trace and its scale-flipped comparison embedded, script and style inlined, and "
+                               "a Content-Security-Policy meta that allows only them (by hash): it opens from disk, "
+                               "offline, read-only, and sends no request (docs/viewer.md).",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": REF.format(model="TraceRequest")}}}},
+                "responses": {"200": {"description": "The page, as a download.", "headers": {
+                    **request_id, "Content-Disposition": {"schema": {"type": "string"}, "description":
+                                                          'attachment; filename="attention-trace_….html"'}},
+                    "content": {"text/html": {"schema": {"type": "string"}}}},
+                    **problems, **common},
             }},
             "/health": get_op("health", "Liveness", "Cheap: touches no engine state.", "Health", {"status": "ok"}),
             "/version": get_op("version", "Versions and limits",

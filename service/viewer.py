@@ -1,19 +1,22 @@
-"""The viewer: a static teaching page at ``GET /`` that draws the trace.
+"""The viewer: a static teaching page at ``GET /`` that draws the trace, and its offline export.
 
-It is a plain client of the public JSON API (it only ``fetch``es ``/trace``
-and ``/version``), served from ``service/static/`` with no build step and
-nothing from another origin. Its responses carry their own
-Content-Security-Policy, which allows this origin's script, style and fetches
-and nothing else (no inline script or style, no framing); the API keeps its
-stricter policy (``API_CSP`` in ``service/__init__.py``, set only where a
-route set none).
+It is a plain client of the public JSON API (it only ``fetch``es ``/trace``,
+``/explain``, ``/trace/html`` and ``/version``), served from
+``service/static/`` with no build step and nothing from another origin. Its
+responses carry their own Content-Security-Policy, which allows this origin's
+script, style and fetches and nothing else (no inline script or style, no
+framing); the API keeps its stricter policy (``API_CSP`` in
+``service/__init__.py``, set only where a route set none).
+
+``POST /trace/html`` answers a /trace request with the viewer's page for that
+trace as one offline file (service/standalone.py), as a download.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from flask import Blueprint, Response, send_from_directory
+from flask import Blueprint, Response, current_app, g, send_from_directory
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
@@ -44,3 +47,36 @@ def index() -> Response:
 def static(filename: str) -> Response:
     # send_from_directory refuses paths outside STATIC_DIR (404, as problem+json).
     return _with_viewer_headers(send_from_directory(STATIC_DIR, filename))
+
+
+@bp.post("/trace/html")
+def trace_html() -> Response:
+    """The trace of a /trace request body, drawn by the viewer, in one self-contained HTML file (a download)."""
+    import orjson
+
+    from . import budget, compression, core
+    from .api import parse_body, read_json_body, settings
+    from .models import TraceRequest
+    from .problems import ProblemError
+    from .standalone import comparison_request, export_filename, render_html
+
+    raw = read_json_body()
+    req = parse_body(TraceRequest, raw)
+    if req.stages is not None:
+        message = "the page draws every stage: leave out stages"
+        raise ProblemError(422, "Invalid request", f"/stages: {message}", kind="validation-error",
+                           errors=[{"pointer": "/stages", "type": "export_needs_every_stage", "message": message}])
+    limits = settings()
+    body = orjson.loads(raw)
+    doc = core.trace_document(req, limits)
+    # The "why divide by √d_k" comparison, as the viewer asks for it; left out when both traces together would
+    # exceed one request's work budget (the page then says it holds none).
+    alt = parse_body(TraceRequest, orjson.dumps(comparison_request(body)))
+    work = budget.cost("/trace", [req, alt])
+    comparison = core.trace_document(alt, limits) if work <= limits.max_request_cost else None
+    g.cpu_estimate = compression.estimate_s(work if comparison is not None else budget.cost("/trace", [req]))
+    page = render_html(doc, body, comparison=comparison)
+    resp = current_app.response_class(page.encode("utf-8"), mimetype="text/html")
+    resp.headers["Content-Type"] = "text/html; charset=utf-8"
+    resp.headers["Content-Disposition"] = f'attachment; filename="{export_filename(doc, body)}"'
+    return resp

@@ -126,7 +126,7 @@ def test_table_layout_query_head_and_options():
     assert run.returncode == 0, run.stderr
     t = LocalClient().trace(sentence=SENTENCE, num_heads=2, scale=False, seed=7, d_model=8)
     assert 'Query: "mat" (token 5)' in run.stdout and "scores not scaled (÷ 1)" in run.stdout
-    assert "Head 1 of 2" in run.stdout and "Head 0 of 2" not in run.stdout
+    assert "Head 1 of 2" in run.stdout and "Head 0 of 2" not in run.stdout  # --head 1: 0-based, as the API and viewer
     rows = [line.split() for line in run.stdout.splitlines() if re.match(r"^\s+\d+\s", line)]
     assert [r[1] for r in rows] == t.texts
     for j, (_, _, score, scaled, softmax) in enumerate(rows):

@@ -7,6 +7,7 @@ page in headless Chromium.
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from html.parser import HTMLParser
@@ -145,7 +146,8 @@ def test_every_reference_is_same_origin_and_exists(web, page):
 @pytest.mark.parametrize("name", STATIC_FILES)
 def test_static_files_load_nothing_from_another_origin(name):
     text = (STATIC_DIR / name).read_text(encoding="utf-8")
-    text = text.replace('xmlns="http://www.w3.org/2000/svg"', "")  # an XML namespace name, never fetched
+    # The SVG namespace is an XML namespace name (favicon.svg, and app.js's SVG downloads), never fetched.
+    text = text.replace('xmlns="http://www.w3.org/2000/svg"', "").replace("'http://www.w3.org/2000/svg'", "")
     assert not re.search(r"https?:|//[a-z0-9.-]+\.[a-z]{2,}", text, re.I)
     assert "@import" not in text
 
@@ -154,8 +156,10 @@ def test_the_script_uses_only_the_public_api():
     js = (STATIC_DIR / "app.js").read_text(encoding="utf-8")
     spec = yaml.safe_load((ROOT / "openapi.yaml").read_text(encoding="utf-8"))
     fetched = set(re.findall(r"fetch\('([^']+)'", js))
-    assert fetched == {"trace", "version"}
+    assert fetched == {"trace", "version", "explain", "trace/html"}
     assert "post" in spec["paths"]["/trace"] and "get" in spec["paths"]["/version"]
+    assert "post" in spec["paths"]["/explain"] and "post" in spec["paths"]["/trace/html"]
+    assert len(re.findall(r"\bfetch\(", js)) == len(re.findall(r"fetch\('([^']+)'", js)), "every fetch names its path"
     assert not re.search(r"XMLHttpRequest|WebSocket|EventSource|sendBeacon|importScripts|\bimport\(", js)
 
 
@@ -203,8 +207,8 @@ def test_the_variants_have_labelled_controls_and_inline_error_slots(page):
     with a slot for the service's 422 message, tied to it by aria-describedby."""
     by_id = {attrs.get("id"): (tag, attrs) for tag, attrs in page.tags if attrs.get("id")}
     labelled = {attrs["for"] for tag, attrs in page.tags if tag == "label" and "for" in attrs}
-    for name in ("rope_base", "rope_pairing", "num_kv_heads", "window", "context_sentence", "decode", "causal",
-                 "positional_encoding"):
+    for name in ("rope_base", "rope_pairing", "num_kv_heads", "window", "context_sentence", "context_tokens", "decode",
+                 "causal", "positional_encoding"):
         assert name in by_id and name in labelled, name
         assert f"{name}-error" in by_id, name
         assert f"{name}-error" in by_id[name][1].get("aria-describedby", "").split(), name
@@ -214,9 +218,65 @@ def test_the_variants_have_labelled_controls_and_inline_error_slots(page):
 
 
 def test_the_script_sends_an_invalid_request_once():
-    """The scale-flipped comparison is requested only after the request as set came back valid."""
+    """The scale-flipped comparison is requested only after the request as set came back valid (the browser test
+    test_invalid_kv_heads_are_explained_by_the_service_and_sent_once counts the requests)."""
     js = (STATIC_DIR / "app.js").read_text(encoding="utf-8")
-    assert "Promise.allSettled" not in js
-    main = js.index("const main = await settle(postTrace(body")
-    alt = js.index("other = await settle(postTrace(alt")
-    assert main < js.index("if (main.status === 'fulfilled')") < alt
+    assert "Promise.allSettled" not in js and "Promise.all(" not in js
+    main = js.index("main = await postJson(ENDPOINTS.trace, body, controller.signal)")
+    failed = js.index("showError(err);", main)
+    drawn = js.index("showTrace(main);", main)
+    alt = js.index("state.alt = await postJson(ENDPOINTS.trace, comparisonBody(body), controller.signal)")
+    assert main < failed < drawn < alt
+    assert "return;" in js[failed:drawn], "a failed request returns before the comparison is sent"
+
+
+def test_subscripts_have_readable_names(page):
+    """d<sub>model</sub> would be read "dmodel": every subscript on the page is hidden from screen readers and
+    spelled out beside it (the computed names are checked in Chromium, test_viewer_browser.py)."""
+    html = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
+    for m in re.finditer(r"<sub>", html):
+        before = html[:m.start()]
+        opener = before.rfind('aria-hidden="true"')
+        near = html[m.start() - 60:m.end()]
+        assert opener >= 0 and "</span>" not in before[opener:], f"a bare subscript near {near!r}"
+    by_id = {attrs.get("id"): attrs for tag, attrs in page.tags if attrs.get("id")}
+    assert by_id["d_model"]["aria-label"] == "d_model (model width)"
+    assert by_id["num_heads"]["aria-label"] == "Number of heads h"
+    assert by_id["scale"]["aria-label"] == "Scale scores by √d_k"
+
+
+# ---------------------------------------------------------------- POST /trace/html
+
+
+def test_trace_html_is_a_download_of_the_standalone_page(web):
+    from service.standalone import export_filename, render_html
+
+    body = {"sentence": "the cat sat", "d_model": 24, "num_heads": 4, "causal": True}
+    resp = web.post("/trace/html", data=json.dumps(body), content_type="application/json", buffered=True)
+    assert resp.status_code == 200
+    assert resp.headers["Content-Type"] == "text/html; charset=utf-8"
+    assert resp.headers["Content-Disposition"] == \
+        'attachment; filename="attention-trace_the-cat-sat_d24_h4_seed0_causal.html"'
+    assert resp.headers["X-Content-Type-Options"] == "nosniff"
+    assert resp.headers["Content-Security-Policy"] == API_CSP  # a download; the page carries its own in a <meta>
+    doc = web.post("/trace", json=body, buffered=True).get_json()
+    alt = web.post("/trace", json={**body, "scale": False}, buffered=True).get_json()
+    assert export_filename(doc, body) == "attention-trace_the-cat-sat_d24_h4_seed0_causal.html"
+    assert resp.data.decode("utf-8") == render_html(doc, body, comparison=alt)
+
+
+@pytest.mark.parametrize(("body", "pointer"), [
+    ({"sentence": "the cat sat", "num_heads": 5}, "/num_heads"),
+    ({"sentence": "the cat sat", "stages": ["weights"]}, "/stages"),
+    ({"sentence": "the cat sat", "nope": 1}, "/nope"),
+])
+def test_trace_html_refuses_what_trace_refuses_and_partial_traces(web, body, pointer):
+    resp = web.post("/trace/html", json=body, buffered=True)
+    assert resp.status_code == 422 and resp.mimetype == "application/problem+json"
+    assert [e["pointer"] for e in resp.get_json()["errors"]] == [pointer]
+
+
+def test_trace_html_takes_json_only(web):
+    resp = web.post("/trace/html", data="the cat sat", content_type="text/plain", buffered=True)
+    assert resp.status_code == 415
+    assert web.get("/trace/html", buffered=True).status_code == 405

@@ -13,6 +13,8 @@ with ATTENTION_TRACE_UPDATE_DOCS=1.
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
 import json
 import math
 import os
@@ -22,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -137,7 +140,8 @@ def driver(browser_dirs):
         "download.default_directory": str(browser_dirs["downloads"]),
         "download.prompt_for_download": False,
     })
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # "performance": the DevTools network events, to count the requests the page sends (not only those answered).
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     ARTIFACTS.mkdir(exist_ok=True)
     service = Service(executable_path=str(CHROMEDRIVER), log_output=str(ARTIFACTS / "chromedriver.log"))
     from selenium.webdriver.common.selenium_manager import SeleniumManager
@@ -185,6 +189,7 @@ class Console:
 @pytest.fixture()
 def console(driver, server) -> Iterator[Console]:
     driver.get_log("browser")  # start from an empty log
+    driver.get_log("performance")
     con = Console(driver)
     yield con
     problems = con.problems()
@@ -282,6 +287,63 @@ def screenshot(driver, path: Path) -> None:
     path.write_bytes(base64.b64decode(shot["data"]))
 
 
+def sent(driver, path: str) -> list[str]:
+    """The requests for `path` the page has sent since the last clear_requests, answered or not (DevTools'
+    Network.requestWillBeSent, from the performance log)."""
+    seen = driver.__dict__.setdefault("_sent_urls", [])
+    for entry in driver.get_log("performance"):
+        msg = json.loads(entry["message"])["message"]
+        if msg.get("method") == "Network.requestWillBeSent":
+            seen.append(msg["params"]["request"]["url"])
+    return [u for u in seen if requests.utils.urlparse(u).path == path]
+
+
+CARD_NUMBERS_JS = """
+    const t = (id) => document.getElementById(id).textContent;
+    const card = document.getElementById('dk-card');
+    return {dmodel: t('dk-dmodel'), heads: t('dk-heads'), dk: t('dk-value'), matrices: t('fact-matrices'),
+            params: t('fact-params'), scale: t('fact-scale'),
+            scaleLabel: document.querySelector('#fact-scale-label .visually-hidden') ? '√d_k'
+                        : t('fact-scale-label')};"""
+
+
+def card_numbers(driver) -> dict[str, str]:
+    return js(driver, CARD_NUMBERS_JS)
+
+
+def watch_card(driver) -> None:
+    """Record every state the d_k card is drawn in (one record per task that changed it) in window.__cardStates."""
+    js(driver, """
+        window.__cardStates = [];
+        const card = document.getElementById('dk-card');
+        const snap = () => {
+            const numbers = (() => {""" + CARD_NUMBERS_JS + """})();
+            const cls = ['valid', 'invalid', 'pending'].find((k) => card.classList.contains('is-' + k));
+            window.__cardStates.push({...numbers, cls, status: document.getElementById('dk-status').textContent,
+                                      message: document.getElementById('dk-message').textContent});
+        };
+        window.__cardObserver?.disconnect();
+        window.__cardObserver = new MutationObserver(snap);
+        window.__cardObserver.observe(card, {subtree: true, childList: true, characterData: true, attributes: true});
+    """)
+
+
+def assert_card_consistent(s: dict[str, str], messages: dict[int, str], d_model: int = 24) -> None:
+    """One state of the card describes one configuration: the typed d_model and h (scaling on, no K/V heads)."""
+    h = int(s["heads"])
+    assert s["dmodel"] == str(d_model), s
+    assert s["matrices"] == str(3 * h + 1) and s["params"] == f"{4 * d_model * d_model:,}", s
+    if d_model % h == 0:
+        dk = d_model // h
+        assert s["dk"] == str(dk) and s["scale"] == fixed(math.sqrt(dk), 4), s
+        assert s["status"] in (f"{d_model} / {h} = {dk}: each head works in {dk} dimensions",
+                               "Checking with the service…"), s
+        assert s["message"] == "", s
+    else:
+        assert s["dk"] == str(round(d_model / h, 3)).rstrip("0").rstrip(".") and s["scale"] == "—", s
+        assert s["cls"] in ("invalid", "pending") and s["message"] in ("", messages.get(h)), s
+
+
 def emulate_width(driver, width: int, mobile: bool) -> None:
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
                            {"width": width, "height": 800 if mobile else 900, "deviceScaleFactor": 1, "mobile": mobile})
@@ -347,6 +409,7 @@ def test_five_heads_at_d_model_24_turns_the_card_red(driver, server, console):
     assert "is-valid" in card.get_attribute("class")
     assert driver.find_element(By.ID, "dk-value").text == "24"
 
+    watch_card(driver)
     slider = driver.find_element(By.ID, "num_heads")
     for _ in range(4):
         slider.send_keys(Keys.ARROW_RIGHT)  # 1 -> 5, as a keyboard user would
@@ -357,7 +420,10 @@ def test_five_heads_at_d_model_24_turns_the_card_red(driver, server, console):
     assert problem.status_code == 422
     message = problem.json()["errors"][0]["message"]
     assert "d_k would be 4.8" in message
-    assert driver.find_element(By.ID, "dk-message").text == message
+    wait_until(driver, lambda d: d.find_element(By.ID, "dk-message").text == message, "the service's words")
+    # Every number on the card is of 5 heads now: none of the last valid trace's (√6 for 4 heads) lingers.
+    assert card_numbers(driver) == {"dmodel": "24", "heads": "5", "dk": "4.8", "matrices": "16", "params": "2,304",
+                                     "scale": "—", "scaleLabel": "√d_k"}
     wait_until(driver, lambda d: card.value_of_css_property("border-top-color") == "rgba(164, 22, 26, 1)")
     assert slider.get_attribute("aria-invalid") == "true"
     assert message in driver.find_element(By.ID, "problem").text
@@ -367,12 +433,20 @@ def test_five_heads_at_d_model_24_turns_the_card_red(driver, server, console):
     assert driver.find_element(By.ID, "download-json").get_attribute("disabled") == "true"
 
     slider.send_keys(Keys.ARROW_LEFT)  # 4 heads: 24 / 4 = 6
-    wait_until(driver, lambda d: "is-valid" in card.get_attribute("class"), "a valid split clears the card")
+    assert "is-valid" in card.get_attribute("class")  # arithmetic: the split is whole, at once
     assert driver.find_element(By.ID, "dk-value").text == "6"
-    assert driver.find_element(By.ID, "problem").get_attribute("hidden") == "true"
+    wait_until(driver, lambda d: d.find_element(By.ID, "problem").get_attribute("hidden") == "true",
+               "the service agrees")
     assert "is-stale" not in driver.find_element(By.ID, "results").get_attribute("class")
     assert len(driver.find_elements(By.CSS_SELECTOR, "#head-options input")) == 4
     assert driver.find_element(By.ID, "fact-matrices").text == "13"
+    assert driver.find_element(By.ID, "fact-scale").text == fixed(math.sqrt(6), 4)
+    # On the way 1 -> 5 -> 4, each state the card was drawn in was one configuration's, whole.
+    states = js(driver, "return window.__cardStates;")
+    assert len(states) >= 4
+    messages = {5: message}
+    for s in states:
+        assert_card_consistent(s, messages)
 
 
 # ---------------------------------------------------------------- heatmaps
@@ -516,7 +590,7 @@ def test_concat_lays_heads_side_by_side_and_contrasts_the_average(driver, server
     thumbs = driver.find_elements(By.CSS_SELECTOR, ".thumb")
     assert len(thumbs) == 4
     thumbs[2].click()
-    wait_until(driver, lambda d: "head 3 of 4" in d.find_element(By.ID, "walkthrough-title").text)
+    wait_until(driver, lambda d: "head 2 of 4" in d.find_element(By.ID, "walkthrough-title").text)  # 0-based
     assert walkthrough_row(driver, "scores") == [fixed(v, 4) for v in doc["stages"]["scores"]["values"][2][1]]
     assert driver.find_element(By.ID, "head-2").is_selected()
 
@@ -604,6 +678,8 @@ def trace_requests(driver) -> list[str]:
 
 def clear_requests(driver) -> None:
     js(driver, "performance.clearResourceTimings();")
+    sent(driver, "")
+    driver.__dict__["_sent_urls"] = []
 
 
 def heatmap_labels(driver, stage: str) -> tuple[list[str], list[str]]:
@@ -672,7 +748,7 @@ def test_rope_shows_q_and_k_before_and_after_rotation(driver, server, console):
 
 
 def test_gqa_shows_shared_kv_heads_and_cache_bytes(driver, server, console):
-    open_page(driver, server, "#sentence=the+cat+sat&d_model=24&num_heads=4&q=1&head=3")
+    open_page(driver, server, "#sentence=the+cat+sat&d_model=24&num_heads=4&q=1&head=2")
     assert not driver.find_element(By.ID, "kv-section").is_displayed()
     set_field(driver, "num_kv_heads", "2")
     section = driver.find_element(By.ID, "kv-section")
@@ -682,7 +758,8 @@ def test_gqa_shows_shared_kv_heads_and_cache_bytes(driver, server, console):
     assert cfg["query_heads_of_kv_head"] == [[0, 1], [2, 3]]
     rows = js(driver, "return [...document.querySelectorAll('.kv-table tbody tr')].map(tr =>"
                       " [...tr.children].map(c => c.textContent));")
-    assert rows == [[f"K/V {j + 1}", ", ".join(str(i + 1) for i in heads)] for j, heads in enumerate(cfg["query_heads_of_kv_head"])]
+    assert rows == [[f"K/V {j}", ", ".join(str(i) for i in heads)]
+                    for j, heads in enumerate(cfg["query_heads_of_kv_head"])]
     facts = js(driver, "return Object.fromEntries([...document.querySelectorAll('.kv-bytes [data-dtype]')].map(d =>"
                        " [d.dataset.dtype, d.querySelector('dd').textContent]));")
     assert facts == {k: f"{v:,} B" for k, v in cfg["kv_cache_bytes_per_token"].items()}
@@ -691,16 +768,17 @@ def test_gqa_shows_shared_kv_heads_and_cache_bytes(driver, server, console):
     wait_until(driver, lambda d: d.find_element(By.ID, "fact-matrices").text == str(cfg["n_matrices"]))
     assert driver.find_element(By.ID, "fact-params").text == f"{cfg['n_parameters']:,}"
     assert "kv" in driver.find_element(By.ID, "fact-matrices-label").text
-    # Query head 3 reads K/V head 2: the walkthrough shows that head's k and v (axes kv_head, token, d_k).
+    # Query head 2 reads K/V head 1 (0-based, as in the API): the walkthrough shows that head's k and v.
     assert S["k"]["axes"] == ["kv_head", "token", "d_k"]
     assert walkthrough_vector(driver, "k") == [fixed(v, 3) for v in S["k"]["values"][1][1]]
     assert walkthrough_vector(driver, "v") == [fixed(v, 3) for v in S["v"]["values"][1][1]]
     assert walkthrough_vector(driver, "q") == [fixed(v, 3) for v in S["q"]["values"][2][1]]
-    assert "K and V from K/V head 2, shared by query heads 3, 4" in \
+    assert "K and V from K/V head 1, shared by query heads 2, 3" in \
         driver.find_element(By.CSS_SELECTOR, '.walkthrough-table tr[data-stage="project"]').text
     assert walkthrough_row(driver, "scores") == [fixed(v, 4) for v in S["scores"]["values"][2][1]]
     captions = [t.text for t in driver.find_elements(By.CSS_SELECTOR, ".thumb-caption")]
-    assert [c.splitlines()[0] for c in captions] == ["head 1 · K/V 1", "head 2 · K/V 1", "head 3 · K/V 2", "head 4 · K/V 2"]
+    assert [c.splitlines()[0] for c in captions] == \
+        ["head 0 · K/V 0", "head 1 · K/V 0", "head 2 · K/V 1", "head 3 · K/V 1"]
 
     # MQA: one K/V head for all.
     set_field(driver, "num_kv_heads", "1")
@@ -721,8 +799,10 @@ def test_invalid_kv_heads_are_explained_by_the_service_and_sent_once(driver, ser
     assert err.text == message and "divisors of num_heads: 1, 2, 4" in message
     assert driver.find_element(By.ID, "num_kv_heads").get_attribute("aria-invalid") == "true"
     assert message in driver.find_element(By.ID, "problem").text
-    time.sleep(0.5)  # any second request would have been sent by now
-    assert len(trace_requests(driver)) == 1, "an invalid request is sent once, not again with scale flipped"
+    # The page has shown the 422: a comparison request would have been sent before (as it was, in parallel or
+    # right after the first); the DevTools log has every request sent, answered or not.
+    assert len(sent(driver, "/trace")) == 1, "an invalid request is sent once, not again with scale flipped"
+    assert len(trace_requests(driver)) == 1
 
     clear_requests(driver)
     set_field(driver, "num_kv_heads", "4")
@@ -820,7 +900,7 @@ def test_cross_attention_labels_keys_with_the_context(driver, server, console):
 
 def test_kv_cache_decoding_steps_grow_the_cache(driver, server, console):
     console.allow(r"/trace - Failed to load resource: the server responded with a status of 422")
-    open_page(driver, server, "#sentence=the+cat+sat+on+the+mat&d_model=24&num_heads=4&head=3")
+    open_page(driver, server, "#sentence=the+cat+sat+on+the+mat&d_model=24&num_heads=4&head=2")
     assert not driver.find_element(By.ID, "decode-section").is_displayed()
     press(driver, "decode", Keys.SPACE)  # the switch, from the keyboard
     err = driver.find_element(By.ID, "decode-error")
@@ -872,14 +952,14 @@ def test_kv_cache_decoding_steps_grow_the_cache(driver, server, console):
 
     # With a sliding window of 2, GQA and RoPE: a rolling cache of rotated keys, two entries at most.
     js(driver, "location.hash = arguments[0];",
-       "#sentence=the+cat+sat+on+the+mat&d_model=24&num_heads=4&head=3&causal=1&decode=1&window=2&kv=2&pe=rope&step=4")
+       "#sentence=the+cat+sat+on+the+mat&d_model=24&num_heads=4&head=2&causal=1&decode=1&window=2&kv=2&pe=rope&step=4")
     both = trace(server, sentence="the cat sat on the mat", num_heads=4, causal=True, decode=True, window=2,
                  num_kv_heads=2, positional_encoding="rope").json()
     st = both["decode"][4]
     wait_until(driver, lambda d: shown()["cache"] == st["cache_positions"] == [3, 4])
     got = shown()
     assert got["roles"] == ["evicted"] * 3 + ["cached", "new", "future"]
-    assert got["k"] == [[fixed(v, 3) for v in k] for k in st["k_cache"][1]]  # query head 3 reads K/V head 2
+    assert got["k"] == [[fixed(v, 3) for v in k] for k in st["k_cache"][1]]  # query head 2 reads K/V head 1
     assert got["weights"] == [pct(w) for w in st["weights"][hd]]
     assert section_vector(driver, "decode-q") == [fixed(v, 3) for v in st["q_rotated"][hd]]
     assert "RoPE(k) in k_cache" in section.text and "dropped positions before 3" in section.text
@@ -903,7 +983,8 @@ def test_keyboard_reaches_everything_and_controls_are_labelled(driver, server, c
         el = driver.switch_to.active_element
         seen.append(el.get_attribute("id") or el.get_attribute("class") or el.tag_name)
     for want in ("sentence", "d_model", "seed", "num_heads", "positional_encoding", "scale", "causal", "num_kv_heads",
-                 "window", "context_sentence", "decode", "copy-curl", "download-json", "query-1", "head-0"):
+                 "window", "context_sentence", "context_tokens", "decode", "copy-curl", "download-json",
+                 "download-html", "query-1", "head-0"):
         assert want in seen, f"Tab never reaches #{want}: {seen}"
     assert "skip-link" in seen[0]
     assert any("hm-cell" in s for s in seen), "the heatmaps are reachable"
@@ -928,7 +1009,7 @@ def test_nothing_is_loaded_from_another_origin(driver, server, console):
 def test_layout_and_screenshots(driver, server, console, width, name, docs_name):
     emulate_width(driver, width, mobile=width < 600)
     try:
-        open_page(driver, server, "#sentence=the+cat+sat&d_model=24&num_heads=4&seed=0&q=1&head=1")
+        open_page(driver, server, "#sentence=the+cat+sat&d_model=24&num_heads=4&seed=0&q=1&head=0")
         metrics = js(driver, """return {
             inner: window.innerWidth, scroll: document.documentElement.scrollWidth,
             font: parseFloat(getComputedStyle(document.body).fontSize),
@@ -967,5 +1048,470 @@ def test_variants_fit_a_phone(driver, server, console, fragment):
               .filter(el => el.getBoundingClientRect().right > window.innerWidth + 0.5).map(el => el.id || el.className),
         };""")
         assert metrics["scroll"] <= 360 and metrics["overflowing"] == []
+    finally:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
+# ---------------------------------------------------------------- issue #16: names, the card, latency, heads
+
+
+def clear_downloads(browser_dirs) -> Path:
+    downloads = browser_dirs["downloads"]
+    for old in downloads.iterdir():
+        old.unlink()
+    return downloads
+
+
+def wait_download(downloads: Path, pattern: str) -> Path:
+    """The one finished download matching `pattern` (Chromium renames a .crdownload when it is complete)."""
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        files = list(downloads.glob(pattern))
+        if files:
+            assert len(files) == 1, files
+            return files[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no download matching {pattern} in {WAIT} s: {[p.name for p in downloads.iterdir()]}")
+
+
+def test_controls_have_readable_accessible_names(driver, server, console):
+    """Chromium's computed names: no subscript runs into its base ("dmodel", "dk", "Heads h")."""
+    open_page(driver, server, "#sentence=the+cat+sat&num_heads=4")
+    want = {
+        "d_model": "d_model (model width)", "num_heads": "Number of heads h", "scale": "Scale scores by √d_k",
+        "sentence": "Sentence", "seed": "Seed", "causal": "Causal mask", "num_kv_heads": "K/V heads",
+        "context_tokens": "Context tokens (pre-split, one per line)", "dk-title": "Head size d_k",
+        "saturation-title": "Why divide by √d_k", "head-2": "head 2 of 4", "download-html": "Download HTML",
+        "decode": "KV-cache decoding",
+    }
+    names = {i: driver.find_element(By.ID, i).accessible_name for i in want}
+    names["dk-title"] = names["dk-title"].replace("HEAD SIZE D_K", "Head size d_k")  # a CSS text-transform
+    assert names == want
+    everything = js(driver, """return [...document.querySelectorAll(
+        'input, select, textarea, button, h1, h2, h3, [role="grid"], [role="img"], dt, figcaption')]
+        .filter(el => el.offsetParent !== null || el.type === 'radio' || el.type === 'checkbox')""")
+    assert len(everything) > 40
+    for el in everything:
+        name = el.accessible_name
+        assert not re.search(r"dmodel|\bdk\b|\bWO\b|\bWQ\b|Heads h\b", name), name
+    # What a screen reader reads in the text itself (Chromium's accessibility tree): no subscript is exposed, each
+    # is read from its spelled-out twin.
+    tree = driver.execute_cdp_cmd("Accessibility.getFullAXTree", {})["nodes"]
+    read = [n for n in tree if not n.get("ignored")]
+    roles = {n.get("role", {}).get("value") for n in read}
+    assert "subscript" not in roles, "a <sub> is read on its own"
+    texts = {n["name"]["value"] for n in read if n.get("role", {}).get("value") == "StaticText" and n.get("name")}
+    for spoken in ("d_model", "d_k", "√d_k", "4·d_model²", "W_O"):
+        assert spoken in texts, spoken
+
+
+def test_the_card_stays_put_while_typing_a_sentence_and_notes_a_slow_service(driver, server, console):
+    open_page(driver, server)
+    watch_card(driver)
+    set_field(driver, "sentence", "the cat sat on the mat")  # one keystroke at a time, 22 of them
+    wait_until(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#token-options label")) == 6)
+    wait_ready(driver)
+    assert js(driver, "return window.__cardStates;") == [], "the sentence cannot change d_k: the card never moves"
+
+    # A field the card shows: its numbers follow at once; "Checking with the service…" appears only when the
+    # answer is slow (here the network is made slow: 1.2 s a request; the note waits 400 ms).
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd("Network.emulateNetworkConditions", {"offline": False, "latency": 1200,
+                                                                 "downloadThroughput": -1, "uploadThroughput": -1})
+    try:
+        watch_card(driver)
+        press(driver, "num_heads", Keys.ARROW_RIGHT)  # 1 -> 2
+        assert card_numbers(driver)["dk"] == "12"
+        card = driver.find_element(By.ID, "dk-card")
+        wait_until(driver, lambda d: d.find_element(By.ID, "dk-status").text == "Checking with the service…")
+        wait_until(driver, lambda d: "is-valid" in card.get_attribute("class")
+                   and d.find_element(By.ID, "dk-status").text.startswith("24 / 2 = 12"))
+        statuses = [s["status"] for s in js(driver, "return window.__cardStates;")]
+        assert statuses[0] == "24 / 2 = 12: each head works in 12 dimensions"  # at once, from the inputs
+        assert "Checking with the service…" in statuses
+        wait_ready(driver)
+        # Slow or not, typing a sentence leaves the card alone.
+        watch_card(driver)
+        set_field(driver, "sentence", "the cat")
+        wait_until(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#token-options label")) == 2)
+        wait_ready(driver)
+        assert js(driver, "return window.__cardStates;") == []
+    finally:
+        driver.execute_cdp_cmd("Network.emulateNetworkConditions", {"offline": False, "latency": 0,
+                                                                     "downloadThroughput": -1, "uploadThroughput": -1})
+
+
+KEYSTROKE_JS = """
+    performance.clearResourceTimings();
+    window.__m = {};
+    document.getElementById('sentence').addEventListener('keydown', () => { window.__m.t0 = performance.now(); },
+                                                         {once: true, capture: true});
+    const want = arguments[0];
+    const main = document.getElementById('main');
+    const obs = new MutationObserver(() => {
+        const chips = [...document.querySelectorAll('#token-options .chip-text')].map(c => c.textContent);
+        if (window.__m.t1 === undefined && chips[chips.length - 1] === want) window.__m.t1 = performance.now();
+        if (window.__m.t1 !== undefined && main.getAttribute('aria-busy') === 'false') {  // the comparison too
+            window.__m.t2 = performance.now();
+            obs.disconnect();
+        }
+    });
+    obs.observe(main, {subtree: true, childList: true, characterData: true, attributes: true,
+                       attributeFilter: ['aria-busy']});
+"""
+
+
+def test_keystroke_to_numbers(driver, server, console):
+    """Each keystroke in the sentence: the page waits its debounce, sends the trace, draws it. Measured here
+    (figures in artifacts/viewer-latency.json and docs/viewer.md); the debounce is asserted, not the machine's speed."""
+    open_page(driver, server)
+    field = driver.find_element(By.ID, "sentence")
+    field.click()
+    field.send_keys(Keys.END)
+    rows = []
+    for ch in "abcdefghijkl":
+        last = js(driver, "return document.getElementById('sentence').value;").split()[-1] + ch
+        js(driver, KEYSTROKE_JS, last)
+        field.send_keys(ch)
+        wait_until(driver, lambda d: js(d, "return window.__m.t2 !== undefined;"), "the numbers follow the key")
+        m = js(driver, """const r = performance.getEntriesByType('resource')
+                .filter(e => new URL(e.name).pathname === '/trace');
+            return {...window.__m, start: Math.min(...r.map(e => e.startTime))};""")
+        rows.append({"total_ms": m["t1"] - m["t0"], "debounce_ms": m["start"] - m["t0"],
+                     "with_comparison_ms": m["t2"] - m["t0"]})
+        wait_ready(driver)
+    median = {k: sorted(r[k] for r in rows)[len(rows) // 2] for k in rows[0]}
+    (ARTIFACTS / "viewer-latency.json").write_text(json.dumps({"median": median, "keystrokes": rows}, indent=1))
+    # The request waits the debounce (no earlier: a burst of keys is one request), and not the old 300 ms.
+    assert 115 <= min(r["debounce_ms"] for r in rows) < 250, rows
+    # The drawing does not wait for the comparison trace: the numbers come with the first answer.
+    assert all(r["total_ms"] > r["debounce_ms"] for r in rows)
+
+
+def type_in_one_go(driver, element_id: str, text: str) -> None:
+    """Type `text` as a burst no debounce can split: one input event per character, all in one task (the page
+    listens to input events; a real keyboard's gaps depend on the machine's load)."""
+    js(driver, """const el = document.getElementById(arguments[0]);
+        for (const ch of arguments[1]) {
+            el.value += ch;
+            el.dispatchEvent(new InputEvent('input', {bubbles: true, data: ch, inputType: 'insertText'}));
+        }""", element_id, text)
+
+
+def test_a_burst_of_keys_sends_one_request_and_a_stale_answer_never_draws(driver, server, console):
+    open_page(driver, server)
+    clear_requests(driver)
+    type_in_one_go(driver, "sentence", " on")  # 3 input events, faster than the debounce
+    wait_until(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#token-options label")) == 4)
+    wait_ready(driver)
+    assert len(sent(driver, "/trace")) == 2  # the last text's trace and its comparison, nothing for the keys between
+
+    # An answer that arrives after the inputs changed is never drawn: the page holds the first answer back (a
+    # wrapper around fetch, released by the test) until the next keystroke's trace has been drawn.
+    js(driver, """
+        window.__drawn = [];
+        new MutationObserver(() => window.__drawn.push(
+            [...document.querySelectorAll('#token-options .chip-text')].map(c => c.textContent).join(' ')))
+          .observe(document.getElementById('token-options'), {childList: true});
+        const realFetch = window.fetch;
+        let release;
+        const gate = new Promise((resolve) => { release = resolve; });
+        window.__release = release;
+        window.__held = false;
+        window.__staleDone = false;
+        window.fetch = async (url, init) => {
+            if (url !== 'trace' || window.__held) return realFetch(url, init);
+            window.__held = true;  // the first trace request: answered, but handed over only when released
+            const res = await realFetch(url, init);
+            await gate;
+            const text = res.text.bind(res);
+            res.text = async () => {
+                try { return await text(); } finally { setTimeout(() => { window.__staleDone = true; }, 0); }
+            };
+            return res;
+        };""")
+    type_in_one_go(driver, "sentence", " x")
+    wait_until(driver, lambda d: js(d, "return window.__held;"), "the trace of 'the cat sat on x' is held")
+    type_in_one_go(driver, "sentence", "y")
+    wait_until(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#token-options label")) == 5)
+    js(driver, "window.__release();")
+    wait_until(driver, lambda d: js(d, "return window.__staleDone;"), "the stale answer reached the page")
+    wait_ready(driver)
+    assert js(driver, "return window.__drawn;") == ["the cat sat on xy"], "the trace of 'x' is never drawn"
+    assert walkthrough_row(driver, "scores") == \
+        [fixed(v, 4) for v in trace(server, sentence="the cat sat on xy").json()["stages"]["scores"]["values"][0][1]]
+
+
+def test_heads_are_numbered_from_0_as_in_the_cli_and_the_api(driver, server, console):
+    from attention_trace.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["the cat sat", "--heads", "4", "--head", "2", "--color", "never", "--decimals", "4"]) == 0
+    cli_text = out.getvalue()
+    assert "Head 2 of 4" in cli_text
+    cli_scores = re.search(r"Score QKᵀ\s*\|\s*(.*)", cli_text).group(1)
+    doc = trace(server, num_heads=4).json()
+    assert [float(v) for v in re.findall(r"→\s*(\S+)", cli_scores)] == \
+        [round(v, 4) for v in doc["stages"]["scores"]["values"][2][1]]
+
+    open_page(driver, server, "#sentence=the+cat+sat&num_heads=4&head=2")
+    assert "head 2 of 4" in driver.find_element(By.ID, "walkthrough-title").text  # the CLI's "Head 2 of 4"
+    assert "head 2 of 4" in driver.find_element(By.ID, "maps-title").text
+    assert driver.find_element(By.ID, "head-2").is_selected()
+    assert driver.find_element(By.ID, "head-2").accessible_name == "head 2 of 4"
+    assert [c.text for c in driver.find_elements(By.CSS_SELECTOR, "#head-options .chip-text")] == ["0", "1", "2", "3"]
+    assert walkthrough_row(driver, "scores") == [fixed(v, 4) for v in doc["stages"]["scores"]["values"][2][1]]
+    assert [c.text.splitlines()[0] for c in driver.find_elements(By.CSS_SELECTOR, ".thumb-caption")] == \
+        ["head 0", "head 1", "head 2", "head 3"]
+    assert "head=2" in driver.current_url
+
+
+def test_context_tokens_are_sent_pre_split(driver, server, console):
+    console.allow(r"/trace - Failed to load resource: the server responded with a status of 422")
+    open_page(driver, server, "#sentence=the+cat+sat&num_heads=2")
+    field = driver.find_element(By.ID, "context_tokens")
+    field.click()
+    field.send_keys("le", Keys.ENTER, "chat", Keys.ENTER, "était assis", Keys.ENTER)
+    wait_until(driver, lambda d: heatmap_labels(d, "weights")[1] == ["le", "chat", "était assis"])
+    doc = trace(server, num_heads=2, context_tokens=["le", "chat", "était assis"]).json()
+    assert [t["text"] for t in doc["context_tokens"]] == ["le", "chat", "était assis"]  # as given: no splitting
+    for stage in ("scores", "weights"):
+        assert heatmap_values(driver, stage) == as_cells(doc["stages"][stage]["values"][0]), stage
+    body = json.loads(shlex.split(js(driver, "return document.getElementById('curl-command').textContent;"))[-1])
+    assert body["context_tokens"] == ["le", "chat", "était assis"] and "context_sentence" not in body
+    assert "ctok=le&ctok=chat&ctok=%C3%A9tait+assis" in driver.current_url
+    open_page(driver, server, driver.current_url.split("/", 3)[3])  # the address restores it
+    assert js(driver, "return document.getElementById('context_tokens').value;") == "le\nchat\nétait assis"
+
+    # An empty line is an empty token: the service says so, next to the field, naming the line.
+    field = driver.find_element(By.ID, "context_tokens")
+    field.click()
+    field.send_keys(Keys.CONTROL, Keys.HOME)
+    field.send_keys(Keys.ENTER)
+    err = driver.find_element(By.ID, "context_tokens-error")
+    wait_until(driver, lambda d: err.is_displayed())
+    problem = trace(server, num_heads=2, context_tokens=["", "le", "chat", "était assis"]).json()["errors"][0]
+    assert problem["pointer"] == "/context_tokens/0"
+    assert err.text == f"line 1 (token 0): {problem['message']}"
+    assert field.get_attribute("aria-invalid") == "true"
+
+
+# ---------------------------------------------------------------- click to explain (POST /explain)
+
+
+def js_small(x: float) -> str:
+    """The explanation's numbers as the page writes them: 4 decimals, or toExponential(3) below 0.001."""
+    if x != 0 and abs(x) < 0.001:
+        d = Decimal(abs(x))
+        e = d.adjusted()
+        n = d.scaleb(-e).quantize(Decimal("1.000"), rounding=ROUND_HALF_UP)
+        if n >= 10:
+            n, e = (n / 10).quantize(Decimal("1.000"), rounding=ROUND_HALF_UP), e + 1
+        return f"{MINUS if x < 0 else ''}{n}e{'+' if e >= 0 else MINUS}{abs(e)}"
+    return fixed(x, 4)
+
+
+def explain_rows(driver) -> dict[str, dict]:
+    return js(driver, """return Object.fromEntries([...document.querySelectorAll('.explain-table tbody tr')].map(tr => [
+        tr.dataset.step, {
+          formula: tr.querySelector('.wt-op code').textContent,
+          eq: tr.querySelector('.explain-eq')?.textContent ?? null,
+          keys: [...tr.querySelectorAll('.explain-keys > li')].map(li => li.querySelector(
+                ':scope > .num, :scope > .vec-wrap, :scope > .vec').textContent.replace(/\\s+/g, ' ').trim()),
+          vec: tr.querySelector('.wt-result > .vec-wrap .vec-all, .wt-result > .vec') ?
+               [...tr.querySelector('.wt-result > .vec-wrap .vec-all, .wt-result > .vec').querySelectorAll('.num')]
+                 .map(n => n.textContent) : null,
+        }]));""")
+
+
+def explain_posts(driver) -> list[dict]:
+    """The bodies of the /explain requests sent since the last clear_requests."""
+    bodies = []
+    for entry in driver.get_log("performance"):
+        msg = json.loads(entry["message"])["message"]
+        if msg.get("method") == "Network.requestWillBeSent":
+            req = msg["params"]["request"]
+            driver.__dict__.setdefault("_sent_urls", []).append(req["url"])
+            if requests.utils.urlparse(req["url"]).path == "/explain":
+                bodies.append(json.loads(req["postData"]))
+    return bodies
+
+
+def test_clicking_a_cell_explains_it_number_by_number(driver, server, console):
+    open_page(driver, server, "#sentence=the+cat+sat&num_heads=2&head=1")
+    clear_requests(driver)
+    driver.find_element(By.CSS_SELECTOR, 'table[data-stage="weights"] td[data-row="1"][data-col="2"]').click()
+    wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".explain-table tbody tr"))
+    body = {"sentence": "the cat sat", "d_model": 24, "num_heads": 2, "seed": 0, "scale": True, "causal": False,
+            "positional_encoding": "sinusoidal"}
+    assert explain_posts(driver) == [{**body, "head": 1, "query": 1, "key": 2}]  # the trace's request, plus the cell
+    answer = requests.post(server.url + "/explain", json={**body, "head": 1, "query": 1, "key": 2}, timeout=10).json()
+    doc = trace(server, num_heads=2).json()
+    assert answer["steps"][6]["value"] == doc["stages"]["weights"]["values"][1][1][2]
+    rows = explain_rows(driver)
+    order = js(driver, "return [...document.querySelectorAll('.explain-table tbody tr')].map(tr => tr.dataset.step);")
+    assert order == [s["id"] for s in answer["steps"]]
+    for step in answer["steps"]:
+        row = rows[step["id"]]
+        assert row["formula"] == step["formula"], step["id"]
+        if step["value"] is None:
+            assert row["eq"] is None
+        elif step["id"] == "weight":
+            assert row["eq"] == f"= {js_small(step['value'])} ({pct(step['value'], 2)})"
+        else:
+            assert row["eq"] == f"= {js_small(step['value'])}", step["id"]
+    assert rows["products"]["vec"] == [fixed(v, 4) for v in answer["steps"][0]["values"]]
+    assert rows["denominator"]["keys"] == [js_small(v) for v in answer["steps"][5]["values"]]
+    status = driver.find_element(By.ID, "explain-status").text
+    assert status == f"Head 1: query 1 “cat” → key 2 “sat”: weight {pct(answer['steps'][6]['value'], 2)}."
+    # The explained cell is marked in the maps of its head, and the row's token became the query.
+    assert driver.find_elements(By.CSS_SELECTOR, 'td.is-explained[data-row="1"][data-col="2"]')
+    assert "“cat”" in driver.find_element(By.ID, "walkthrough-title").text
+
+    # From the keyboard: a map is one tab stop, arrows move, Enter explains the focused cell.
+    clear_requests(driver)
+    start = driver.find_element(By.CSS_SELECTOR, 'table[data-stage="scores"] td[tabindex="0"]')
+    assert (start.get_attribute("data-row"), start.get_attribute("data-col")) == ("1", "0")  # the query's row
+    start.send_keys(Keys.ARROW_DOWN)
+    driver.switch_to.active_element.send_keys(Keys.ARROW_RIGHT)
+    driver.switch_to.active_element.send_keys(Keys.ENTER)
+    wait_until(driver, lambda d: d.find_element(By.ID, "explain-status").text.startswith(
+        "Head 1: query 2 “sat” → key 1 “cat”"))
+    assert explain_posts(driver) == [{**body, "head": 1, "query": 2, "key": 1}]
+    focused = driver.switch_to.active_element
+    assert (focused.get_attribute("data-row"), focused.get_attribute("data-col")) == ("2", "1")
+
+    # New inputs: the explanation of the old trace goes.
+    press(driver, "scale", Keys.SPACE)
+    wait_until(driver, lambda d: not d.find_elements(By.CSS_SELECTOR, ".explain-table"))
+    assert "inputs changed" in driver.find_element(By.ID, "explain-status").text
+
+
+def test_a_masked_cell_is_explained_as_masked(driver, server, console):
+    open_page(driver, server, "#sentence=the+cat+sat+on&num_heads=2&causal=1&q=1")
+    driver.find_element(By.CSS_SELECTOR, 'table[data-stage="weights"] td[data-row="1"][data-col="3"]').click()
+    wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".explain-table tbody tr"))
+    answer = requests.post(server.url + "/explain", json={
+        "sentence": "the cat sat on", "d_model": 24, "num_heads": 2, "seed": 0, "scale": True, "causal": True,
+        "positional_encoding": "sinusoidal", "head": 0, "query": 1, "key": 3}, timeout=10).json()
+    assert answer["masked"] is True and answer["masked_keys"] == [2, 3]
+    banner = driver.find_element(By.CSS_SELECTOR, ".explain-masked").text
+    assert banner.startswith("Masked cell.") and answer["mask_reason"] in banner
+    rows = explain_rows(driver)
+    assert rows["weight"]["eq"].startswith("= masked") and "0.0000" not in rows["weight"]["eq"]
+    assert rows["exp"]["eq"].startswith("= masked")
+    assert rows["denominator"]["keys"][2:] == ["masked", "masked"]
+    assert rows["contributions"]["keys"][2:] == ["masked", "masked"]
+    assert rows["score"]["eq"] == f"= {js_small(answer['steps'][1]['value'])}"  # a masked cell keeps its score
+    assert "masked" in driver.find_element(By.ID, "explain-status").text
+    text = driver.find_element(By.ID, "explain-body").text
+    assert "0.0000" not in text.replace(rows["score"]["eq"], "")
+
+
+# ---------------------------------------------------------------- SVG and HTML downloads
+
+
+def svg_texts(root) -> list[str]:
+    return ["".join(t.itertext()) for t in root.iter(SVG + "text")]
+
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def test_heatmaps_and_the_comparison_download_as_svg(driver, server, console, browser_dirs):
+    open_page(driver, server, "#sentence=the+cat+sat+on&num_heads=2&causal=1&head=1&q=2")
+    doc = trace(server, sentence="the cat sat on", num_heads=2, causal=True).json()
+    alt = trace(server, sentence="the cat sat on", num_heads=2, causal=True, scale=False).json()
+    tokens = ["the", "cat", "sat", "on"]
+    downloads = clear_downloads(browser_dirs)
+    driver.find_element(By.CSS_SELECTOR, 'figure[data-stage="weights"] button[data-svg="weights"]').click()
+    path = wait_download(downloads, "*.svg")
+    assert path.name == "attention-trace_the-cat-sat-on_d24_h2_seed0_causal_weights_head1.svg"
+    root = ET.fromstring(path.read_bytes())  # well-formed XML
+    assert root.tag == SVG + "svg"
+    texts = svg_texts(root)
+    assert texts[0] == "Weights · head 1 of 2 · softmax: rows sum to 1"
+    assert texts[1] == "“the cat sat on”"
+    assert texts[2].startswith("d_model 24 · 2 heads of d_k 12 · seed 0 · scaled ÷ √12 · causal")
+    cols = [t.text for t in root.find(f".//{SVG}g[@class='col-labels']")]
+    rows = [t.text for t in root.find(f".//{SVG}g[@class='row-labels']")]
+    assert cols == tokens and rows == tokens
+    weights = doc["stages"]["weights"]["values"][1]
+    masked = doc["stages"]["masked_scores"]["values"][1]
+    for g in root.find(f".//{SVG}g[@class='cells']"):
+        i, j = int(g.get("data-row")), int(g.get("data-col"))
+        shown = g.find(SVG + "text").text
+        assert shown == ("masked" if masked[i][j] is None else fixed(weights[i][j], 2)), (i, j)
+        assert g.get("data-value") == js_number(weights[i][j])
+    assert sum(1 for t in texts if t == "masked") == 6
+    assert "colour scale" in texts and "masked: excluded from the softmax (weight 0)" in texts
+    assert not [el for el in root.iter() if el.get("href") or el.get("{http://www.w3.org/1999/xlink}href")]
+    # Chromium draws the file on its own (a parse error would be an error page instead).
+    driver.get(path.as_uri())
+    assert js(driver, "return document.documentElement.localName;") == "svg"
+    assert not js(driver, "return document.getElementsByTagName('parsererror').length;")
+
+    open_page(driver, server, "#sentence=the+cat+sat+on&num_heads=2&causal=1&head=1&q=2")
+    downloads = clear_downloads(browser_dirs)
+    wait_until(driver, lambda d: d.find_element(By.ID, "download-saturation-svg").is_enabled())
+    driver.find_element(By.ID, "download-saturation-svg").click()
+    path = wait_download(downloads, "*.svg")
+    assert path.name == "attention-trace_the-cat-sat-on_d24_h2_seed0_causal_comparison_q2_head1.svg"
+    root = ET.fromstring(path.read_bytes())
+    texts = svg_texts(root)
+    assert texts[0] == "Why divide by √d_k: the weights of “sat” (query 2), head 1"
+    for k, d in (("scaled", doc), ("unscaled", alt)):
+        w = d["stages"]["weights"]["values"][1][2]
+        shown = [g.find(SVG + "text").text for g in root.iter(SVG + "g") if g.get("data-series") == k]
+        assert shown == [pct(w[0]), pct(w[1]), pct(w[2]), "masked"], k
+        stats = (f"{k}: entropy {fixed(d['stats']['entropy'][1][2], 3)} nats · "
+                 f"max weight {pct(d['stats']['max_weight'][1][2])}")
+        assert stats in texts
+    assert [t.text for t in root.iter(SVG + "text") if t.get("data-key")] == tokens
+
+
+def test_download_html_saves_the_services_standalone_page(driver, server, console, browser_dirs):
+    open_page(driver, server, "#sentence=the+cat+sat&num_heads=2&causal=1")
+    body = json.loads(shlex.split(js(driver, "return document.getElementById('curl-command').textContent;"))[-1])
+    downloads = clear_downloads(browser_dirs)
+    driver.find_element(By.ID, "download-html").click()
+    path = wait_download(downloads, "*.html")
+    assert path.name == "attention-trace_the-cat-sat_d24_h2_seed0_causal.html"
+    expected = requests.post(server.url + "/trace/html", data=json.dumps(body),
+                             headers={"Content-Type": "application/json"}, timeout=20)
+    assert expected.headers["Content-Disposition"] == f'attachment; filename="{path.name}"'
+    assert path.read_bytes() == expected.content
+    assert "Saved attention-trace_the-cat-sat_d24_h2_seed0_causal.html" in \
+        driver.find_element(By.ID, "action-status").text
+
+
+def test_explaining_a_decoded_trace_compares_the_cache_step(driver, server, console):
+    open_page(driver, server, "#sentence=the+cat+sat+on&num_heads=2&causal=1&decode=1&q=2")
+    driver.find_element(By.CSS_SELECTOR, 'table[data-stage="weights"] td[data-row="2"][data-col="1"]').click()
+    note = driver.find_element(By.ID, "explain-body")
+    wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-part="explain-decode"]'))
+    answer = requests.post(server.url + "/explain", json={
+        "sentence": "the cat sat on", "d_model": 24, "num_heads": 2, "seed": 0, "scale": True, "causal": True,
+        "positional_encoding": "sinusoidal", "decode": True, "head": 0, "query": 2, "key": 1}, timeout=10).json()
+    assert answer["decode"]["in_cache"] is True
+    line = note.find_element(By.CSS_SELECTOR, '[data-part="explain-decode"]').text
+    assert line.startswith(f"KV-cache decoding: {answer['decode']['note']} (weight difference ")
+
+
+def test_an_explained_cell_fits_a_phone(driver, server, console):
+    emulate_width(driver, 360, mobile=True)
+    try:
+        open_page(driver, server, "#sentence=the+cat+sat+on&num_heads=2&causal=1&q=1")
+        js(driver, "document.querySelector('table[data-stage=\"weights\"] td[data-row=\"1\"][data-col=\"3\"]').click();")
+        wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".explain-table tbody tr"))
+        metrics = js(driver, """return {
+            scroll: document.documentElement.scrollWidth,
+            overflowing: [...document.querySelectorAll('.panel, h2, button, textarea, .explain-masked, .explain-table td')]
+              .filter(el => el.getBoundingClientRect().right > window.innerWidth + 0.5).map(el => el.id || el.className),
+            formula: document.querySelector('.explain-table tr[data-step="score"] .wt-op code').getBoundingClientRect().width,
+        };""")
+        assert metrics["scroll"] <= 360 and metrics["overflowing"] == []
+        assert metrics["formula"] > 200, "the formula reads across the screen, not a letter a line"
     finally:
         driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})

@@ -3,15 +3,24 @@
  *
  * A plain client of the public JSON API, exactly as a third-party frontend
  * would be: it POSTs /trace (once, and once more with scale flipped for the
- * saturation comparison only when the first is valid) and GETs /version, and
- * draws what comes back. It computes
- * nothing of the attention itself; the only arithmetic here is formatting,
- * colour scales, a row sum shown as a check, and the element-wise average of
- * the heads, which the page shows as the thing the model does *not* do.
+ * saturation comparison only when the first is valid), POSTs /explain for a
+ * clicked cell and /trace/html for the offline export, GETs /version, and
+ * draws what comes back. It computes nothing of the attention itself; the
+ * only arithmetic here is formatting, colour scales, a row sum shown as a
+ * check, and the element-wise average of the heads, which the page shows as
+ * the thing the model does *not* do.
+ *
+ * The same script draws a saved trace (service/standalone.py): when the page
+ * embeds one (<script type="application/json" id="trace-data">), it draws
+ * that, read-only, and never makes a request.
  *
  * Runs under a strict Content-Security-Policy: no inline script or style, DOM
  * built with createElement/textContent only (no HTML strings are parsed), colours set
- * through CSS custom properties via the CSSOM.
+ * through CSS custom properties via the CSSOM. SVG downloads are built as DOM
+ * (createElementNS) and serialised with XMLSerializer.
+ *
+ * Heads, tokens and K/V heads are numbered from 0 everywhere, as in the API
+ * (and the command line's "Head 0 of 4").
  */
 'use strict';
 
@@ -26,6 +35,14 @@
   const CELL_NUMBERS_MAX_TOKENS = 12; // above this, cells show colour only; the readout has the value
   const THUMBS_MAX_CELLS = 30000;
   const VECTOR_NUMBERS_MAX = 96;
+  // Keystroke to numbers: a trace and its drawing take 20-80 ms; the debounce only has to skip the keys of
+  // one burst of typing (docs/viewer.md has the measurements).
+  const DEBOUNCE_MS = 120;
+  const SLIDER_DEBOUNCE_MS = 60;
+  const PENDING_NOTE_MS = 400; // "Checking with the service…" only for an answer slower than this
+  const SVG_NS = 'http://www.w3.org/2000/svg'; // an XML namespace name, never fetched
+  const EMBED = readEmbedded();
+  const STANDALONE = EMBED !== null;
 
   const state = {
     query: 1, // selected query token index
@@ -35,9 +52,15 @@
     main: null, // {doc, text, body, ms}: the trace for the inputs as set
     alt: null, // the same request with scale flipped
     altError: null,
+    altPending: false, // the comparison of the trace on screen is on its way
     seq: 0,
     controller: null,
     timer: 0,
+    pendingTimer: 0,
+    dkKey: null, // the d_k-relevant inputs the card describes
+    dkAnswered: false, // whether the service has answered for them
+    explain: null, // {head, query, key}: the cell whose explanation is shown
+    explainController: null,
     serviceVersion: null,
   };
 
@@ -48,6 +71,7 @@
     pe: $('positional_encoding'), scale: $('scale'), causal: $('causal'),
     ropeFields: $('rope-fields'), ropeBase: $('rope_base'), ropePairing: $('rope_pairing'),
     kvHeads: $('num_kv_heads'), window: $('window'), contextSentence: $('context_sentence'), decode: $('decode'),
+    contextTokens: $('context_tokens'),
     kvSection: $('kv-section'), kvBody: $('kv-body'),
     decodeSection: $('decode-section'), decodeBody: $('decode-body'), decodeStep: $('decode-step'),
     decodeStepValue: $('decode-step-value'),
@@ -56,26 +80,29 @@
     dkStatus: $('dk-status'), dkMessage: $('dk-message'),
     factMatrices: $('fact-matrices'), factParams: $('fact-params'), factScale: $('fact-scale'),
     factScaleLabel: $('fact-scale-label'),
-    copy: $('copy-curl'), download: $('download-json'), actionStatus: $('action-status'), curl: $('curl-command'),
+    copy: $('copy-curl'), download: $('download-json'), downloadHtml: $('download-html'),
+    actionStatus: $('action-status'), curl: $('curl-command'),
     main: $('main'), tokenOptions: $('token-options'), headOptions: $('head-options'), traceStatus: $('trace-status'),
     problem: $('problem'), results: $('results'),
     walkthrough: $('walkthrough-body'), walkthroughTitle: $('walkthrough-title'),
     maps: $('maps-body'), mapsTitle: $('maps-title'), readout: $('maps-readout'), thumbs: $('thumbs-body'),
-    saturation: $('saturation-body'), multihead: $('multihead-body'), footer: $('footer-versions'),
+    saturation: $('saturation-body'), saturationSection: $('saturation'), saturationSvg: $('download-saturation-svg'),
+    multihead: $('multihead-body'), footer: $('footer-versions'),
+    explainSection: $('explain-section'), explainStatus: $('explain-status'), explainBody: $('explain-body'),
   };
   const fieldErrors = {
     '/sentence': $('sentence-error'), '/tokens': $('sentence-error'), '/d_model': $('d_model-error'),
     '/seed': $('seed-error'), '/positional_encoding': $('positional_encoding-error'),
     '/rope_base': $('rope_base-error'), '/rope_pairing': $('rope_pairing-error'),
     '/num_kv_heads': $('num_kv_heads-error'), '/window': $('window-error'),
-    '/context_sentence': $('context_sentence-error'), '/context_tokens': $('context_sentence-error'),
+    '/context_sentence': $('context_sentence-error'), '/context_tokens': $('context_tokens-error'),
     '/scale': $('scale-error'), '/causal': $('causal-error'), '/decode': $('decode-error'),
   };
   const fieldInputs = {
     '/sentence': ui.sentence, '/tokens': ui.sentence, '/d_model': ui.dModel, '/num_heads': ui.heads, '/seed': ui.seed,
     '/positional_encoding': ui.pe, '/rope_base': ui.ropeBase, '/rope_pairing': ui.ropePairing,
     '/num_kv_heads': ui.kvHeads, '/window': ui.window, '/context_sentence': ui.contextSentence,
-    '/context_tokens': ui.contextSentence, '/scale': ui.scale, '/causal': ui.causal, '/decode': ui.decode,
+    '/context_tokens': ui.contextTokens, '/scale': ui.scale, '/causal': ui.causal, '/decode': ui.decode,
   };
 
   // ------------------------------------------------------------------ helpers
@@ -107,9 +134,18 @@
     return s;
   }
   const pct = (w, digits = 1) => `${fmt(w * 100, digits)}%`;
+  /** 4 decimals, or 4 significant digits for a tiny non-zero number (an exponential, say), never a bare 0.0000. */
+  function fmtSmall(x) {
+    if (x === null || x === undefined) return 'masked';
+    if (x !== 0 && Math.abs(x) < 0.001) return x.toExponential(3).replace(/-/g, MINUS);
+    return fmt(x, 4);
+  }
   const int = (n) => n.toLocaleString('en-US');
   const quoted = (t) => `“${t}”`;
-  const sub = (text) => h('sub', { text });
+  /** Shown as `visual` (with <sub>), read as `text`: screen readers would run "d<sub>model</sub>" into "dmodel". */
+  const spoken = (visual, text) => [h('span', { 'aria-hidden': 'true' }, visual), h('span', { class: 'visually-hidden', text })];
+  /** base with a subscript, read as "base_sub". */
+  const sub = (text, base = 'd') => h('span', {}, spoken([base, h('sub', { text })], `${base}_${text}`));
 
   function extent(values) {
     let lo = Infinity;
@@ -194,8 +230,17 @@
       if (body.window === null) errors['/window'] = 'enter a whole number, 1 or more (or leave it empty)';
     }
     if (ui.contextSentence.value !== '') body.context_sentence = ui.contextSentence.value;
+    if (ui.contextTokens.value !== '') body.context_tokens = splitLines(ui.contextTokens.value);
     if (ui.decode.checked) body.decode = true;
     return { body, errors };
+  }
+
+  /** Pre-split tokens, one a line (a final line break is not an empty token). */
+  const splitLines = (text) => text.replace(/\n+$/, '').split('\n');
+
+  /** Set a node's text only when it changes (no mutation, nothing re-announced, when it does not). */
+  function setText(node, text) {
+    if (node.textContent !== text) node.textContent = text;
   }
 
   function divisors(n) {
@@ -204,31 +249,33 @@
     return out;
   }
 
-  /** The d_k card's live arithmetic (before the service has answered). */
+  /** The inputs the d_k card describes: d_model, h, the K/V heads and the scale switch. */
+  const dkKey = () => JSON.stringify([ui.dModel.value.trim(), ui.heads.value, ui.kvHeads.value.trim(), ui.scale.checked]);
+
+  /**
+   * The d_k card from the inputs as typed, before the service answers: every number on it describes that one
+   * configuration (never the last valid trace's), and a count that configuration does not have is "—".
+   */
   function updateDkLive() {
     const dModel = readInt(ui.dModel);
     const heads = readInt(ui.heads);
+    const gqa = ui.kvHeads.value.trim() !== '';
+    const kv = gqa ? readInt(ui.kvHeads) : null;
     ui.headsValue.value = String(heads ?? '');
-    ui.headsValue.textContent = String(heads ?? '');
-    ui.dkDModel.textContent = dModel === null ? '?' : String(dModel);
-    ui.dkHeads.textContent = String(heads ?? '?');
+    setText(ui.headsValue, String(heads ?? ''));
+    setText(ui.dkDModel, dModel === null ? '?' : String(dModel));
+    setText(ui.dkHeads, String(heads ?? '?'));
     ui.ropeFields.hidden = ui.pe.value !== 'rope';
-    setFactLabels(ui.kvHeads.value.trim() !== '');
-    if (dModel !== null && heads) {
-      const dk = dModel / heads;
-      ui.dkValue.textContent = Number.isInteger(dk) ? String(dk) : String(Number(dk.toFixed(3)));
-      const kv = readInt(ui.kvHeads);
-      if (kv && ui.kvHeads.value.trim() !== '') {
-        // GQA: W_Q and W_O stay d_model × d_model; W_K and W_V shrink to kv·d_k rows each.
-        ui.factMatrices.textContent = String(heads + 2 * kv + 1);
-        ui.factParams.textContent = Number.isInteger(dk) ? int(2 * dModel * dModel + 2 * kv * dk * dModel) : '?';
-      } else {
-        ui.factMatrices.textContent = String(3 * heads + 1);
-        ui.factParams.textContent = int(4 * dModel * dModel);
-      }
-    } else {
-      ui.dkValue.textContent = '?';
-    }
+    setFactLabels(gqa, ui.scale.checked);
+    const dk = dModel !== null && heads ? dModel / heads : null;
+    const whole = dk !== null && Number.isInteger(dk);
+    const kvOk = !gqa || (kv !== null && kv >= 1 && heads !== null && heads % kv === 0);
+    setText(ui.dkValue, dk === null ? '?' : whole ? String(dk) : String(Number(dk.toFixed(3))));
+    // GQA: W_Q and W_O stay d_model × d_model; W_K and W_V shrink to kv·d_k rows each.
+    setText(ui.factMatrices, heads && kvOk ? String(gqa ? heads + 2 * kv + 1 : 3 * heads + 1) : '—');
+    setText(ui.factParams, dModel === null || !kvOk || (gqa && !whole) ? '—'
+      : int(gqa ? 2 * dModel * dModel + 2 * kv * dk * dModel : 4 * dModel * dModel));
+    setText(ui.factScale, !ui.scale.checked ? fmt(1, 4) : whole ? fmt(Math.sqrt(dk), 4) : '—');
     if (dModel !== null) {
       // The slider spans 1 … d_model (never below the current value, so typing never clamps it).
       const top = Math.min(limits.max_heads, Math.max(dModel, heads || 1, 2));
@@ -238,22 +285,50 @@
       ui.divisors.replaceChildren(...divisors(dModel).map((d) => h('option', { value: d, label: String(d) })));
       ui.divisors.dataset.for = String(dModel);
     }
+    return { dModel, heads, dk, whole };
   }
 
-  /** The formulas beside the matrix and weight counts: multi-head, or grouped-query with kv K/V heads. */
-  function setFactLabels(gqa) {
+  /**
+   * The card's verdict on the head split from the inputs alone: d_model mod h is arithmetic, not a guess. The
+   * service's own words follow when it answers (the red card's message is always the service's).
+   */
+  function dkVerdict(live) {
+    if (live.dModel === null) {
+      setDkState('invalid', 'Not a valid d_model', 'd_model: enter a whole number, 1 or more');
+    } else if (live.heads === null) {
+      setDkState('pending', 'Waiting for a valid request', '');
+    } else if (live.whole) {
+      setDkState('valid', `${live.dModel} / ${live.heads} = ${live.dk}: each head works in ${live.dk} dimensions`, '');
+    } else {
+      // The message slot stays empty until the service's arrives: no earlier configuration's message lingers.
+      setDkState('invalid', 'Not a valid head split', '');
+    }
+  }
+
+  /** The formulas beside the counts: multi-head or grouped-query; the divisor √d_k, or 1 with scaling off. */
+  function setFactLabels(gqa, scaled) {
+    const mode = `${gqa}:${scaled}`;
+    if (ui.factMatricesLabel.dataset.mode === mode) return;
+    ui.factMatricesLabel.dataset.mode = mode;
     ui.factMatricesLabel.replaceChildren(gqa ? 'h + 2·kv + 1' : '3h + 1');
     ui.factParamsLabel.replaceChildren(...(gqa
-      ? ['2·d', sub('model'), '² + 2·kv·d', sub('k'), '·d', sub('model')]
-      : ['4·d', sub('model'), '²']));
+      ? spoken(['2·d', h('sub', { text: 'model' }), '² + 2·kv·d', h('sub', { text: 'k' }), '·d', h('sub', { text: 'model' })],
+        '2·d_model² + 2·kv·d_k·d_model')
+      : spoken(['4·d', h('sub', { text: 'model' }), '²'], '4·d_model²')));
+    ui.factScaleLabel.replaceChildren(...(scaled ? spoken(['√d', h('sub', { text: 'k' })], '√d_k') : ['1 (scaling off)']));
   }
 
   function setDkState(kind, status, message) {
-    ui.dkCard.classList.remove('is-valid', 'is-invalid', 'is-pending');
-    ui.dkCard.classList.add(`is-${kind}`);
-    ui.dkStatus.textContent = status;
-    ui.dkMessage.hidden = !message;
-    ui.dkMessage.textContent = message || '';
+    for (const k of ['valid', 'invalid', 'pending']) ui.dkCard.classList.toggle(`is-${k}`, k === kind);
+    setText(ui.dkStatus, status);
+    if (ui.dkMessage.hidden !== !message) ui.dkMessage.hidden = !message;
+    setText(ui.dkMessage, message || '');
+  }
+
+  /** The service answered for the inputs the card shows: no "Checking…" note for them any more. */
+  function dkAnswered() {
+    state.dkAnswered = true;
+    clearTimeout(state.pendingTimer);
   }
 
   function clearFieldErrors() {
@@ -271,11 +346,16 @@
       ui.heads.setAttribute('aria-invalid', 'true');
       return true;
     }
-    const node = fieldErrors[pointer];
+    // An item of a list (/context_tokens/1) belongs to the list's field.
+    const field = fieldErrors[pointer] ? pointer : `/${pointer.split('/')[1] || ''}`;
+    const node = fieldErrors[field];
     if (!node) return false;
+    const rest = pointer.slice(field.length + 1);
+    const text = field === pointer ? message
+      : field === '/context_tokens' && /^\d+$/.test(rest) ? `line ${Number(rest) + 1} (token ${rest}): ${message}` : `${rest}: ${message}`;
     node.hidden = false;
-    node.textContent = node.textContent ? `${node.textContent}; ${message}` : message;
-    fieldInputs[pointer].setAttribute('aria-invalid', 'true');
+    node.textContent = node.textContent ? `${node.textContent}; ${text}` : text;
+    fieldInputs[field].setAttribute('aria-invalid', 'true');
     return true;
   }
 
@@ -283,6 +363,10 @@
 
   function writeHash(body) {
     const p = new URLSearchParams();
+    if (STANDALONE) { // a saved trace: only the selection lives in the address
+      writeSelection(p);
+      return;
+    }
     p.set('sentence', body.sentence);
     for (const k of ['d_model', 'num_heads', 'seed']) if (body[k] !== null) p.set(k, String(body[k]));
     p.set('scale', body.scale ? '1' : '0');
@@ -295,12 +379,17 @@
     if (ui.kvHeads.value.trim() !== '') p.set('kv', ui.kvHeads.value.trim());
     if (ui.window.value.trim() !== '') p.set('window', ui.window.value.trim());
     if ('context_sentence' in body) p.set('context', body.context_sentence);
-    if (body.decode) {
-      p.set('decode', '1');
-      if (state.step !== null) p.set('step', String(state.step));
+    for (const t of body.context_tokens || []) p.append('ctok', t);
+    if (body.decode) p.set('decode', '1');
+    writeSelection(p);
+  }
+
+  function writeSelection(p) {
+    if (state.step !== null && (STANDALONE ? Array.isArray(state.main?.doc.decode) : ui.decode.checked)) {
+      p.set('step', String(state.step));
     }
     p.set('q', String(state.query));
-    p.set('head', String(state.head + 1));
+    p.set('head', String(state.head)); // 0-based, as in the API
     const hash = `#${p.toString()}`;
     if (location.hash !== hash) history.replaceState(null, '', hash);
   }
@@ -324,14 +413,21 @@
     ui.kvHeads.value = /^\d{1,10}$/.test(get('kv', '')) ? get('kv', '') : '';
     ui.window.value = /^\d{1,10}$/.test(get('window', '')) ? get('window', '') : '';
     ui.contextSentence.value = get('context', '');
+    ui.contextTokens.value = p.getAll('ctok').join('\n');
     ui.decode.checked = get('decode', '0') === '1';
+    readSelection(p);
+  }
+
+  /** The query token, head and decoding step from the address. */
+  function readSelection(p) {
+    const get = (k, d) => (p.has(k) ? p.get(k) : d);
     const step = Number(get('step', 'x'));
     state.step = Number.isInteger(step) && step >= 0 ? step : null;
     const q = Number(get('q', '1'));
     state.query = Number.isInteger(q) && q >= 0 ? q : 1;
     state.queryText = null;
-    const head = Number(get('head', '1'));
-    state.head = Number.isInteger(head) && head >= 1 ? head - 1 : 0;
+    const head = Number(get('head', '0'));
+    state.head = Number.isInteger(head) && head >= 0 ? head : 0;
   }
 
   // ------------------------------------------------------------------ the API
@@ -345,9 +441,18 @@
     }
   }
 
-  async function postTrace(body, signal) {
+  // The endpoints, each a literal fetch of this origin (tests/test_viewer.py lists them against openapi.yaml).
+  const ENDPOINTS = {
+    trace: (init) => fetch('trace', init),
+    explain: (init) => fetch('explain', init),
+    html: (init) => fetch('trace/html', init),
+  };
+
+  /** POST a JSON body; the parsed answer, or a ServiceError with the problem document. */
+  async function postJson(endpoint, body, signal) {
+    if (STANDALONE) throw new Error('a saved trace makes no request'); // and its CSP would refuse one
     const started = performance.now();
-    const res = await fetch('trace', {
+    const res = await endpoint({
       method: 'POST',
       headers: { 'Content-Type': 'application/json', Accept: 'application/json, application/problem+json' },
       body: JSON.stringify(body),
@@ -365,6 +470,7 @@
   }
 
   async function loadLimits() {
+    if (STANDALONE) return;
     try {
       const res = await fetch('version', { headers: { Accept: 'application/json' } });
       if (!res.ok) return;
@@ -380,30 +486,44 @@
     }
   }
 
+  /** An input changed: redraw the card from the inputs now, ask the service after `delay` ms. */
   function schedule(delay) {
     clearTimeout(state.timer);
-    // The inputs changed: an answer still in flight describes old inputs; drop it.
+    // The inputs changed: an answer still in flight describes old inputs; cancel it (it will never draw).
     state.seq += 1;
     if (state.controller) state.controller.abort();
     state.controller = null;
-    updateDkLive();
-    setDkState('pending', 'Checking with the service…');
+    const live = updateDkLive();
+    const key = dkKey();
+    if (key !== state.dkKey) { // only a field the card shows changes its verdict; the sentence never does
+      state.dkKey = key;
+      state.dkAnswered = false;
+      clearTimeout(state.pendingTimer);
+      dkVerdict(live);
+    }
     state.timer = setTimeout(refresh, delay);
+  }
+
+  /** The comparison request: the same with scale flipped (and without decoding: it needs the weights only). */
+  function comparisonBody(body) {
+    const alt = { ...body, scale: !body.scale };
+    delete alt.decode;
+    return alt;
   }
 
   async function refresh() {
     const { body, errors } = readRequest();
-    clearFieldErrors();
     const seq = ++state.seq;
     if (state.controller) state.controller.abort();
     state.controller = null;
     writeHash(body);
     renderCurl(body);
     if (Object.keys(errors).length) {
+      clearFieldErrors();
       for (const [pointer, message] of Object.entries(errors)) showFieldError(pointer, message);
-      setDkState(errors['/d_model'] ? 'invalid' : 'pending',
-        errors['/d_model'] ? 'Not a valid d_model' : 'Waiting for valid inputs',
-        errors['/d_model'] ? `d_model: ${errors['/d_model']}` : '');
+      dkAnswered();
+      if (errors['/d_model']) setDkState('invalid', 'Not a valid d_model', `d_model: ${errors['/d_model']}`);
+      abandonComparison();
       showProblem(null);
       ui.main.setAttribute('aria-busy', 'false');
       markStale(true, 'Fix the highlighted input to update.');
@@ -412,44 +532,75 @@
     const controller = new AbortController();
     state.controller = controller;
     ui.main.setAttribute('aria-busy', 'true');
-    ui.traceStatus.textContent = 'Computing…';
+    // A note for a slow answer only: a fast one replaces the numbers without a flash of "Computing…".
+    clearTimeout(state.pendingTimer);
+    state.pendingTimer = setTimeout(() => {
+      if (seq !== state.seq) return;
+      ui.traceStatus.textContent = 'Computing…';
+      if (!state.dkAnswered) setDkState('pending', 'Checking with the service…', '');
+    }, PENDING_NOTE_MS);
     // The request as set first; the comparison (scale flipped) only once that one is valid, so an
     // invalid request is sent once, and its 422 is the one explanation shown.
-    const settle = (promise) => promise.then((value) => ({ status: 'fulfilled', value }),
-      (reason) => ({ status: 'rejected', reason }));
-    const main = await settle(postTrace(body, controller.signal));
-    if (seq !== state.seq) return; // a newer request is on its way
-    let other = null;
-    if (main.status === 'fulfilled') {
-      const alt = { ...body, scale: !body.scale };
-      delete alt.decode; // the comparison needs the full trace's weights only
-      other = await settle(postTrace(alt, controller.signal));
-      if (seq !== state.seq) return;
-    }
-    state.controller = null;
-    ui.main.setAttribute('aria-busy', 'false');
-    if (main.status === 'rejected') {
-      if (main.reason?.name === 'AbortError') return;
-      showError(main.reason);
+    let main;
+    try {
+      main = await postJson(ENDPOINTS.trace, body, controller.signal);
+    } catch (err) {
+      if (seq !== state.seq || err?.name === 'AbortError') return; // a newer request is on its way
+      state.controller = null;
+      dkAnswered();
+      ui.main.setAttribute('aria-busy', 'false');
+      clearFieldErrors();
+      abandonComparison();
+      showError(err);
       if (!state.main) {
         ui.walkthrough.replaceChildren(h('p', { class: 'hint', text: 'No trace yet: fix the inputs to see one.' }));
       }
       return;
     }
-    state.main = main.value;
-    state.alt = other.status === 'fulfilled' ? other.value : null;
-    state.altError = other.status === 'rejected' ? other.reason : null;
+    if (seq !== state.seq) return;
+    dkAnswered();
+    clearFieldErrors();
+    // Draw the numbers now; the comparison follows (its section is marked busy until then).
+    state.alt = null;
+    state.altError = null;
+    state.altPending = true;
+    showTrace(main);
+    try {
+      state.alt = await postJson(ENDPOINTS.trace, comparisonBody(body), controller.signal);
+    } catch (err) {
+      if (seq !== state.seq || err?.name === 'AbortError') return;
+      state.altError = err;
+    }
+    if (seq !== state.seq) return;
+    state.controller = null;
+    state.altPending = false;
+    ui.main.setAttribute('aria-busy', 'false');
+    renderSaturation();
+  }
+
+  /** The comparison of the trace on screen was cancelled by newer inputs that turned out invalid: say so. */
+  function abandonComparison() {
+    if (!state.altPending || !state.main) return;
+    state.altPending = false;
+    state.altError = new Error('the inputs changed before it answered');
+    renderSaturation();
+  }
+
+  /** A valid trace (from the service, or embedded in a saved page): the card, the actions and every section. */
+  function showTrace(main) {
+    state.main = main;
     showProblem(null);
     markStale(false);
-    const cfg = state.main.doc.config;
-    setDkState('valid', `${cfg.d_model} / ${cfg.num_heads} = ${cfg.d_k}: each head works in ${cfg.d_k} dimensions`);
-    ui.dkValue.textContent = String(cfg.d_k);
-    ui.factMatrices.textContent = String(cfg.n_matrices);
-    ui.factParams.textContent = int(cfg.n_parameters);
-    ui.factScale.textContent = fmt(cfg.scale_factor, 4);
-    ui.factScaleLabel.replaceChildren(cfg.scale ? '√d' : '1 (scaling off)', cfg.scale ? sub('k') : '');
-    setFactLabels(cfg.num_kv_heads !== undefined);
+    const cfg = main.doc.config;
+    setDkState('valid', `${cfg.d_model} / ${cfg.num_heads} = ${cfg.d_k}: each head works in ${cfg.d_k} dimensions`, '');
+    setFactLabels(cfg.num_kv_heads !== undefined, cfg.scale);
+    setText(ui.dkValue, String(cfg.d_k));
+    setText(ui.factMatrices, String(cfg.n_matrices));
+    setText(ui.factParams, int(cfg.n_parameters));
+    setText(ui.factScale, fmt(cfg.scale_factor, 4));
     ui.download.disabled = false;
+    ui.downloadHtml.disabled = false;
+    clearExplain('The inputs changed: click a cell (or press Enter on it) to explain it.');
     render();
   }
 
@@ -479,12 +630,14 @@
     }
     if (dkMessages.length) {
       setDkState('invalid', 'Not a valid head split', dkMessages.join(' '));
+    } else if (fieldErrors['/d_model'].textContent !== '') {
+      setDkState('invalid', 'Not a valid d_model', `d_model: ${fieldErrors['/d_model'].textContent}`);
     } else {
-      const dModelBad = fieldErrors['/d_model'].textContent !== '';
-      setDkState(dModelBad ? 'invalid' : 'pending', dModelBad ? 'Not a valid d_model' : 'Waiting for a valid request',
-        dModelBad ? `d_model: ${fieldErrors['/d_model'].textContent}` : '');
+      dkVerdict(updateDkLive()); // the split itself is sound; the problem is elsewhere, and shown there
     }
     ui.download.disabled = true;
+    ui.downloadHtml.disabled = true;
+    clearExplain('No valid trace: fix the inputs, then click a cell to explain it.');
     showProblem({ title, details });
     markStale(true, dkMessages.length ? 'Pick a head count that divides d_model to update.' : 'Fix the request to update.');
   }
@@ -504,6 +657,7 @@
 
   function markStale(stale, why) {
     ui.results.classList.toggle('is-stale', stale && !!state.main);
+    clearTimeout(state.pendingTimer);
     if (stale) {
       ui.traceStatus.textContent = state.main
         ? `${why} Below: the last valid trace.`
@@ -528,7 +682,6 @@
     writeHash(readRequest().body);
     renderPickers();
     renderSelection();
-    const ms = Math.round(state.main.ms);
     const extras = [];
     if (cfg.positional_encoding === 'rope') extras.push(`RoPE ${cfg.rope_pairing === 'interleaved' ? 'interleaved' : 'rotate-half'}`);
     if (cfg.num_kv_heads !== undefined) extras.push(`${cfg.num_kv_heads} K/V head${cfg.num_kv_heads === 1 ? '' : 's'}`);
@@ -537,7 +690,7 @@
     if (cfg.decode) extras.push('KV-cache decoding');
     ui.traceStatus.textContent = `${tokens.length} token${tokens.length === 1 ? '' : 's'} · d_model ${cfg.d_model} · `
       + `${cfg.num_heads} head${cfg.num_heads === 1 ? '' : 's'} of d_k ${cfg.d_k}${extras.map((e) => ` · ${e}`).join('')}`
-      + ` · traced in ${ms} ms`;
+      + (state.main.ms === null ? ' · a saved trace' : ` · traced in ${Math.round(state.main.ms)} ms`);
     renderFooter();
   }
 
@@ -589,10 +742,10 @@
     ui.headOptions.replaceChildren(...Array.from({ length: heads }, (_, i) => {
       const input = h('input', {
         type: 'radio', name: 'head', value: i, id: `head-${i}`, class: 'chip-input',
-        'aria-label': `head ${i + 1} of ${heads}`,
+        'aria-label': `head ${i} of ${heads}`,
         onchange: () => select(null, i),
       });
-      return h('label', { class: 'chip chip-head', for: `head-${i}` }, input, h('span', { class: 'chip-text', text: `${i + 1}` }));
+      return h('label', { class: 'chip chip-head', for: `head-${i}` }, input, h('span', { class: 'chip-text', text: `${i}` }));
     }));
     syncPickers();
   }
@@ -664,7 +817,7 @@
     const gqa = cfg.num_kv_heads !== undefined && cfg.num_kv_heads !== cfg.num_heads;
     const kvh = kvHeadOf(cfg, hd);
     const tok = tokens[q].text;
-    const headName = cfg.num_heads > 1 ? ` · head ${hd + 1} of ${cfg.num_heads}` : '';
+    const headName = cfg.num_heads > 1 ? ` · head ${hd} of ${cfg.num_heads}` : '';
     ui.walkthroughTitle.replaceChildren(`Walkthrough: attention for ${quoted(tok)}${headName}`);
 
     const masked = S.masked_scores ? S.masked_scores.values[hd][q] : null;
@@ -695,9 +848,9 @@
         tokenVectors('x_ctx', 'x_ctx', keyTokens, S.context_input.values)));
     }
     const kvNote = gqa
-      ? `, with head ${hd + 1}'s own W_Q; K and V from K/V head ${kvh + 1}, shared by query heads `
-        + `${cfg.query_heads_of_kv_head[kvh].map((i) => i + 1).join(', ')}`
-      : cfg.num_heads > 1 ? `, with head ${hd + 1}'s own matrices` : '';
+      ? `, with head ${hd}'s own W_Q; K and V from K/V head ${kvh}, shared by query heads `
+        + `${cfg.query_heads_of_kv_head[kvh].join(', ')}`
+      : cfg.num_heads > 1 ? `, with head ${hd}'s own matrices` : '';
     rows.push(stageRow('project', 'Project',
       [h('code', { text: cross ? 'Q = x·W_Qᵀ, K = x_ctx·W_Kᵀ, V = x_ctx·W_Vᵀ' : 'Q = x·W_Qᵀ, K = x·W_Kᵀ, V = x·W_Vᵀ' }),
         h('span', { class: 'op-note', text: ` each ${cfg.d_k}-dim${kvNote}` })],
@@ -762,9 +915,9 @@
         h('span', {}, h('code', { text: 'Σ_j w_j · V_j' }), cross ? ' the blend of the context\'s value vectors' : ' the blend of value vectors'),
         h('div', { class: 'vec-line', data: { part: 'context' } }, h('span', { class: 'vec-name', text: 'context ≈' }), vec(context))),
       stageRow('concat', 'Concat',
-        h('span', {}, h('code', { text: `[head₁ | … | head_${cfg.num_heads}]` }), ` ${cfg.num_heads} × ${cfg.d_k} = ${cfg.num_heads * cfg.d_k} values`),
+        h('span', {}, h('code', { text: `[head₀ | … | head_${cfg.num_heads - 1}]` }), ` ${cfg.num_heads} × ${cfg.d_k} = ${cfg.num_heads * cfg.d_k} values`),
         h('div', { class: 'vec-line', data: { part: 'concat' } }, vec(S.concat.values[q]))),
-      stageRow('output', h('span', {}, 'W', sub('O')),
+      stageRow('output', h('span', {}, sub('O', 'W')),
         h('span', {}, h('code', { text: 'concat · W_Oᵀ' }), ` mixes the heads back into d_model = ${cfg.d_model}`),
         h('div', { class: 'vec-line', data: { part: 'output' } }, h('span', { class: 'vec-name', text: 'output =' }), vec(S.output.values[q]))),
     );
@@ -822,16 +975,20 @@
     const head = h('tr', {}, h('th', { class: 'hm-corner', scope: 'col' }, h('span', { class: 'visually-hidden', text: `query \\ ${keyWord}` })),
       keyLabels.map((l, j) => h('th', { scope: 'col', class: 'hm-col', title: `${keyWord} ${j}: ${l}` }, h('span', { class: 'hm-label', text: l }))));
     const body = [];
+    const ex = state.explain && state.explain.head === state.head ? state.explain : null;
     for (let i = 0; i < n; i += 1) {
       const cells = [];
       for (let j = 0; j < m; j += 1) {
         const v = matrix[i][j];
         const isMasked = v === null || (maskRow && maskRow(i, j));
-        const label = isMasked
+        const explained = ex !== null && ex.query === i && ex.key === j;
+        const label = (isMasked
           ? `${title}: query ${quoted(labels[i])} → ${keyWord} ${quoted(keyLabels[j])}: masked${kind === 'weight' ? ' (weight 0)' : ' (−∞)'}`
-          : `${title}: query ${quoted(labels[i])} → ${keyWord} ${quoted(keyLabels[j])}: ${valueText(v)}`;
+          : `${title}: query ${quoted(labels[i])} → ${keyWord} ${quoted(keyLabels[j])}: ${valueText(v)}`)
+          + (explained ? ' (explained below)' : '');
         const td = h('td', {
-          class: `hm-cell${isMasked ? ' is-masked' : ''}`, tabindex: -1, title: label, 'aria-label': label,
+          class: `hm-cell${isMasked ? ' is-masked' : ''}${explained ? ' is-explained' : ''}`, tabindex: -1, title: label,
+          'aria-label': label,
           data: { row: i, col: j, value: v === null ? 'null' : String(v) },
         }, compact ? '' : (isMasked ? '—' : fmt(v, 2)));
         if (!isMasked) shade(td, unit(v, range));
@@ -843,7 +1000,7 @@
     }
     const table = h('table', {
       class: `hm-grid${compact ? ' is-compact' : ''}`, role: 'grid',
-      'aria-label': `${title}, head ${state.head + 1}: rows are queries, columns are ${spec.keyTokens ? 'the context\'s keys' : 'keys'}`,
+      'aria-label': `${title}, head ${state.head}: rows are queries, columns are ${spec.keyTokens ? 'the context\'s keys' : 'keys'}`,
       data: { stage },
     }, h('thead', {}, head), h('tbody', {}, body));
     // Roving tabindex: one tab stop per grid, arrows move inside it.
@@ -856,12 +1013,24 @@
       const cell = e.target.closest('td.hm-cell, th.hm-row');
       if (!cell) return;
       const row = Number(cell.dataset.row ?? cell.parentElement.dataset.row);
-      if (row !== state.query) select(row, null, { focus: () => focusCell(stage, row, Number(cell.dataset.col || 0)) });
+      if (cell.matches('td')) activateCell(stage, row, Number(cell.dataset.col));
+      else if (row !== state.query) select(row, null, { focus: () => focusCell(stage, row, 0) });
     });
     return h('figure', { class: 'heatmap', data: { stage } },
       h('figcaption', {}, h('span', { class: 'hm-title', text: title }), ' ', h('code', { class: 'hm-formula', text: formula })),
       h('div', { class: 'hm-scroll' }, table),
-      legend(range, kind, spec.showMasked));
+      h('div', { class: 'legend-row' }, legend(range, kind, spec.showMasked),
+        h('button', {
+          type: 'button', class: 'button button-small', data: { svg: stage },
+          'aria-label': `Download the ${title.toLowerCase()} map of head ${state.head} as SVG`,
+          onclick: () => downloadSvg(heatmapSvg(spec), `${exportName()}_${stage}_head${state.head}.svg`),
+        }, 'Download SVG')));
+  }
+
+  /** A cell clicked, or Enter on it: its row's token becomes the query, and the service explains the cell. */
+  function activateCell(stage, row, col) {
+    explainCell(state.head, row, col);
+    select(row, null, { focus: () => focusCell(stage, row, col) });
   }
 
   function legend(range, kind, showMasked) {
@@ -907,7 +1076,7 @@
       case 'Enter':
       case ' ':
         e.preventDefault();
-        select(row, null, { focus: () => focusCell(table.dataset.stage, row, col) });
+        activateCell(table.dataset.stage, row, col);
         return;
       default: return;
     }
@@ -928,7 +1097,7 @@
     const rope = cfg.positional_encoding === 'rope';
     const qk = rope ? 'RoPE(Q)RoPE(K)ᵀ' : 'QKᵀ';
     const crossNote = keyTokens ? ' · keys: the context' : '';
-    ui.mapsTitle.replaceChildren(`Attention maps${cfg.num_heads > 1 ? ` · head ${hd + 1} of ${cfg.num_heads}` : ''}${crossNote}`);
+    ui.mapsTitle.replaceChildren(`Attention maps${cfg.num_heads > 1 ? ` · head ${hd} of ${cfg.num_heads}` : ''}${crossNote}`);
     const maps = [
       heatmap({ stage: 'scores', title: 'Scores', formula: qk, matrix: S.scores.values[hd], tokens, keyTokens,
         range: extent(S.scores.values[hd]), kind: 'score' }),
@@ -983,13 +1152,13 @@
       }
       const row = m[state.query];
       const top = row.indexOf(Math.max(...row));
-      const kv = cfg.query_heads_of_kv_head ? ` · K/V ${kvHeadOf(cfg, hi) + 1}` : '';
+      const kv = cfg.query_heads_of_kv_head ? ` · K/V ${kvHeadOf(cfg, hi)}` : '';
       return h('button', {
         type: 'button', class: 'thumb', 'aria-pressed': hi === state.head ? 'true' : 'false',
-        'aria-label': `Head ${hi + 1}${kv ? ` (reads K/V head ${kvHeadOf(cfg, hi) + 1})` : ''}: ${quoted(doc.tokens[state.query].text)} `
+        'aria-label': `Head ${hi}${kv ? ` (reads K/V head ${kvHeadOf(cfg, hi)})` : ''}: ${quoted(doc.tokens[state.query].text)} `
           + `attends most to ${quoted(keyTokens[top].text)} (${pct(row[top])})`,
         onclick: () => select(null, hi),
-      }, grid, h('span', { class: 'thumb-caption' }, `head ${hi + 1}${kv}`, h('span', { class: 'thumb-top', text: `${keyTokens[top].text} ${pct(row[top], 0)}` })));
+      }, grid, h('span', { class: 'thumb-caption' }, `head ${hi}${kv}`, h('span', { class: 'thumb-top', text: `${keyTokens[top].text} ${pct(row[top], 0)}` })));
     });
     ui.thumbs.replaceChildren(
       h('h3', { class: 'subhead', text: 'Every head\'s weights' }),
@@ -1017,8 +1186,8 @@
       h('caption', { class: 'visually-hidden', text: 'Which query heads share each K/V head' }),
       h('thead', {}, h('tr', {}, h('th', { scope: 'col', text: 'K/V head' }), h('th', { scope: 'col', text: 'read by query heads' }))),
       h('tbody', {}, groups.map((heads, j) => h('tr', { data: { kvHead: j }, class: j === kvh ? 'is-query' : null },
-        h('th', { scope: 'row', text: `K/V ${j + 1}` }),
-        h('td', { class: 'num', text: heads.map((i) => i + 1).join(', ') })))));
+        h('th', { scope: 'row', text: `K/V ${j}` }),
+        h('td', { class: 'num', text: heads.join(', ') })))));
     const bytes = cfg.kv_cache_bytes_per_token || {};
     const ratio = cfg.num_heads / cfg.num_kv_heads;
     const facts = h('dl', { class: 'facts kv-bytes' },
@@ -1071,7 +1240,7 @@
     const firstRow = Math.max(0, cache.length - HEATMAP_MAX_TOKENS); // long caches: the newest entries only
     const diff = cache.reduce((mx, pos, r) => Math.max(mx, Math.abs(st.weights[hd][r] - full[pos])), 0);
     const table = h('table', { class: 'side-table cache-table' },
-      h('caption', { class: 'visually-hidden', text: `The KV cache at step ${t}, read by head ${hd + 1}` }),
+      h('caption', { class: 'visually-hidden', text: `The KV cache at step ${t}, read by head ${hd}` }),
       h('thead', {}, h('tr', {},
         h('th', { scope: 'col', text: 'cached token' }),
         h('th', { scope: 'col' }, rope ? 'RoPE(k) in k_cache' : 'k_cache'),
@@ -1088,7 +1257,7 @@
       ? h('p', { class: 'hint', text: `Showing the newest ${cache.length - firstRow} of ${cache.length} cache entries; download the JSON for all of them.` })
       : null;
     const bytes = cfg.kv_cache_bytes_per_token;
-    const kvName = cfg.num_kv_heads !== undefined ? ` (K/V head ${kvh + 1})` : '';
+    const kvName = cfg.num_kv_heads !== undefined ? ` (K/V head ${kvh})` : '';
     ui.decodeBody.replaceChildren(
       strip,
       h('p', { class: 'explain decode-summary' },
@@ -1113,8 +1282,15 @@
 
   function renderSaturation() {
     const cfg = state.main.doc.config;
+    // While the comparison for this trace is on its way, the section keeps its content, marked busy (and dimmed
+    // only if that lasts: no flash), and it cannot be downloaded.
+    ui.saturationSection.classList.toggle('is-updating', state.altPending);
+    ui.saturationSection.setAttribute('aria-busy', String(state.altPending));
+    ui.saturationSvg.disabled = state.altPending || !state.alt;
+    if (state.altPending) return;
     if (!state.alt) {
-      const msg = state.altError ? `The comparison trace failed: ${state.altError.message}` : 'No comparison trace.';
+      const msg = state.altError ? `The comparison trace failed: ${state.altError.message}`
+        : STANDALONE ? 'This saved trace holds no comparison trace.' : 'No comparison trace.';
       ui.saturation.replaceChildren(h('p', { class: 'problem-inline', text: msg }));
       return;
     }
@@ -1189,11 +1365,11 @@
     const avg = heads[0].map((_, d) => heads.reduce((s, hv) => s + hv[d], 0) / heads.length);
     const range = extent([heads, concat, avg]);
     const headRows = heads.map((hv, i) => h('div', { class: `mh-row${i === state.head ? ' is-selected' : ''}`, data: { head: i } },
-      h('span', { class: 'mh-label' }, `head ${i + 1}`, h('span', { class: 'row-note', text: `length ${fmt(norm(hv), 2)}` })),
-      strip(hv, range, { label: `head ${i + 1} output for ${tok}`, className: 'strip-head' })));
+      h('span', { class: 'mh-label' }, `head ${i}`, h('span', { class: 'row-note', text: `length ${fmt(norm(hv), 2)}` })),
+      strip(hv, range, { label: `head ${i} output for ${tok}`, className: 'strip-head' })));
     const concatGroups = heads.map((hv, i) => h('span', { class: 'concat-group', data: { head: i } },
-      h('span', { class: 'concat-group-label', text: `h${i + 1}` }),
-      strip(concat.slice(i * cfg.d_k, (i + 1) * cfg.d_k), range, { label: `concat, head ${i + 1}'s slots`, group: i })));
+      h('span', { class: 'concat-group-label', text: `h${i}` }),
+      strip(concat.slice(i * cfg.d_k, (i + 1) * cfg.d_k), range, { label: `concat, head ${i}'s slots`, group: i })));
     const meanNorm = heads.reduce((s, hv) => s + norm(hv), 0) / heads.length;
     const kids = [
       h('div', { class: 'mh-block' },
@@ -1212,7 +1388,7 @@
             + `disagree their signals cancel, and ${cfg.num_heads} perspectives are squeezed into one ${cfg.d_k}-value slot. `
             + 'Transformers concatenate instead.' })),
       h('div', { class: 'mh-block', data: { part: 'output' } },
-        h('h3', { class: 'subhead' }, 'Then W', sub('O'), h('span', { class: 'muted', text: ` mixes the heads: output = concat·W_Oᵀ (d_model ${cfg.d_model})` })),
+        h('h3', { class: 'subhead' }, 'Then ', sub('O', 'W'), h('span', { class: 'muted', text: ` mixes the heads: output = concat·W_Oᵀ (d_model ${cfg.d_model})` })),
         strip(output, extent(output), { label: `output for ${tok}` })),
     ];
     ui.multihead.replaceChildren(...kids);
@@ -1221,8 +1397,9 @@
   // ------------------------------------------------------------------ actions
 
   function curlFor(body) {
-    const url = new URL('trace', location.href).href;
-    return `curl -s ${shellQuote(url)} -H 'content-type: application/json' -d ${shellQuote(JSON.stringify(body))}`;
+    // A saved page does not know where the service runs: the shell fills it in.
+    const url = STANDALONE ? '"$ATTENTION_TRACE_URL/trace"' : shellQuote(new URL('trace', location.href).href);
+    return `curl -s ${url} -H 'content-type: application/json' -d ${shellQuote(JSON.stringify(body))}`;
   }
 
   function renderCurl(body) {
@@ -1248,26 +1425,426 @@
     }
   }
 
-  function downloadJson() {
-    if (!state.main) return;
-    const b = state.main.body;
-    const slug = b.sentence.trim().toLowerCase().replace(/[^a-z0-9]+/g, '-').replace(/^-|-$/g, '').slice(0, 40) || 'trace';
-    const variant = [b.positional_encoding === 'rope' ? '_rope' : '', b.num_kv_heads ? `_kv${b.num_kv_heads}` : '',
-      b.window ? `_w${b.window}` : '', 'context_sentence' in b ? '_cross' : '', b.decode ? '_decode' : ''].join('');
-    const name = `attention-trace_${slug}_d${b.d_model}_h${b.num_heads}_seed${b.seed}${b.scale ? '' : '_unscaled'}`
-      + `${b.causal ? '_causal' : ''}${variant}.json`;
-    const url = URL.createObjectURL(new Blob([state.main.text], { type: 'application/json' }));
+  /** The file name of an export of the trace on screen (service/standalone.py names the HTML file alike). */
+  function exportName() {
+    const { doc, body } = state.main;
+    const cfg = doc.config;
+    const text = typeof body.sentence === 'string' ? body.sentence : doc.tokens.map((t) => t.text).join(' ');
+    const slug = text.trim().toLowerCase().replace(/[^a-z0-9]+/g, '-').replace(/^-|-$/g, '').slice(0, 40) || 'trace';
+    const variant = [cfg.positional_encoding === 'rope' ? '_rope' : '', cfg.num_kv_heads !== undefined ? `_kv${cfg.num_kv_heads}` : '',
+      cfg.window !== undefined ? `_w${cfg.window}` : '', isCross(doc) ? '_cross' : '', cfg.decode ? '_decode' : ''].join('');
+    return `attention-trace_${slug}_d${cfg.d_model}_h${cfg.num_heads}_seed${cfg.seed}${cfg.scale ? '' : '_unscaled'}`
+      + `${cfg.causal ? '_causal' : ''}${variant}`;
+  }
+
+  /** Save a Blob under a name, through a temporary link (no server round trip). */
+  function saveBlob(blob, name) {
+    const url = URL.createObjectURL(blob);
     const a = h('a', { href: url, download: name, class: 'visually-hidden' });
     document.body.append(a);
     a.click();
     a.remove();
     setTimeout(() => URL.revokeObjectURL(url), 10000);
+  }
+
+  function downloadJson() {
+    if (!state.main) return;
+    const name = `${exportName()}.json`;
+    saveBlob(new Blob([state.main.text], { type: 'application/json' }), name);
     ui.actionStatus.textContent = `Saved ${name} (the exact response, every float in full).`;
+  }
+
+  /** The service's one-file offline page of the trace on screen (POST /trace/html). */
+  async function downloadHtml() {
+    if (!state.main || STANDALONE) return;
+    ui.downloadHtml.disabled = true;
+    ui.actionStatus.textContent = 'Making the HTML file…';
+    try {
+      const res = await ENDPOINTS.html({
+        method: 'POST',
+        headers: { 'Content-Type': 'application/json', Accept: 'text/html, application/problem+json' },
+        body: JSON.stringify(state.main.body),
+      });
+      if (!res.ok) {
+        const text = await res.text();
+        let problem = null;
+        try {
+          problem = JSON.parse(text);
+        } catch {
+          problem = null;
+        }
+        throw new ServiceError(res.status, problem, text);
+      }
+      const blob = await res.blob();
+      const given = /filename="([^"]+)"/.exec(res.headers.get('Content-Disposition') || '');
+      const name = given ? given[1] : `${exportName()}.html`;
+      saveBlob(blob, name);
+      ui.actionStatus.textContent = `Saved ${name}: this view in one file that opens offline.`;
+    } catch (err) {
+      ui.actionStatus.textContent = `Could not make the HTML file: ${err?.message || err}`;
+    } finally {
+      ui.downloadHtml.disabled = !state.main;
+    }
+  }
+
+  // -- SVG exports: built as DOM, serialised, saved; self-contained (no font, image or style sheet)
+
+  function svg(tag, attrs, ...kids) {
+    const node = document.createElementNS(SVG_NS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) if (v !== null && v !== undefined) node.setAttribute(k, String(v));
+    for (const kid of kids.flat(Infinity)) {
+      if (kid === null || kid === undefined || kid === false) continue;
+      node.append(kid instanceof Node ? kid : String(kid));
+    }
+    return node;
+  }
+
+  function downloadSvg(root, name) {
+    const text = `<?xml version="1.0" encoding="UTF-8"?>\n${new XMLSerializer().serializeToString(root)}\n`;
+    saveBlob(new Blob([text], { type: 'image/svg+xml' }), name);
+    ui.actionStatus.textContent = `Saved ${name}.`;
+  }
+
+  // The maps' colour scale, as style.css draws it: color-mix(in oklab, --hm-hi t, --hm-lo).
+  const HM_LO = [0xf4, 0xf7, 0xfb];
+  const HM_HI = [0x0b, 0x2a, 0x55];
+  function toOklab(rgb) {
+    const [r, g, b] = rgb.map((c) => { const x = c / 255; return x <= 0.04045 ? x / 12.92 : ((x + 0.055) / 1.055) ** 2.4; });
+    const l = Math.cbrt(0.4122214708 * r + 0.5363325363 * g + 0.0514459929 * b);
+    const m = Math.cbrt(0.2119034982 * r + 0.6806995451 * g + 0.1073969566 * b);
+    const s = Math.cbrt(0.0883024619 * r + 0.2817188376 * g + 0.6299787005 * b);
+    return [0.2104542553 * l + 0.7936177850 * m - 0.0040720468 * s, 1.9779984951 * l - 2.4285922050 * m + 0.4505937099 * s,
+      0.0259040371 * l + 0.7827717662 * m - 0.8086757660 * s];
+  }
+  function fromOklab([L, A, B]) {
+    const l = (L + 0.3963377774 * A + 0.2158037573 * B) ** 3;
+    const m = (L - 0.1055613458 * A - 0.0638541728 * B) ** 3;
+    const s = (L - 0.0894841775 * A - 1.2914855480 * B) ** 3;
+    const lin = [4.0767416621 * l - 3.3077115913 * m + 0.2309699292 * s, -1.2684380046 * l + 2.6097574011 * m - 0.3413193965 * s,
+      -0.0041960863 * l - 0.7034186147 * m + 1.7076147010 * s];
+    return lin.map((c) => {
+      const x = c <= 0.0031308 ? 12.92 * c : 1.055 * c ** (1 / 2.4) - 0.055;
+      return Math.round(Math.min(1, Math.max(0, x)) * 255);
+    });
+  }
+  const LO_LAB = toOklab(HM_LO);
+  const HI_LAB = toOklab(HM_HI);
+  function scaleColour(t) {
+    const rgb = fromOklab(LO_LAB.map((lo, i) => lo + (HI_LAB[i] - lo) * t));
+    return `#${rgb.map((c) => c.toString(16).padStart(2, '0')).join('')}`;
+  }
+  const inkOn = (t) => (t > 0.6 ? '#ffffff' : '#000000'); // as the page: where black and white ink have equal contrast
+
+  /** Title lines of an export: what was traced, and how. */
+  function configLines(doc) {
+    const cfg = doc.config;
+    const extras = [];
+    if (cfg.positional_encoding === 'rope') extras.push(`RoPE ${cfg.rope_pairing}, base ${fmtBase(cfg.rope_base)}`);
+    else extras.push(`positional encoding ${cfg.positional_encoding}`);
+    if (cfg.num_kv_heads !== undefined) extras.push(`${cfg.num_kv_heads} K/V head${cfg.num_kv_heads === 1 ? '' : 's'}`);
+    if (cfg.window !== undefined) extras.push(`window ${cfg.window}`);
+    if (isCross(doc)) extras.push(`cross-attention to “${doc.context_tokens.map((t) => t.text).join(' ')}”`);
+    return [`“${doc.tokens.map((t) => t.text).join(' ')}”`,
+      [`d_model ${cfg.d_model}`, `${cfg.num_heads} head${cfg.num_heads === 1 ? '' : 's'} of d_k ${cfg.d_k}`, `seed ${cfg.seed}`,
+        cfg.scale ? `scaled ÷ √${cfg.d_k}` : 'not scaled (÷ 1)', cfg.causal ? 'causal' : null, ...extras,
+        `engine ${doc.engine_version}`].filter(Boolean).join(' · ')];
+  }
+
+  const SVG_FONT = 'system-ui, -apple-system, Segoe UI, Roboto, DejaVu Sans, Arial, sans-serif';
+  const textWidth = (s, size = 12) => [...s].length * size * 0.62; // generous: no font is embedded
+
+  function svgRoot(width, height, title, desc) {
+    return svg('svg', { xmlns: SVG_NS, width: Math.ceil(width), height: Math.ceil(height),
+      viewBox: `0 0 ${Math.ceil(width)} ${Math.ceil(height)}`, 'font-family': SVG_FONT, 'font-size': 12, role: 'img' },
+    svg('title', {}, title), svg('desc', {}, desc),
+    svg('rect', { x: 0, y: 0, width: '100%', height: '100%', fill: '#ffffff' }));
+  }
+
+  function hatch() {
+    return svg('pattern', { id: 'masked', width: 6, height: 6, patternUnits: 'userSpaceOnUse', patternTransform: 'rotate(45)' },
+      svg('rect', { width: 6, height: 6, fill: '#ffffff' }), svg('rect', { width: 2, height: 6, fill: '#b8bfca' }));
+  }
+
+  /** One attention map as a stand-alone SVG: title and configuration, both token axes, every cell's number, legend. */
+  function heatmapSvg(spec) {
+    const { doc } = state.main;
+    const { stage, title, formula, matrix, tokens, range, kind, maskRow } = spec;
+    const keyTokens = spec.keyTokens || tokens;
+    const n = Math.min(matrix.length, HEATMAP_MAX_TOKENS);
+    const m = Math.min(matrix[0]?.length ?? 0, HEATMAP_MAX_TOKENS);
+    const numbers = Math.max(n, m) <= CELL_NUMBERS_MAX_TOKENS;
+    const cw = numbers ? 60 : 16;
+    const ch = numbers ? 32 : 16;
+    const rows = tokens.slice(0, n).map((t) => t.text);
+    const cols = keyTokens.slice(0, m).map((t) => t.text);
+    const keyWord = spec.keyTokens ? 'context key' : 'key';
+    const heading = `${title} · head ${state.head} of ${doc.config.num_heads} · ${formula}`;
+    const lines = [heading, ...configLines(doc)];
+    const rowW = Math.min(180, Math.max(40, ...rows.map((r) => textWidth(r)))) + 12;
+    const colH = Math.min(140, Math.max(30, ...cols.map((c) => textWidth(c) * 0.71))) + 14;
+    const left = 24 + 22 + rowW;
+    const top = 20 + lines.length * 18 + 22 + colH;
+    const gridW = m * cw;
+    const gridH = n * ch;
+    const width = Math.max(left + gridW + 24, 48 + Math.max(...lines.map((l, i) => textWidth(l, i ? 12 : 14))), 380);
+    const height = top + gridH + 84;
+    const root = svgRoot(width, height, `${title}, head ${state.head}: attention-trace`,
+      `${lines.join('. ')}. Rows are queries, columns are ${keyWord}s; masked cells are hatched and labelled.`);
+    const stops = Array.from({ length: 11 }, (_, i) => svg('stop', { offset: `${i * 10}%`, 'stop-color': scaleColour(i / 10) }));
+    root.append(svg('defs', {}, hatch(), svg('linearGradient', { id: 'scale', x1: 0, x2: 1, y1: 0, y2: 0 }, stops)));
+    lines.forEach((l, i) => root.append(svg('text', { x: 24, y: 28 + i * 18, 'font-size': i ? 12 : 14,
+      'font-weight': i ? 400 : 700, fill: i ? '#444b57' : '#16191f' }, l)));
+    root.append(svg('text', { x: left + gridW / 2, y: 20 + lines.length * 18 + 14, 'text-anchor': 'middle', fill: '#444b57' },
+      `${keyWord} →`));
+    root.append(svg('text', { x: 0, y: 0, 'text-anchor': 'middle', fill: '#444b57',
+      transform: `translate(${24 + 8} ${top + gridH / 2}) rotate(-90)` }, 'query →'));
+    const colLabels = svg('g', { class: 'col-labels', 'font-weight': 600 });
+    cols.forEach((c, j) => colLabels.append(svg('text', { x: 0, y: 0, 'data-col': j,
+      transform: `translate(${left + j * cw + cw / 2 + 4} ${top - 6}) rotate(-45)` }, c)));
+    const rowLabels = svg('g', { class: 'row-labels', 'font-weight': 600, 'text-anchor': 'end' });
+    rows.forEach((r, i) => rowLabels.append(svg('text', { x: left - 8, y: top + i * ch + ch / 2 + 4, 'data-row': i }, r)));
+    const cells = svg('g', { class: 'cells', 'text-anchor': 'middle', 'font-size': 11 });
+    for (let i = 0; i < n; i += 1) {
+      for (let j = 0; j < m; j += 1) {
+        const v = matrix[i][j];
+        const off = v === null || (maskRow && maskRow(i, j));
+        const x = left + j * cw;
+        const y = top + i * ch;
+        const t = off ? 0 : unit(v, range);
+        const exact = off ? 'masked' : kind === 'weight' ? `${fmt(v, 4)} (${pct(v, 2)})` : fmt(v, 4);
+        cells.append(svg('g', { 'data-row': i, 'data-col': j, 'data-value': v === null ? 'null' : String(v) },
+          svg('title', {}, `query “${rows[i]}” → ${keyWord} “${cols[j]}”: ${exact}`),
+          svg('rect', { x: x + 1, y: y + 1, width: cw - 2, height: ch - 2, rx: 2,
+            fill: off ? 'url(#masked)' : scaleColour(t), stroke: off ? '#9aa3b2' : 'none' }),
+          numbers ? svg('text', { x: x + cw / 2, y: y + ch / 2 + 4, fill: off ? '#444b57' : inkOn(t),
+            'font-style': off ? 'italic' : null }, off ? 'masked' : fmt(v, 2)) : null));
+      }
+    }
+    const ly = top + gridH + 30;
+    const lo = kind === 'weight' ? '0%' : fmt(range[0], 2);
+    const hi = kind === 'weight' ? '100%' : fmt(range[1], 2);
+    const barX = 24 + textWidth('colour scale') + 12 + textWidth(lo) + 6;
+    const legendG = svg('g', { class: 'legend', fill: '#444b57' },
+      svg('text', { x: 24, y: ly + 11 }, 'colour scale'),
+      svg('text', { x: barX - 6, y: ly + 11, 'text-anchor': 'end' }, lo),
+      svg('rect', { x: barX, y: ly, width: 140, height: 14, fill: 'url(#scale)', stroke: '#d7dbe2' }),
+      svg('text', { x: barX + 146, y: ly + 11 }, hi));
+    if (spec.showMasked || spec.maskRow) {
+      legendG.append(svg('rect', { x: 24, y: ly + 24, width: 18, height: 14, fill: 'url(#masked)', stroke: '#9aa3b2' }),
+        svg('text', { x: 48, y: ly + 35 }, kind === 'weight' ? 'masked: excluded from the softmax (weight 0)' : 'masked: set to −∞'));
+    }
+    root.append(colLabels, rowLabels, cells, legendG);
+    return root;
+  }
+
+  /** The saturation comparison as SVG: the query's weights, scaled and unscaled, per key; entropy and max weight. */
+  function comparisonSvg() {
+    const cfg = state.main.doc.config;
+    const scaled = cfg.scale ? state.main.doc : state.alt.doc;
+    const unscaled = cfg.scale ? state.alt.doc : state.main.doc;
+    const q = state.query;
+    const hd = state.head;
+    const keys = keyTokensOf(scaled).map((t) => t.text);
+    const masked = scaled.stages.masked_scores ? scaled.stages.masked_scores.values[hd][q] : null;
+    const series = [
+      { name: `scaled (÷ √${scaled.config.d_k} = ${fmt(scaled.config.scale_factor, 3)})`, doc: scaled, fill: scaleColour(1) },
+      { name: 'unscaled (÷ 1)', doc: unscaled, fill: scaleColour(0.45) },
+    ];
+    const lines = [`Why divide by √d_k: the weights of “${scaled.tokens[q].text}” (query ${q}), head ${hd}`,
+      ...configLines(scaled).map((l) => l.replace(/ · scaled ÷ √\d+| · not scaled \(÷ 1\)/, ''))];
+    const labelW = Math.min(180, Math.max(40, ...keys.map((k) => textWidth(k)))) + 12;
+    const left = 24 + labelW;
+    const barW = 320;
+    const rowH = 40;
+    const top = 20 + lines.length * 18 + 36;
+    const width = Math.max(left + barW + 90, 48 + Math.max(...lines.map((l, i) => textWidth(l, i ? 12 : 14))));
+    const height = top + keys.length * rowH + 80;
+    const root = svgRoot(width, height, `Scaled and unscaled weights of “${scaled.tokens[q].text}”: attention-trace`,
+      `${lines.join('. ')}. For each key, the weight with the scores divided by √d_k and without.`);
+    root.append(svg('defs', {}, hatch()));
+    lines.forEach((l, i) => root.append(svg('text', { x: 24, y: 28 + i * 18, 'font-size': i ? 12 : 14,
+      'font-weight': i ? 400 : 700, fill: i ? '#444b57' : '#16191f' }, l)));
+    const legendY = 20 + lines.length * 18 + 10;
+    series.forEach((s, k) => root.append(svg('rect', { x: 24 + k * 220, y: legendY, width: 14, height: 12, fill: s.fill }),
+      svg('text', { x: 44 + k * 220, y: legendY + 10, fill: '#444b57' }, s.name)));
+    const bars = svg('g', { class: 'bars' });
+    keys.forEach((key, j) => {
+      const y = top + j * rowH;
+      const off = masked && masked[j] === null;
+      bars.append(svg('text', { x: left - 8, y: y + rowH / 2 + 4, 'text-anchor': 'end', 'font-weight': 600, 'data-key': j }, key));
+      series.forEach((s, k) => {
+        const w = s.doc.stages.weights.values[hd][q][j];
+        const by = y + 3 + k * 17;
+        bars.append(svg('g', { 'data-key': j, 'data-series': k ? 'unscaled' : 'scaled' },
+          off ? svg('rect', { x: left, y: by, width: 40, height: 14, fill: 'url(#masked)', stroke: '#9aa3b2' })
+            : svg('rect', { x: left, y: by, width: Math.max(0.5, w * barW), height: 14, fill: s.fill }),
+          svg('text', { x: left + (off ? 46 : Math.max(0.5, w * barW) + 6), y: by + 11, 'font-size': 11,
+            'font-style': off ? 'italic' : null }, off ? 'masked' : pct(w))));
+      });
+    });
+    const sy = top + keys.length * rowH + 24;
+    const stats = svg('g', { class: 'stats', fill: '#16191f' });
+    series.forEach((s, k) => stats.append(svg('text', { x: 24, y: sy + k * 18 },
+      `${k ? 'unscaled' : 'scaled'}: entropy ${fmt(s.doc.stats.entropy[hd][q], 3)} nats · max weight ${pct(s.doc.stats.max_weight[hd][q])}`)));
+    root.append(bars, stats);
+    return root;
+  }
+
+  function downloadComparisonSvg() {
+    if (!state.main || !state.alt || state.altPending) return;
+    downloadSvg(comparisonSvg(), `${exportName()}_comparison_q${state.query}_head${state.head}.svg`);
+  }
+
+  // -- click to explain (POST /explain)
+
+  function clearExplain(why) {
+    if (state.explainController) state.explainController.abort();
+    state.explainController = null;
+    const had = state.explain !== null;
+    state.explain = null;
+    if (had) {
+      ui.explainBody.replaceChildren();
+      ui.explainStatus.textContent = why;
+    }
+  }
+
+  /** Ask the service to explain one cell of the trace on screen: the request as traced, plus head, query, key. */
+  async function explainCell(head, query, key) {
+    if (STANDALONE || !state.main) return;
+    const { doc, body } = state.main;
+    const keyTokens = keyTokensOf(doc);
+    if (state.explainController) state.explainController.abort();
+    const controller = new AbortController();
+    state.explainController = controller;
+    state.explain = { head, query, key };
+    ui.explainSection.setAttribute('aria-busy', 'true');
+    ui.explainStatus.textContent = `Explaining head ${head}: query ${quoted(doc.tokens[query].text)} → key ${quoted(keyTokens[key].text)}…`;
+    let answer;
+    try {
+      answer = await postJson(ENDPOINTS.explain, { ...body, head, query, key }, controller.signal);
+    } catch (err) {
+      if (err?.name === 'AbortError' || controller !== state.explainController) return;
+      state.explainController = null;
+      ui.explainSection.setAttribute('aria-busy', 'false');
+      const items = err?.problem && Array.isArray(err.problem.errors) ? err.problem.errors : [];
+      const words = items.length ? items.map((i) => `${i.pointer ? `${i.pointer.slice(1)}: ` : ''}${i.message}`).join('; ')
+        : err instanceof ServiceError && err.status === 404 ? 'this service has no /explain endpoint'
+          : err?.message || String(err);
+      ui.explainStatus.textContent = `Could not explain the cell: ${words}`;
+      ui.explainBody.replaceChildren();
+      state.explain = null; // no cell is marked "explained below" (in place: the focus stays where it is)
+      for (const cell of ui.maps.querySelectorAll('td.is-explained')) {
+        cell.classList.remove('is-explained');
+        const label = cell.getAttribute('aria-label').replace(' (explained below)', '');
+        cell.setAttribute('aria-label', label);
+        cell.title = label;
+      }
+      return;
+    }
+    if (controller !== state.explainController) return;
+    state.explainController = null;
+    ui.explainSection.setAttribute('aria-busy', 'false');
+    renderExplain(answer.doc);
+  }
+
+  const STEP_NAMES = {
+    products: 'Products', score: 'Score', scaled: 'Scale', row_max: 'Row max', exp: 'Exponential',
+    denominator: 'Denominator', weight: 'Weight', contributions: 'Contributions',
+  };
+
+  /**
+   * The service's explanation, drawn generically from its `steps` (formula = value, with the values it lists).
+   * A masked cell says so: its weight is the mask's 0, not a probability the softmax gave a real key.
+   */
+  function renderExplain(x) {
+    const doc = state.main.doc;
+    const keyTokens = keyTokensOf(doc);
+    const keyText = x.key_token ?? keyTokens[x.key]?.text;
+    const steps = Array.isArray(x.steps) ? x.steps : [];
+    const masked = x.masked === true;
+    const maskedIds = new Set(['exp', 'weight']);
+    const valueOf = (step) => {
+      if (step.value === null || step.value === undefined) return masked && maskedIds.has(step.id) ? null : undefined;
+      return masked && maskedIds.has(step.id) ? null : step.value;
+    };
+    const keyNames = Array.isArray(x.key_tokens) ? x.key_tokens : keyTokens.map((t) => t.text);
+    const hidden = new Set(Array.isArray(x.masked_keys) ? x.masked_keys : []);
+    // `values`: the products are one per coordinate of d_k; every other step lists one entry per key (a number, a
+    // vector, or null), and a key the mask hides says so instead of showing its 0.
+    const listOf = (step) => {
+      const vals = step.values;
+      if (!Array.isArray(vals)) return null;
+      if (step.id === 'products') return vec(vals, 4, 8);
+      return h('ul', { class: 'keys explain-keys', data: { values: step.id } }, vals.map((v, j) => {
+        const off = v === null || hidden.has(j);
+        return h('li', { class: off ? 'key is-masked' : 'key', data: { key: j } },
+          h('span', { class: 'tok', text: keyNames[j] ?? String(j) }), h('span', { class: 'arrow', 'aria-hidden': 'true', text: '→' }),
+          off ? h('span', { class: 'num', text: 'masked' })
+            : Array.isArray(v) ? vec(v, 4, 8) : h('span', { class: 'num', text: fmtSmall(v) }));
+      }));
+    };
+    const rows = steps.map((step) => {
+      const v = valueOf(step);
+      let shown;
+      if (v === null) {
+        shown = h('span', { class: 'num is-masked-value' }, step.id === 'weight'
+          ? 'masked: 0 by the mask, not a probability from the softmax'
+          : 'masked: exp(−∞) = 0, excluded from the softmax');
+      } else if (typeof v === 'number') {
+        shown = h('span', { class: 'num', title: String(v) }, step.id === 'weight' ? `${fmtSmall(v)} (${pct(v, 2)})` : fmtSmall(v));
+      } else {
+        shown = null;
+      }
+      const list = listOf(step);
+      return h('tr', { data: { step: step.id } },
+        h('th', { scope: 'row', class: 'wt-stage' }, STEP_NAMES[step.id] || step.id,
+          step.stage ? h('span', { class: 'row-note', text: step.stage }) : null),
+        h('td', { class: 'wt-op' }, h('code', { text: step.formula || '' }),
+          step.note ? h('span', { class: 'op-note explain-note', text: ` ${step.note}` }) : null),
+        h('td', { class: 'wt-result' }, shown ? h('span', { class: 'explain-eq' }, '= ', shown) : null, list));
+    });
+    const weightStep = steps.find((s) => s.id === 'weight');
+    const summary = masked
+      ? `masked${x.mask_reason ? ` (${x.mask_reason})` : ''}`
+      : weightStep && typeof weightStep.value === 'number' ? `weight ${pct(weightStep.value, 2)}` : '';
+    ui.explainStatus.textContent = `Head ${x.head}: query ${x.query} ${quoted(x.query_token)} → key ${x.key} ${quoted(keyText)}`
+      + `${summary ? `: ${summary}` : ''}.`;
+    const facts = h('p', { class: 'hint explain-facts' }, `d_k = ${x.d_k}; the scores are divided by `
+      + `${typeof x.scale_factor === 'number' ? fmt(x.scale_factor, 4) : '?'}${x.scale === false ? ' (scaling off)' : ' (√d_k)'}.`);
+    const banner = masked ? h('p', { class: 'explain-masked', data: { masked: 'true' } },
+      h('strong', { text: 'Masked cell. ' }), x.mask_reason ? `${x.mask_reason}. ` : '',
+      'It takes no part in the softmax: its weight is set to 0 by the mask, not computed as a probability.') : null;
+    const table = h('table', { class: 'explain-table', data: { head: x.head, query: x.query, key: x.key } },
+      h('caption', { class: 'visually-hidden', text: `How head ${x.head} weighs key ${quoted(keyText)} for query ${quoted(x.query_token)}` }),
+      h('thead', {}, h('tr', {}, h('th', { scope: 'col', text: 'Step' }), h('th', { scope: 'col', text: 'Formula' }),
+        h('th', { scope: 'col', text: 'Value' }))),
+      h('tbody', {}, rows));
+    // With KV-cache decoding, the service compares the cell with the query's decoding step: its own words.
+    const decodeNote = x.decode && typeof x.decode.note === 'string'
+      ? h('p', { class: 'hint', data: { part: 'explain-decode' } }, `KV-cache decoding: ${x.decode.note}`
+        + (typeof x.decode.weight_difference === 'number'
+          ? ` (weight difference ${x.decode.weight_difference.toExponential(1).replace(/-/g, MINUS)})` : '') + '.')
+      : null;
+    ui.explainBody.replaceChildren(...[banner, facts, h('div', { class: 'table-scroll' }, table), decodeNote].filter(Boolean));
   }
 
   // ------------------------------------------------------------------ wiring
 
   function init() {
+    ui.copy.addEventListener('click', copyCurl);
+    ui.download.addEventListener('click', downloadJson);
+    ui.downloadHtml.addEventListener('click', downloadHtml);
+    ui.saturationSvg.addEventListener('click', downloadComparisonSvg);
+    ui.decodeStep.addEventListener('input', () => {
+      if (!state.main) return;
+      state.step = Number(ui.decodeStep.value);
+      writeHash(readRequest().body);
+      renderDecode();
+    });
+    if (STANDALONE) {
+      initStandalone();
+      return;
+    }
     readHash();
     updateDkLive();
     ui.form.addEventListener('submit', (e) => {
@@ -1275,24 +1852,65 @@
       clearTimeout(state.timer);
       refresh();
     });
-    for (const input of [ui.sentence, ui.contextSentence]) input.addEventListener('input', () => schedule(300));
-    for (const input of [ui.dModel, ui.seed, ui.ropeBase, ui.kvHeads, ui.window]) input.addEventListener('input', () => schedule(250));
-    ui.heads.addEventListener('input', () => schedule(150));
+    for (const input of [ui.sentence, ui.contextSentence, ui.contextTokens, ui.dModel, ui.seed, ui.ropeBase, ui.kvHeads, ui.window]) {
+      input.addEventListener('input', () => schedule(DEBOUNCE_MS));
+    }
+    ui.heads.addEventListener('input', () => schedule(SLIDER_DEBOUNCE_MS));
     for (const input of [ui.scale, ui.causal, ui.pe, ui.ropePairing, ui.decode]) input.addEventListener('change', () => schedule(0));
-    ui.decodeStep.addEventListener('input', () => {
-      if (!state.main) return;
-      state.step = Number(ui.decodeStep.value);
-      writeHash(readRequest().body);
-      renderDecode();
-    });
-    ui.copy.addEventListener('click', copyCurl);
-    ui.download.addEventListener('click', downloadJson);
     window.addEventListener('hashchange', () => {
       readHash();
       schedule(0);
     });
     loadLimits();
     schedule(0);
+  }
+
+  // ------------------------------------------------------------------ a saved trace (service/standalone.py)
+
+  /** The trace a saved page embeds, or null on the live page. */
+  function readEmbedded() {
+    const meta = document.getElementById('trace-data');
+    const raw = document.getElementById('trace-json');
+    if (!meta || !raw) return null;
+    // The saved file writes "<" as \u003c inside its JSON (so no closing script tag can end the element early); undo that
+    // (only where the escape is not itself escaped) to get the service's exact bytes back for "Download trace JSON".
+    const text = raw.textContent.replace(/(\\*)\\u003c/g, (all, slashes) => (slashes.length % 2 === 0 ? `${slashes}<` : all));
+    return { ...JSON.parse(meta.textContent), text, doc: JSON.parse(text) };
+  }
+
+  /** The inputs show the configuration the trace was made with; the page draws it without the service. */
+  function initStandalone() {
+    document.documentElement.classList.add('is-standalone');
+    for (const el of document.querySelectorAll('[data-service-only]')) el.hidden = true;
+    for (const el of document.querySelectorAll('[data-standalone-only]')) el.hidden = false;
+    const { request, doc } = EMBED;
+    const cfg = doc.config;
+    ui.sentence.value = typeof request.sentence === 'string' ? request.sentence : doc.tokens.map((t) => t.text).join(' ');
+    ui.dModel.value = String(cfg.d_model);
+    ui.heads.max = String(Math.max(cfg.num_heads, cfg.d_model));
+    ui.heads.value = String(cfg.num_heads);
+    ui.seed.value = String(cfg.seed);
+    ui.scale.checked = cfg.scale;
+    ui.causal.checked = cfg.causal;
+    ui.pe.value = cfg.positional_encoding;
+    if (cfg.rope_base !== undefined) ui.ropeBase.value = fmtBase(cfg.rope_base);
+    if (cfg.rope_pairing !== undefined) ui.ropePairing.value = cfg.rope_pairing;
+    ui.kvHeads.value = cfg.num_kv_heads !== undefined ? String(cfg.num_kv_heads) : '';
+    ui.window.value = cfg.window !== undefined ? String(cfg.window) : '';
+    ui.contextSentence.value = typeof request.context_sentence === 'string' ? request.context_sentence : '';
+    ui.contextTokens.value = Array.isArray(request.context_tokens) ? request.context_tokens.join('\n') : '';
+    ui.decode.checked = cfg.decode === true;
+    for (const el of ui.form.elements) el.disabled = true; // nothing here can ask the service for another trace
+    readSelection(new URLSearchParams(location.hash.slice(1)));
+    updateDkLive();
+    state.alt = EMBED.comparison ? { doc: EMBED.comparison, text: null, body: comparisonBody(request), ms: null } : null;
+    showTrace({ doc, text: EMBED.text, body: request, ms: null });
+    renderCurl(request);
+    ui.main.setAttribute('aria-busy', 'false');
+    window.addEventListener('hashchange', () => {
+      readSelection(new URLSearchParams(location.hash.slice(1)));
+      render();
+    });
   }
 
   // Surface CSP problems loudly in development tools and tests.

@@ -1,0 +1,283 @@
+"""One cell of a trace, number by number: the seed article's worked example for head h, query i, key j.
+
+The seed walks "cat" in "the cat sat" through q·k, ÷√d_k, exp and ÷Σ. For one
+head h, query i and key j of a finished :class:`~engine.tracing.Trace`,
+:func:`explain_cell` returns every intermediate number of that walk, in
+order, each with its formula and the stage it comes from::
+
+    products     q_i[m]·k_j[m], m = 0 … d_k − 1        stage q (q_rotated under RoPE)
+    score        Σₘ q_i[m]·k_j[m] = scores[h, i, j]     stage scores
+    scaled       score / scale_factor                   stage scaled_scores
+    row_max      max over the row's unmasked keys       stage masked_scores (scaled_scores without a mask)
+    exp          exp(scaled − row_max)                  inside the softmax (stage weights)
+    denominator  Σⱼ exp(scaled_j − row_max)             inside the softmax (stage weights)
+    weight       exp / denominator = weights[h, i, j]   stage weights
+    contributions weight_j·v_j for every key j, Σ = context[h, i]   stage context
+
+**Where the numbers come from.** Every number that is an entry of a stage is
+read from the trace's own arrays (bit-equal by construction): q, k, scores,
+scaled_scores, the row maximum (a max is exact), weights, v, context. exp and
+the denominator live inside the softmax and are no stage: they are
+recomputed over the whole [head, query, key] array with the very operations
+of ``engine.attention.softmax`` (same shapes, same ufuncs), so they are the
+numbers the engine divided. What is computed *here* from the shown numbers
+(the products' sum added in key order, score / divisor, exp / denominator,
+the contributions' sum) is given as ``recomputed``, with ``exact`` saying
+whether it equals the trace's number bit for bit. The products are exact
+IEEE products of q and k; their in-order sum need not equal the trace's
+score in the last bit: BLAS's matrix product may fuse each multiply–add
+(FMA) and accumulate in another order. Likewise the contributions' in-order
+sum against the BLAS product ``weights·V``. The tests measure both.
+
+Variants: under RoPE the dotted vectors are ``q_rotated`` and ``k_rotated``;
+under grouped-query attention query head h reads K/V head ⌊h / (num_heads /
+num_kv_heads)⌋; a causal or sliding-window mask gives a masked cell a score
+and a scaled score (the stages hold them), an exponential and a weight of
+exactly 0, and a reason; in cross-attention the keys (and values) are the
+context's tokens; with scaling off the divisor is 1; a decoded trace's KV-cache
+step for the query (``engine.decode``) is compared with the cell.
+
+Pure numpy, no framework. Shapes: h = num_heads, g = K/V heads, n = queries,
+m = keys, d_k = d_model / h.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .attention import softmax_parts
+from .errors import InvalidSizeError, VariantConflictError
+from .layer import TraceConfig
+from .tracing import Trace
+
+#: the steps of one cell's explanation, in order
+STEP_IDS: tuple[str, ...] = ("products", "score", "scaled", "row_max", "exp", "denominator", "weight",
+                             "contributions")
+
+
+# ------------------------------------------------------------------ rules
+
+
+def _range_text(name: str, count: int, what: str) -> str:
+    return f"{name} must be 0 … {count - 1} ({count} {what})" if count > 1 else f"{name} must be 0 (1 {what[:-1]})"
+
+
+def check_cell(config: TraceConfig, n_queries: int, n_keys: int, head: int, query: int, key: int, *,
+               cross: bool = False) -> None:
+    """head, query and key must index the trace: 0 ≤ head < num_heads, 0 ≤ query < n, 0 ≤ key < m
+    (m = the context's tokens in cross-attention). Raises InvalidSizeError naming the field."""
+    keys = "context tokens" if cross else "tokens"
+    for name, value, count, what in (("head", head, config.num_heads, "heads"),
+                                     ("query", query, n_queries, "tokens"),
+                                     ("key", key, n_keys, keys)):
+        if not 0 <= value < count:
+            extra = " (keys index the context's tokens in cross-attention)" if name == "key" and cross else ""
+            raise InvalidSizeError(f"{name} {value} is out of range: {_range_text(name, count, what)}{extra}",
+                                   field=name, code=f"{name}_out_of_range")
+
+
+def check_explainable(bug: str | None) -> None:
+    """Only a correct trace is explained: an injected bug's numbers do not follow these formulas."""
+    if bug is not None:
+        raise VariantConflictError(f"an explanation follows the correct layer's formulas, which the injected bug "
+                                   f"{bug!r} breaks; drop inject_bug (use /trace to see the bug's numbers)",
+                                   field="inject_bug", code="explain_with_bug")
+
+
+# ------------------------------------------------------------------ pure steps
+
+
+def products(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """q_i[m]·k_j[m] for every m: exact IEEE products."""
+    return q * k  # [d_k] * [d_k] -> [d_k]
+
+
+def sum_in_order(terms: np.ndarray) -> np.ndarray | float:
+    """Σ terms[0] + terms[1] + …, one IEEE addition at a time in index order (no pairwise or fused sum)."""
+    total = terms[0]  # [...]
+    for t in terms[1:]:
+        total = total + t  # [...]
+    return total
+
+
+def contributions(weights: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """weight_j · v_j for every key j of one query row."""
+    return weights[:, None] * v  # [m, 1] * [m, d_k] -> [m, d_k]
+
+
+def mask_reason(config: TraceConfig, query: int, key: int, query_text: str, key_text: str) -> str:
+    """Why key j is hidden from query i (for a masked cell)."""
+    if key > query:
+        return (f"causal mask: key {key} {key_text!r} comes after query {query} {query_text!r} (key > query), "
+                "and a token may not attend to later tokens")
+    w, back = config.window, query - key
+    return (f"sliding window of {w}: key {key} {key_text!r} is {back} position{'s' if back != 1 else ''} before "
+            f"query {query} {query_text!r}, and a query sees only its own key and the {w - 1} before it "
+            "(query − key ≥ window)")
+
+
+# ------------------------------------------------------------------ the cell
+
+
+def _f(x: Any) -> float:
+    return float(x)
+
+
+def _vec(a: np.ndarray) -> list[float]:
+    return [float(x) for x in a]
+
+
+def explain_cell(trace: Trace, head: int, query: int, key: int, *, decode: Sequence[Any] | None = None
+                 ) -> dict[str, Any]:
+    """Every number of the seed's worked example for one cell, from the trace's own arrays.
+
+    ``decode``: ``engine.decode(trace)``, to compare the query's KV-cache step with the cell.
+    Returns a JSON-ready dict of Python numbers (see the module's docstring).
+    """
+    check_explainable(trace.bug)
+    cfg, st = trace.config, trace.state
+    key_tokens = trace.context_tokens if trace.cross else trace.tokens
+    n, m = trace.n_tokens, len(key_tokens)
+    check_cell(cfg, n, m, head, query, key, cross=trace.cross)
+
+    kv_head = head // cfg.kv_group_size  # query head h reads K/V head ⌊h / G⌋
+    q_stage, k_stage = ("q_rotated", "k_rotated") if cfg.rope else ("q", "k")
+    q_label, k_label = ("RoPE(q)", "RoPE(k)") if cfg.rope else ("q", "k")
+    qt, kt = trace.tokens[query].text, key_tokens[key].text
+    key_texts = [t.text for t in key_tokens]
+    d_k = cfg.d_k
+
+    q_vec = st[q_stage][head, query]  # [h, n, d_k] -> [d_k]
+    k_vec = st[k_stage][kv_head, key]  # [g, m, d_k] -> [d_k]
+    prods = products(q_vec, k_vec)  # [d_k]
+    prod_sum = _f(sum_in_order(prods))
+    score = _f(st["scores"][head, query, key])
+    divisor = _f(st["scale_factor"])
+    scaled = _f(st["scaled_scores"][head, query, key])
+
+    excluded = st.get("excluded")  # [h, n, m] booleans, or None without a mask
+    row_mask = np.zeros(m, dtype=bool) if excluded is None else np.asarray(excluded[head, query])  # [m]
+    masked = bool(row_mask[key])
+    peak, e, total = softmax_parts(st["masked_scores"], excluded)
+    row_max = _f(peak[head, query, 0])
+    scaled_row = st["scaled_scores"][head, query]  # [h, n, m] -> [m]
+    max_key = int(np.flatnonzero(~row_mask & (scaled_row == row_max))[0])  # the first key holding the max
+    terms = e[head, query]  # [h, n, m] -> [m]
+    exp_value = _f(terms[key])
+    denominator = _f(total[head, query, 0])
+    weight = _f(st["weights"][head, query, key])
+    weights_row = st["weights"][head, query]  # [h, n, m] -> [m]
+
+    v_rows = st["v"][kv_head]  # [g, m, d_k] -> [m, d_k]
+    contrib = contributions(weights_row, v_rows)  # [m, d_k]
+    visible = ~row_mask  # [m]
+    contrib_sum = sum_in_order(contrib[visible])  # [visible, d_k] -> [d_k]
+    context = st["context"][head, query]  # [h, n, d_k] -> [d_k]
+    exponent = None if masked else scaled - row_max
+    exp_recomputed = None if exponent is None else _f(np.exp(np.float64(exponent)))
+    denom_recomputed = _f(sum_in_order(terms[visible]))
+    weight_recomputed = exp_value / denominator
+
+    kv_note = (f"; query head {head} reads K/V head {kv_head} = ⌊{head} / {cfg.kv_group_size}⌋ "
+               f"({cfg.kv_heads} K/V heads shared by {cfg.num_heads} query heads)") if cfg.grouped else ""
+    rope_note = "; under RoPE the rotated q and k are dotted" if cfg.rope else ""
+    cross_note = "; the key is a context token (cross-attention)" if trace.cross else ""
+    if cfg.scale:
+        divisor_text, scale_note = "√d_k", f"divided by the trace's scale factor √d_k = √{d_k} = {divisor!r}"
+    else:
+        divisor_text, scale_note = "1 (scaling off)", "scaling is off: divided by 1, the score is unchanged"
+    mask_stage = "masked_scores" if excluded is not None else "scaled_scores"
+    masked_keys = [int(j) for j in np.flatnonzero(row_mask)]
+    reason = mask_reason(cfg, query, key, qt, kt) if masked else None
+    masked_note = f"masked ({reason}): excluded from the softmax, exp(−∞) = 0" if masked else None
+
+    steps: list[dict[str, Any]] = [
+        {"id": "products", "stage": q_stage,
+         "formula": f"{q_label}_{qt}[m] · {k_label}_{kt}[m] for m = 0 … {d_k - 1}",
+         "value": None, "values": _vec(prods), "index": [head, query],
+         "q": _vec(q_vec), "k": _vec(k_vec), "k_stage": k_stage, "k_index": [kv_head, key],
+         "note": f"d_k = {d_k} products of the query's and the key's coordinates{kv_note}{rope_note}{cross_note}"},
+        {"id": "score", "stage": "scores",
+         "formula": f"scores[{head}, {query}, {key}] = Σₘ {q_label}_{qt}[m]·{k_label}_{kt}[m]",
+         "value": score, "index": [head, query, key], "recomputed": prod_sum, "exact": prod_sum == score,
+         "note": "recomputed: the products added one by one in order; the trace's score is BLAS's matrix "
+                 "product, which may fuse multiply–adds and sum in another order, so the last bits can differ"
+                 + ("; masked cells keep their score (the mask acts in the softmax)" if masked else "")},
+        {"id": "scaled", "stage": "scaled_scores",
+         "formula": f"scaled = score / {divisor_text}",
+         "value": scaled, "index": [head, query, key], "divisor": divisor,
+         "recomputed": score / divisor, "exact": score / divisor == scaled, "note": scale_note},
+        {"id": "row_max", "stage": mask_stage,
+         "formula": f"max over the {'unmasked ' if excluded is not None else ''}keys of row {query} "
+                    f"({qt!r}) of the scaled scores",
+         "value": row_max, "index": [head, query, max_key], "key": max_key, "key_token": key_texts[max_key],
+         "note": f"subtracted before exp so that the largest exponent is exp(0) = 1; key {max_key} "
+                 f"{key_texts[max_key]!r} holds it" + (f"; masked keys {masked_keys} do not count"
+                                                          if masked_keys else "")},
+        {"id": "exp", "stage": "weights",
+         "formula": "exp(scaled − row_max)",
+         "value": exp_value, "index": [head, query, key], "exponent": exponent, "recomputed": exp_recomputed,
+         "exact": None if exp_recomputed is None else exp_recomputed == exp_value,
+         "note": masked_note or "inside the softmax (step 9); recomputed: numpy's exp of this one number, "
+                                "which may differ in the last bit from the vectorised exp over the array"},
+        {"id": "denominator", "stage": "weights",
+         "formula": f"Σⱼ exp(scaled_j − row_max) over the {m} key{'s' if m != 1 else ''} of row {query}",
+         "value": denominator, "values": _vec(terms), "index": [head, query],
+         "recomputed": denom_recomputed, "exact": denom_recomputed == denominator,
+         "note": "values: every key's exponential (0 for a masked key); value: numpy's sum of the row, "
+                 "recomputed: the same terms added in key order"},
+        {"id": "weight", "stage": "weights",
+         "formula": f"weights[{head}, {query}, {key}] = exp / denominator",
+         "value": weight, "index": [head, query, key], "recomputed": weight_recomputed,
+         "exact": weight_recomputed == weight,
+         "note": (masked_note or f"the share of key {kt!r} in the attention of query {qt!r}; "
+                  "the row's weights sum to 1")},
+        {"id": "contributions", "stage": "context",
+         "formula": f"weight_j · v_j for every key j; context[{head}, {query}] = Σⱼ weight_j · v_j",
+         "value": None,
+         "values": [None if row_mask[j] else _vec(contrib[j]) for j in range(m)],
+         "index": [head, query], "weights": _vec(weights_row),
+         "v": [_vec(v_rows[j]) for j in range(m)], "v_stage": "v", "v_index": [kv_head],
+         "vector": _vec(context), "recomputed": _vec(contrib_sum),
+         "exact": bool(np.array_equal(contrib_sum, context)),
+         "max_abs_difference": _f(np.max(np.abs(contrib_sum - context))),
+         "note": "vector: the trace's context row (BLAS's weights·V); recomputed: the contributions added in key "
+                 "order" + (f"; masked keys {masked_keys} contribute nothing (null)" if masked_keys else "")},
+    ]
+    out: dict[str, Any] = {
+        "head": head, "kv_head": kv_head, "query": query, "key": key,
+        "query_token": qt, "key_token": kt, "key_tokens": key_texts,
+        "key_source": "context_tokens" if trace.cross else "tokens",
+        "d_k": d_k, "scale": cfg.scale, "scale_factor": divisor,
+        "masked": masked, "mask_reason": reason, "masked_keys": masked_keys,
+        "steps": steps,
+    }
+    if decode is not None:
+        out["decode"] = decode_cell(decode, head, query, key, score=score, weight=weight)
+    return out
+
+
+def decode_cell(steps: Sequence[Any], head: int, query: int, key: int, *, score: float, weight: float
+                ) -> dict[str, Any]:
+    """The query's KV-cache decoding step (``engine.decode``) against the cell: the same score and weight
+    when the key is cached, to about 1e-15 (one row through BLAS's matrix–vector kernel)."""
+    s = steps[query]
+    cached = list(s.cache_positions)
+    doc: dict[str, Any] = {"position": query, "cache_positions": cached, "in_cache": key in cached}
+    if key in cached:
+        c = cached.index(key)
+        d_score, d_weight = _f(s.scores[head, c]), _f(s.weights[head, c])
+        doc |= {"cache_index": c, "score": d_score, "scaled": _f(s.scaled_scores[head, c]), "weight": d_weight,
+                "score_difference": abs(d_score - score), "weight_difference": abs(d_weight - weight),
+                "note": f"step {query} scores its new query against the {len(cached)} cached keys; key {key} is "
+                        f"entry {c} of the cache"}
+    else:
+        why = "is not generated yet" if key > query else "has left the sliding window's cache"
+        doc |= {"cache_index": None, "score": None, "scaled": None, "weight": None, "score_difference": None,
+                "weight_difference": None,
+                "note": f"key {key} {why} at step {query}: the cache holds positions {cached[0]} … {cached[-1]}, "
+                        "so no mask is needed"}
+    return doc

@@ -1,0 +1,135 @@
+"""One trace as one offline HTML file: the viewer's own page, with its script and style inlined and the trace embedded.
+
+``render_html(trace_document, request_body)`` returns a single HTML document
+that draws the trace exactly as the viewer at ``GET /`` does (it *is* the
+viewer: ``service/static/index.html``, ``style.css`` and ``app.js``), but
+read-only and without the service:
+
+- the trace is embedded as ``<script type="application/json">`` data (the
+  service's exact JSON bytes, so "Download trace JSON" still saves them), with
+  the request and, when given, the scale-flipped comparison trace;
+- the style sheet and the script are inlined, the icon is a ``data:`` URI, and
+  nothing refers to another file: no request ever leaves the page;
+- its own Content-Security-Policy, in a ``<meta>``, allows exactly the inline
+  script and style by their SHA-256 hashes (no ``'unsafe-inline'``), ``data:``
+  images, and nothing else (``default-src 'none'``: no fetch, font or frame).
+
+``app.js`` sees the embedded trace and draws it: the inputs show the
+configuration, disabled; the query token, head and decoding step can still be
+picked, the maps read and downloaded as SVG; what needs the service (another
+trace, explaining a cell, this export) is hidden.
+
+Used by ``POST /trace/html`` (service/viewer.py) and ``attention-trace trace
+SENTENCE --html FILE`` (attention_trace/cli.py), which write the same bytes for
+the same request.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+#: the stages the page reads for any trace (a variant's own stages are read when present)
+DRAWN_STAGES = ("input", "token_embedding", "q", "k", "v", "scores", "scaled_scores", "weights", "context", "concat",
+                "output")
+
+
+def comparison_request(request_body: Mapping[str, Any]) -> dict[str, Any]:
+    """The saturation comparison the viewer asks for: the same request with ``scale`` flipped, without decoding."""
+    alt = {k: v for k, v in request_body.items() if k != "decode"}
+    alt["scale"] = not request_body.get("scale", True)
+    return alt
+
+
+def export_filename(trace_document: Mapping[str, Any], request_body: Mapping[str, Any], ext: str = "html") -> str:
+    """``attention-trace_<sentence>_d<d_model>_h<heads>_seed<seed>[_unscaled][_causal][variants].<ext>``,
+    as the viewer names its downloads (app.js, exportName)."""
+    cfg = trace_document["config"]
+    text = request_body.get("sentence")
+    if not isinstance(text, str):
+        text = " ".join(t["text"] for t in trace_document["tokens"])
+    slug = re.sub(r"[^a-z0-9]+", "-", text.strip().lower()).strip("-")[:40] or "trace"
+    variant = "".join([
+        "_rope" if cfg.get("positional_encoding") == "rope" else "",
+        f"_kv{cfg['num_kv_heads']}" if "num_kv_heads" in cfg else "",
+        f"_w{cfg['window']}" if "window" in cfg else "",
+        "_cross" if trace_document.get("context_tokens") is not None else "",
+        "_decode" if cfg.get("decode") else "",
+    ])
+    return (f"attention-trace_{slug}_d{cfg['d_model']}_h{cfg['num_heads']}_seed{cfg['seed']}"
+            f"{'' if cfg['scale'] else '_unscaled'}{'_causal' if cfg['causal'] else ''}{variant}.{ext}")
+
+
+def _json_for_script(data: bytes) -> str:
+    """JSON text safe inside <script>: every "<" escaped as \\u003c, so no "</script>" or "<!--" can occur.
+    (The service's JSON writer never escapes "<" itself, so app.js can undo exactly these.)"""
+    return data.decode("utf-8").replace("<", "\\u003c")
+
+
+def _sha256(text: str) -> str:
+    return "sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii")
+
+
+def _replace_once(page: str, old: str, new: str) -> str:
+    if page.count(old) != 1:
+        raise RuntimeError(f"service/static/index.html changed: expected {old!r} exactly once")
+    return page.replace(old, new)
+
+
+def csp_for(script: str, style: str) -> str:
+    """The saved page's policy: its one inline script and one inline style, data: images, nothing else."""
+    return (f"default-src 'none'; script-src '{_sha256(script)}'; style-src '{_sha256(style)}'; img-src data:; "
+            "base-uri 'none'; form-action 'none'")
+
+
+def render_html(trace_document: Mapping[str, Any], request_body: Mapping[str, Any], *,
+                comparison: Mapping[str, Any] | None = None) -> str:
+    """The viewer's page for this trace, in one self-contained file (see the module's docstring).
+
+    ``trace_document``: a /trace answer (as parsed JSON, or the service's document with numpy arrays), with every
+    stage (a request with ``stages`` cannot be drawn); ``request_body``: the /trace request that made it;
+    ``comparison``: the answer to ``comparison_request(request_body)``, for the "why divide by √d_k" section.
+    """
+    from .serialize import dumps  # orjson, exactly as /trace writes its answers
+
+    missing = [s for s in DRAWN_STAGES if s not in trace_document.get("stages", {})]
+    if missing:
+        raise ValueError(f"the page draws every stage; this trace lacks {', '.join(missing)} (drop `stages`)")
+    trace_json = _json_for_script(dumps(trace_document))
+    meta_json = _json_for_script(dumps({"request": dict(request_body), "comparison": comparison}))
+
+    page = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
+    style = (STATIC_DIR / "style.css").read_text(encoding="utf-8")
+    script = (STATIC_DIR / "app.js").read_text(encoding="utf-8")
+    for name, text, end in (("style.css", style, "</style"), ("app.js", script, "</script")):
+        if end in text.lower() or "<!--" in text:
+            raise RuntimeError(f"{name} cannot be inlined: it contains {end!r} or '<!--'")
+    icon = base64.b64encode((STATIC_DIR / "favicon.svg").read_bytes()).decode("ascii")
+
+    cfg = trace_document["config"]
+    words = " ".join(t["text"] for t in trace_document["tokens"])
+    title = (f"“{words[:80]}{'…' if len(words) > 80 else ''}” · d_model {cfg['d_model']} · "
+             f"{cfg['num_heads']} head{'s' if cfg['num_heads'] != 1 else ''} · attention-trace")
+
+    page = _replace_once(page, '<meta charset="utf-8">',
+                         '<meta charset="utf-8">\n<meta http-equiv="Content-Security-Policy" content="'
+                         + csp_for(script, style) + '">')
+    page = re.sub(r"<title>[^<]*</title>", lambda _: f"<title>{html.escape(title)}</title>", page, count=1)
+    page = _replace_once(page, '<link rel="icon" href="static/favicon.svg" type="image/svg+xml">',
+                         f'<link rel="icon" href="data:image/svg+xml;base64,{icon}" type="image/svg+xml">')
+    page = _replace_once(page, '<link rel="stylesheet" href="static/style.css">', "<style>" + style + "</style>")
+    page = _replace_once(page, '<script src="static/app.js" defer></script>\n', "")
+    # Links to the service's other pages lead nowhere from a file: plain text (their paragraphs are hidden anyway).
+    page = re.sub(r'(<a\b[^>]*?)\s+href="(?!#)[^"]*"', r"\1", page)
+    page = _replace_once(page, "</body>",
+                         '<script type="application/json" id="trace-data">' + meta_json + "</script>\n"
+                         + '<script type="application/json" id="trace-json">' + trace_json + "</script>\n"
+                         + "<script>" + script + "</script>\n</body>")
+    return page

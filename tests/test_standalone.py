@@ -1,0 +1,396 @@
+"""service/standalone.py: one trace as one offline HTML file (POST /trace/html, attention-trace --html).
+
+The file itself (through the Flask test client, every response checked against
+openapi.yaml): one document, its script and style inlined and allowed by hash in
+its own CSP, nothing referenced, the service's exact bytes embedded; the route
+and the command line write the same bytes. Then the file opened from disk in
+headless Chromium with the network off (a proxy that refuses, no name
+resolution, and DevTools' offline mode): the maps and the walkthrough equal the
+trace, picking a token or head and the SVG and JSON downloads still work, no
+console error or CSP violation, and no request leaves the page (DevTools'
+network log and Resource Timing).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import io
+import json
+import re
+import shutil
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from service.standalone import comparison_request, csp_for, export_filename, render_html
+from service.viewer import STATIC_DIR
+from test_viewer_browser import (  # the viewer's own helpers: the page's rounding and its maps
+    ARTIFACTS, CHROMEDRIVER, CHROMIUM, MINUS, WAIT, as_cells, fixed, heatmap_labels, heatmap_values, pct,
+    walkthrough_row, wait_until,
+)
+
+BODY = {"sentence": "the cat sat on the mat", "d_model": 24, "num_heads": 4, "seed": 0, "scale": True,
+        "causal": True, "positional_encoding": "sinusoidal"}
+
+
+def post(client, path: str, body: dict):
+    # The body's bytes as given (the page embeds the request as sent, in its key order).
+    return client.post(path, data=json.dumps(body), content_type="application/json", buffered=True)
+
+
+class Parsed(HTMLParser):
+    """Tags with their attributes, and the text of each <script> and <style>, with the script's type."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=False)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.blocks: list[tuple[str, str | None, str]] = []  # (tag, type, text)
+        self._open: tuple[str, str | None] | None = None
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.tags.append((tag, attrs))
+        if tag in ("script", "style"):
+            self._open, self._text = (tag, attrs.get("type")), []
+
+    def handle_endtag(self, tag):
+        if self._open and tag == self._open[0]:
+            self.blocks.append((*self._open, "".join(self._text)))
+            self._open = None
+
+    def handle_data(self, data):
+        if self._open:
+            self._text.append(data)
+
+
+def parse(page: str) -> Parsed:
+    p = Parsed()
+    p.feed(page)
+    p.close()
+    return p
+
+
+def restore(embedded: str) -> str:
+    """What app.js does to the embedded JSON: \\u003c back to "<" where the escape is not itself escaped."""
+    return re.sub(r"(\\*)\\u003c", lambda m: m.group(1) + "<" if len(m.group(1)) % 2 == 0 else m.group(0), embedded)
+
+
+def sha256(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode() + "'"
+
+
+# ---------------------------------------------------------------- the file
+
+
+def test_one_self_contained_file_with_a_hash_only_csp(client):
+    resp = post(client, "/trace/html", BODY)
+    assert resp.status_code == 200
+    page = resp.data.decode("utf-8")
+    p = parse(page)
+    scripts = [(t, text) for tag, t, text in p.blocks if tag == "script"]
+    styles = [text for tag, _, text in p.blocks if tag == "style"]
+    code = [text for t, text in scripts if t is None]
+    data = {attrs["id"]: attrs.get("type") for tag, attrs in p.tags if tag == "script" and attrs.get("id")}
+    assert code == [(STATIC_DIR / "app.js").read_text(encoding="utf-8")]  # the viewer's own script, inlined
+    assert styles == [(STATIC_DIR / "style.css").read_text(encoding="utf-8")]
+    assert data == {"trace-data": "application/json", "trace-json": "application/json"}
+    assert len(scripts) == 3
+
+    metas = [a for tag, a in p.tags if tag == "meta" and a.get("http-equiv") == "Content-Security-Policy"]
+    assert len(metas) == 1
+    csp = dict((d.split()[0], d.split()[1:]) for d in metas[0]["content"].split("; "))
+    assert csp == {"default-src": ["'none'"], "script-src": [sha256(code[0])], "style-src": [sha256(styles[0])],
+                   "img-src": ["data:"], "base-uri": ["'none'"], "form-action": ["'none'"]}
+    assert metas[0]["content"] == csp_for(code[0], styles[0])
+    assert "unsafe" not in metas[0]["content"]
+    # The policy comes before anything it governs.
+    assert page.index('http-equiv="Content-Security-Policy"') < page.index("<style>") < page.index("<script")
+
+    # Nothing is referenced: no src, every href a data: URI or a fragment; no other origin named.
+    for tag, attrs in p.tags:
+        assert "src" not in attrs, tag
+        href = attrs.get("href")
+        assert href is None or href.startswith(("data:", "#")), (tag, href)
+        assert not [a for a in attrs if a.startswith("on")], tag
+    text = page.replace("'http://www.w3.org/2000/svg'", "")  # an XML namespace name in app.js, never fetched
+    assert not re.search(r"https?:|//[a-z0-9.-]+\.[a-z]{2,}/", text, re.I)
+
+    # The service's exact bytes are embedded: the page's "Download trace JSON" saves them.
+    trace = post(client, "/trace", BODY).data
+    alt = post(client, "/trace", comparison_request(BODY)).get_json()
+    blocks = {t_id: text for (tag, _, text), t_id in zip(
+        [b for b in p.blocks if b[0] == "script" and b[1]], ["trace-data", "trace-json"])}
+    assert restore(blocks["trace-json"]).encode("utf-8") == trace
+    meta = json.loads(blocks["trace-data"])
+    assert meta == {"request": BODY, "comparison": alt}
+    assert list(meta["request"]) == list(BODY)
+    assert resp.headers["Content-Disposition"] == \
+        f'attachment; filename="{export_filename(json.loads(trace), BODY)}"'
+
+
+def test_no_token_can_end_the_script_early(client):
+    """Pre-split tokens can hold anything: "</script>", "<!--", quotes. The JSON escapes every "<"."""
+    body = {"tokens": ["</script><script>alert(1)</script>", "<!--", "a\\u003cb", "\"'&"], "d_model": 8,
+            "num_heads": 2, "context_tokens": ["</SCRIPT>", "x"]}
+    resp = post(client, "/trace/html", body)
+    assert resp.status_code == 200
+    page = resp.data.decode("utf-8")
+    p = parse(page)
+    assert [tag for tag, _ in p.tags].count("script") == 3
+    assert page.lower().count("</script") == 3
+    embedded = [text for tag, t, text in p.blocks if tag == "script" and t == "application/json"]
+    assert restore(embedded[1]).encode("utf-8") == post(client, "/trace", body).data
+    assert json.loads(embedded[0])["request"] == body
+    # A sentence-less request: the file name and title come from the tokens.
+    assert resp.headers["Content-Disposition"].startswith('attachment; filename="attention-trace_script-script-alert')
+
+
+def test_a_partial_trace_cannot_be_drawn(client):
+    doc = post(client, "/trace", {**BODY, "stages": ["weights"]}).get_json()
+    with pytest.raises(ValueError, match="drop `stages`"):
+        render_html(doc, {**BODY, "stages": ["weights"]})
+
+
+def test_the_command_line_writes_the_same_file(client, tmp_path, gunicorn_server):
+    from attention_trace.cli import main
+
+    body = {"sentence": "the cat sat", "num_heads": 4, "causal": True}
+    route = post(client, "/trace/html", body).data
+    for extra in ([], ["--url", gunicorn_server.url]):  # in this process (LocalClient), and through the service
+        path = tmp_path / f"page{len(extra)}.html"
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(["trace", "the cat sat", "--heads", "4", "--causal", "--html", str(path), *extra]) == 0
+        assert path.read_bytes() == route, extra
+        note = f"wrote {len(route)} bytes to {path} (the viewer's page for this trace; opens offline)\n"
+        assert out.getvalue() == note
+
+
+# ---------------------------------------------------------------- opened from disk, offline
+
+
+@pytest.fixture(scope="module")
+def dirs() -> Iterator[dict[str, Path]]:
+    base = Path(tempfile.mkdtemp(prefix="standalone-"))
+    d = {name: base / name for name in ("profile", "downloads", "pages")}
+    for p in d.values():
+        p.mkdir()
+    try:
+        yield d
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def offline(dirs):
+    """Headless Chromium that cannot reach any network: every request would go to a proxy that refuses, no host
+    name resolves, and DevTools' network emulation is offline."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.selenium_manager import SeleniumManager
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--disable-extensions", "--no-default-browser-check",
+                f"--user-data-dir={dirs['profile']}", "--window-size=1280,900", "--lang=en-US",
+                "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
+                "--host-resolver-rules=MAP * ~NOTFOUND"):
+        options.add_argument(arg)
+    options.add_experimental_option("prefs", {"download.default_directory": str(dirs["downloads"]),
+                                              "download.prompt_for_download": False})
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    ARTIFACTS.mkdir(exist_ok=True)
+    service = Service(executable_path=str(CHROMEDRIVER), log_output=str(ARTIFACTS / "chromedriver-standalone.log"))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("Selenium Manager must not run: it would download a browser or driver")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SeleniumManager, "binary_paths", refuse)
+        drv = webdriver.Chrome(service=service, options=options)
+    try:
+        drv.execute_cdp_cmd("Browser.setDownloadBehavior",
+                            {"behavior": "allow", "downloadPath": str(dirs["downloads"])})
+        drv.execute_cdp_cmd("Network.enable", {})
+        drv.execute_cdp_cmd("Network.emulateNetworkConditions", {"offline": True, "latency": 0,
+                                                                 "downloadThroughput": -1, "uploadThroughput": -1})
+        yield drv
+    finally:
+        drv.quit()
+
+
+class Watch:
+    """One page's browser log and network log: console errors, CSP violations and requests."""
+
+    def __init__(self, driver) -> None:
+        self.driver = driver
+        driver.get_log("browser")
+        driver.get_log("performance")
+        self.urls: list[str] = []
+
+    def requests(self) -> list[str]:
+        for entry in self.driver.get_log("performance"):
+            msg = json.loads(entry["message"])["message"]
+            if msg.get("method") == "Network.requestWillBeSent":
+                self.urls.append(msg["params"]["request"]["url"])
+        return self.urls
+
+    def check(self) -> None:
+        problems = [e for e in self.driver.get_log("browser")
+                    if e["level"] == "SEVERE" or "Content Security Policy" in e["message"] or "Refused" in e["message"]]
+        assert problems == [], problems
+        assert self.driver.execute_script("return document.documentElement.dataset.cspViolations || '0';") == "0"
+        # The file itself (and in-memory blob:/data: URLs for the downloads) only: nothing went to a network.
+        assert [u for u in self.requests() if not u.startswith(("file://", "blob:", "data:"))] == []
+        entries = self.driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name);")
+        assert [u for u in entries if not u.startswith(("blob:", "data:"))] == []
+
+
+def save_page(client, dirs, body: dict) -> tuple[Path, dict, dict]:
+    resp = post(client, "/trace/html", body)
+    assert resp.status_code == 200
+    name = resp.headers["Content-Disposition"].split('filename="')[1].rstrip('"')
+    path = dirs["pages"] / name
+    path.write_bytes(resp.data)
+    return path, post(client, "/trace", body), post(client, "/trace", comparison_request(body)).get_json()
+
+
+def open_file(driver, path: Path, fragment: str = "") -> Watch:
+    driver.get("about:blank")
+    watch = Watch(driver)
+    driver.get(path.as_uri() + fragment)
+    WebDriverWait = __import__("selenium.webdriver.support.ui", fromlist=["WebDriverWait"]).WebDriverWait
+    WebDriverWait(driver, WAIT).until(lambda d: d.execute_script(
+        "return document.getElementById('main').getAttribute('aria-busy') === 'false'"
+        " && !!document.querySelector('.walkthrough-table');"))
+    return watch
+
+
+def wait_download(downloads: Path, pattern: str) -> Path:
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        files = list(downloads.glob(pattern))
+        if files:
+            assert len(files) == 1, files
+            return files[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no download matching {pattern} in {WAIT} s")
+
+
+def clear(downloads: Path) -> Path:
+    for old in downloads.iterdir():
+        old.unlink()
+    return downloads
+
+
+def test_the_file_renders_offline_and_sends_nothing(client, offline, dirs):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    path, resp, alt = save_page(client, dirs, BODY)
+    doc = resp.get_json()
+    assert path.name == "attention-trace_the-cat-sat-on-the-mat_d24_h4_seed0_causal.html"
+    watch = open_file(offline, path)
+    drv = offline
+    S = doc["stages"]
+    tokens = [t["text"] for t in doc["tokens"]]
+    for stage in ("scores", "scaled_scores", "masked_scores", "weights"):
+        assert heatmap_values(drv, stage) == as_cells(S[stage]["values"][0]), stage
+        assert heatmap_labels(drv, stage) == (tokens, tokens)
+    assert drv.find_elements(By.CSS_SELECTOR, 'table[data-stage="weights"] td.is-masked')
+    assert walkthrough_row(drv, "weights")[:2] == \
+        [f"{pct(w)} ({fixed(w, 4)})" for w in S["weights"]["values"][0][1][:2]]
+    assert drv.find_element(By.ID, "dk-value").text == "6" and drv.find_element(By.ID, "fact-matrices").text == "13"
+    status = drv.find_element(By.ID, "trace-status").text
+    assert status == "6 tokens · d_model 24 · 4 heads of d_k 6 · a saved trace"
+    assert drv.title == "“the cat sat on the mat” · d_model 24 · 4 heads · attention-trace"
+    # The comparison is embedded: the saturation table has both traces.
+    rows = drv.execute_script("""return [...document.querySelectorAll('.compare-table tbody tr[data-key]')].map(tr =>
+        [...tr.querySelectorAll('td')].map(td => td.querySelector('.num').textContent));""")
+    assert rows[:2] == [[pct(d["stages"]["weights"]["values"][0][1][j]) for d in (doc, alt)] for j in range(2)]
+    assert rows[2:] == [["masked", "masked"]] * 4
+
+    # Read-only: the inputs show the configuration, disabled; what needs the service is hidden.
+    controls = drv.execute_script(
+        "return [...document.getElementById('controls').elements].map(e => [e.id, e.disabled]);")
+    assert controls and all(disabled for _, disabled in controls), controls
+    assert drv.execute_script("return document.getElementById('sentence').value;") == "the cat sat on the mat"
+    assert drv.find_element(By.ID, "causal").is_selected()
+    for hidden in ("explain-section", "download-html"):
+        assert not drv.find_element(By.ID, hidden).is_displayed(), hidden
+    assert drv.find_element(By.ID, "standalone-note").is_displayed()
+    curl = drv.execute_script("return document.getElementById('curl-command').textContent;")
+    assert curl.startswith('curl -s "$ATTENTION_TRACE_URL/trace" ')
+
+    # Still interactive without the service: a head, a query token (click, keys), a cell's readout.
+    drv.find_element(By.CSS_SELECTOR, "label[for=head-2]").click()
+    wait_until(drv, lambda d: "head 2 of 4" in d.find_element(By.ID, "walkthrough-title").text)
+    assert heatmap_values(drv, "weights") == as_cells(S["weights"]["values"][2])
+    start = drv.find_element(By.CSS_SELECTOR, 'table[data-stage="weights"] td[tabindex="0"]')
+    start.send_keys(Keys.ARROW_DOWN)
+    drv.switch_to.active_element.send_keys(Keys.ENTER)  # that row's token becomes the query (no explanation here)
+    wait_until(drv, lambda d: "“sat”" in d.find_element(By.ID, "walkthrough-title").text)
+    assert walkthrough_row(drv, "scores")[:3] == [fixed(v, 4) for v in S["scores"]["values"][2][2][:3]]
+    assert "q=2" in drv.current_url and "head=2" in drv.current_url
+
+    # Downloads work from the file: the maps as SVG, the trace as the service's exact bytes.
+    downloads = clear(dirs["downloads"])
+    drv.find_element(By.CSS_SELECTOR, 'button[data-svg="weights"]').click()
+    svg = wait_download(downloads, "*.svg")
+    assert svg.name == "attention-trace_the-cat-sat-on-the-mat_d24_h4_seed0_causal_weights_head2.svg"
+    root = ET.fromstring(svg.read_bytes())
+    texts = ["".join(t.itertext()) for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert all(t in texts for t in tokens)
+    assert fixed(S["weights"]["values"][2][2][0], 2) in texts and "masked" in texts
+    downloads = clear(dirs["downloads"])
+    drv.find_element(By.ID, "download-json").click()
+    saved = wait_download(downloads, "*.json")
+    assert saved.read_bytes() == resp.data
+    watch.check()
+
+
+@pytest.mark.parametrize(("body", "fragment"), [
+    ({"sentence": "the cat sat on the mat", "d_model": 24, "num_heads": 4, "causal": True, "decode": True,
+      "window": 3, "num_kv_heads": 2, "positional_encoding": "rope"}, "#step=2&head=3"),
+    ({"sentence": "the cat sat", "num_heads": 2, "context_tokens": ["le", "chat", "était assis", "</script>"]}, ""),
+])
+def test_the_variants_render_offline(client, offline, dirs, body, fragment):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    path, resp, _ = save_page(client, dirs, body)
+    doc = resp.get_json()
+    watch = open_file(offline, path, fragment)
+    hd = 3 if fragment else 0
+    assert heatmap_values(offline, "weights") == as_cells(doc["stages"]["weights"]["values"][hd])
+    if "decode" in body:
+        wait_until(offline, lambda d: d.find_element(By.ID, "decode-step").get_attribute("value") == "2")
+        cache = offline.execute_script(
+            "return [...document.querySelectorAll('.cache-table tbody tr')].map(tr => +tr.dataset.pos);")
+        assert cache == doc["decode"][2]["cache_positions"] == [0, 1, 2]
+        offline.execute_script("document.getElementById('decode-step').focus();")
+        offline.switch_to.active_element.send_keys(Keys.ARROW_RIGHT)
+        wait_until(offline, lambda d: d.execute_script(
+            "return [...document.querySelectorAll('.cache-table tbody tr')].map(tr => +tr.dataset.pos);")
+            == doc["decode"][3]["cache_positions"] == [1, 2, 3])
+        assert "step=3" in offline.current_url
+        assert offline.find_element(By.ID, "kv-section").is_displayed()
+    else:
+        assert heatmap_labels(offline, "weights")[1] == ["le", "chat", "était assis", "</script>"]
+        assert offline.execute_script("return document.getElementById('context_tokens').value;") == \
+            "le\nchat\nétait assis\n</script>"
+    watch.check()
+
+
+def test_minus_signs_and_rounding_are_the_viewers():
+    # The helpers shared with the viewer's tests (a guard that the import above is what it claims).
+    assert fixed(-0.125, 2) == MINUS + "0.13" and pct(0.5) == "50.0%"
