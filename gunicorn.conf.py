@@ -97,6 +97,7 @@ configure(
     body_timeout=float(os.environ.get("GUNICORN_BODY_TIMEOUT", "10")),
     send_timeout=float(os.environ.get("GUNICORN_SEND_TIMEOUT", "10")),
     max_queue=int(os.environ.get("GUNICORN_MAX_QUEUE", "16")),
+    keepalive_requests=int(os.environ.get("GUNICORN_KEEPALIVE_REQUESTS", "100")),
     max_buffered=int(os.environ.get("GUNICORN_MAX_BUFFERED", str(64 * 1024 * 1024))),
     # the worker refuses a larger Content-Length unread (the app answers 413)
     max_body_bytes=Settings.from_env().max_body_bytes,
