@@ -38,7 +38,8 @@ def engine_caches() -> list[Any]:
 
     found = {generate_parameters, token_embedding_vector}
     for mod in (engine.params, engine.layer, engine.tracing, engine.attention):
-        found |= {f for f in vars(mod).values() if callable(getattr(f, "cache_clear", None))}
+        found |= {f for f in vars(mod).values()
+                  if not isinstance(f, type) and callable(getattr(f, "cache_clear", None))}  # not the cache classes
     return sorted(found, key=lambda f: f.__qualname__)
 
 
