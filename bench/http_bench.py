@@ -12,10 +12,10 @@ and epoll: on a 2-core machine the client shares the cores with the server,
 and wrk spends a few µs of CPU per request where a Python client spends
 ~100 µs under the GIL: as much as a whole small trace, which would hide the
 very overhead S measures. It keeps ``-c`` connections busy (closed loop,
-bounded by ``-d``), reconnects as gunicorn's sync workers close each
-connection, and reports latency percentiles. Where wrk is missing, a Python
-client (threads, ``http.client``, a new connection per request, as gunicorn
-sync needs anyway) stands in, and the table says so.
+bounded by ``-d``), reconnects whenever the server closes a connection
+(after GUNICORN_KEEPALIVE_REQUESTS), and reports latency percentiles. Where
+wrk is missing, a Python client (threads, ``http.client``, a new connection
+per request) stands in, and the table says so.
 
 Server time is gunicorn's own: the access log's ``duration_us`` (request
 parsed → response written) of the requests tagged with that run's
@@ -352,7 +352,8 @@ def paired_rounds(gen: LoadGenerator, server: Server, fixture: Fixture, name: st
 def run_load(server: Server, gen: LoadGenerator, fixture: Fixture, workloads: list[Workload], rounds: int,
              duration_s: float, conns: int, results: dict[str, Any]) -> Table:
     table = Table(
-        f"3. HTTP under load: gunicorn, committed config ({cpus()} sync workers), {conns} connections, closed loop; "
+        f"3. HTTP under load: gunicorn, committed config ({cpus()} service.worker workers), {conns} connections, "
+        "closed loop; "
         f"trace and its static-body floor interleaved, {rounds} round(s) each",
         ["workload", "response", "trace req/s", "floor req/s", "trace / floor", "trace p50", "trace p99",
          "floor p50", "floor p99", "worker CPU / request (trace)", "(floor)", "requests (trace/floor)"],
@@ -394,7 +395,8 @@ def run_check(server: Server, gen: LoadGenerator, fixture: Fixture, rounds: int,
     for label, d, rel in (("/trace S", t, 1.0), ("/check S, wrong 5-stage submission", c, ratio)):
         table.add(label, f"{d['rps']:.1f}", fmt_time(d["p50_s"]), fmt_time(d["p99_s"]),
                   fmt_time(d["cpu_per_request_s"]), fmt_ratio(rel))
-    table.notes.append("the submission is the first known bug's (engine.BUG_NAMES[0]) q, scores, scaled_scores, weights and output of the "
+    table.notes.append("the submission is the first known bug's (engine.BUG_NAMES[0]) q, scores, scaled_scores, "
+                       "weights and output of the "
                        "causal S trace: /check recomputes the reference, compares, and tries every applicable bug")
     return table
 
