@@ -2,7 +2,7 @@
 
 ``Accept: application/x-npz`` on /trace and /trace/batch. The archive (an
 uncompressed zip, what ``np.savez`` writes, readable by ``np.load`` and by
-small JavaScript readers such as npyjs) holds:
+a zip reader plus a small .npy reader such as npyjs in JavaScript) holds:
 
 - ``metadata.json``: the JSON answer itself, in which every numeric array is
   replaced by ``{"npz": KEY}``; KEY is the JSON Pointer of the array it
