@@ -47,6 +47,10 @@ CONFIG = schemathesis.Config.from_dict({
         # (schemathesis' defaults, which include 404 for a path parameter naming nothing, plus 422)
         "positive_data_acceptance": {"expected-statuses": ["2xx", "3xx", "401", "403", "404", "409", "422", "429",
                                                            "5xx"]},
+        # Invalid data must be refused: schemathesis' list, plus 413 (a generated invalid body can be larger than
+        # the body limit, and is then refused before it is parsed). A 5xx still fails not_a_server_error.
+        "negative_data_rejection": {"expected-statuses": ["400", "401", "403", "404", "405", "406", "409", "413",
+                                                          "415", "422", "428", "429", "5xx"]},
     },
 })
 assert all(getattr(CONFIG.projects.default.checks, name).enabled
