@@ -17,6 +17,7 @@ from attention_trace.cli import main
 from engine import TraceConfig
 from engine.attention import softmax_parts
 from engine.explain import STEP_IDS, check_cell, explain_cell
+from test_grader import seed_article_request  # the seed's worked example, built once
 
 D = 24
 
@@ -163,20 +164,6 @@ def test_explicit_input_and_parameters_work_too():
 
 
 # ------------------------------------------------------------------ the seed's worked example
-
-
-def seed_article_request(scale: bool) -> dict:
-    """The first seed's worked example (as tests/test_grader.py builds it): with W_Q = W_K = I (one head,
-    d_k = 24) scores = x·xᵀ, and rows of x give "cat" the dot products 3.877, 14.905 and 8.293."""
-    x = np.zeros((3, D))
-    c = math.sqrt(14.905)
-    x[1, 0] = c  # cat·cat = 14.905
-    x[0, 0], x[0, 1] = 3.877 / c, 1.0  # the·cat = 3.877
-    x[2, 0], x[2, 2] = 8.293 / c, 1.0  # sat·cat = 8.293
-    eye = np.eye(D)[None]  # [1, d_k, d_model]
-    params = {"W_Q": eye.tolist(), "W_K": eye.tolist(), "W_V": eye.tolist(), "W_O": np.eye(D).tolist()}
-    return {"tokens": ["the", "cat", "sat"], "d_model": D, "num_heads": 1, "scale": scale,
-            "input": x.tolist(), "parameters": params}
 
 
 @pytest.mark.parametrize(("scale", "scaled", "percent"), [

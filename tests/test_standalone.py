@@ -21,7 +21,6 @@ import json
 import re
 import shutil
 import tempfile
-import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from html.parser import HTMLParser
@@ -32,8 +31,8 @@ import pytest
 from service.standalone import comparison_request, csp_for, export_filename, render_html
 from service.viewer import STATIC_DIR
 from test_viewer_browser import (  # the viewer's own helpers: the page's rounding and its maps
-    ARTIFACTS, CHROMEDRIVER, CHROMIUM, MINUS, WAIT, as_cells, fixed, heatmap_labels, heatmap_values, pct,
-    walkthrough_row, wait_until,
+    ARTIFACTS, CHROMEDRIVER, CHROMIUM, MINUS, WAIT, WebDriverWait, as_cells, clear_downloads, fixed, heatmap_labels,
+    heatmap_values, pct, wait_download, walkthrough_row, wait_until,
 )
 
 BODY = {"sentence": "the cat sat on the mat", "d_model": 24, "num_heads": 4, "seed": 0, "scale": True,
@@ -268,28 +267,10 @@ def open_file(driver, path: Path, fragment: str = "") -> Watch:
     driver.get("about:blank")
     watch = Watch(driver)
     driver.get(path.as_uri() + fragment)
-    WebDriverWait = __import__("selenium.webdriver.support.ui", fromlist=["WebDriverWait"]).WebDriverWait
     WebDriverWait(driver, WAIT).until(lambda d: d.execute_script(
         "return document.getElementById('main').getAttribute('aria-busy') === 'false'"
         " && !!document.querySelector('.walkthrough-table');"))
     return watch
-
-
-def wait_download(downloads: Path, pattern: str) -> Path:
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        files = list(downloads.glob(pattern))
-        if files:
-            assert len(files) == 1, files
-            return files[0]
-        time.sleep(0.05)
-    raise AssertionError(f"no download matching {pattern} in {WAIT} s")
-
-
-def clear(downloads: Path) -> Path:
-    for old in downloads.iterdir():
-        old.unlink()
-    return downloads
 
 
 def test_the_file_renders_offline_and_sends_nothing(client, offline, dirs):
@@ -343,7 +324,7 @@ def test_the_file_renders_offline_and_sends_nothing(client, offline, dirs):
     assert "q=2" in drv.current_url and "head=2" in drv.current_url
 
     # Downloads work from the file: the maps as SVG, the trace as the service's exact bytes.
-    downloads = clear(dirs["downloads"])
+    downloads = clear_downloads(dirs)
     drv.find_element(By.CSS_SELECTOR, 'button[data-svg="weights"]').click()
     svg = wait_download(downloads, "*.svg")
     assert svg.name == "attention-trace_the-cat-sat-on-the-mat_d24_h4_seed0_causal_weights_head2.svg"
@@ -351,7 +332,7 @@ def test_the_file_renders_offline_and_sends_nothing(client, offline, dirs):
     texts = ["".join(t.itertext()) for t in root.iter("{http://www.w3.org/2000/svg}text")]
     assert all(t in texts for t in tokens)
     assert fixed(S["weights"]["values"][2][2][0], 2) in texts and "masked" in texts
-    downloads = clear(dirs["downloads"])
+    downloads = clear_downloads(dirs)
     drv.find_element(By.ID, "download-json").click()
     saved = wait_download(downloads, "*.json")
     assert saved.read_bytes() == resp.data
