@@ -310,13 +310,14 @@ class BufferedWorker(base.Worker):
             if self.ppid != os.getppid():
                 self.log.info("Parent changed, shutting down: %s", self)
                 break
-            # Load balancing between workers: an idle worker waits on the listening
-            # socket and takes a new connection at once; a worker with work queued or
-            # running only polls it every ACCEPT_POLL seconds, so new connections go
-            # to an idle worker when there is one, and are still taken (within
-            # ACCEPT_POLL) when every worker is busy.
-            busy = self.alive and (self._busy() or self._full())
+            # Load balancing between workers: a worker with no connection waits on the
+            # listening socket and takes a new connection at once; one holding
+            # connections looks every k·ACCEPT_SPREAD seconds (ACCEPT_SPREAD's comment),
+            # and one with work queued or running every ACCEPT_POLL seconds, so new
+            # connections go to the least loaded worker, and are still taken when
+            # every worker is busy.
             held = self._held()
+            busy = self.alive and (self._busy() or held >= self.worker_connections)
             self._accept(self.alive and not busy and not held)
             timeout = self._next_wakeup(now)
             if busy:
@@ -338,8 +339,7 @@ class BufferedWorker(base.Worker):
             elif self.alive and held and time.monotonic() >= self.next_accept_look:
                 for listener in self.sockets:
                     self._on_accept(listener, burst=1)
-                self.next_accept_look = time.monotonic() + min(ACCEPT_SPREAD * max(1, self._held()),
-                                                               ACCEPT_SPREAD_MAX)
+                self._look_later()
             self._timeouts(time.monotonic())
         with self.cond:
             self.cond.notify_all()
@@ -352,7 +352,11 @@ class BufferedWorker(base.Worker):
 
     def _full(self) -> bool:
         """At worker_connections (lingering closes, a few seconds at most, do not count)."""
-        return sum(1 for c in self.conns.values() if c.state != "linger") >= self.worker_connections
+        return self._held() >= self.worker_connections
+
+    def _look_later(self) -> None:
+        """When a worker holding connections next looks for a new one: k·ACCEPT_SPREAD, at most ACCEPT_SPREAD_MAX."""
+        self.next_accept_look = time.monotonic() + min(ACCEPT_SPREAD * max(1, self._held()), ACCEPT_SPREAD_MAX)
 
     def _held(self) -> int:
         """Open connections that may send another request (lingering closes do not count)."""
@@ -438,7 +442,7 @@ class BufferedWorker(base.Worker):
             self.conns[conn.fd] = conn
             self._watch(conn, selectors.EVENT_READ)
             if burst == 64 and self._held():  # from the listener's event: one, then least connections first
-                self.next_accept_look = time.monotonic() + min(ACCEPT_SPREAD * self._held(), ACCEPT_SPREAD_MAX)
+                self._look_later()
                 return
 
     def _shed_slowest_sender(self) -> bool:
