@@ -17,7 +17,7 @@ from service.models import TraceRequest
 from service.settings import Settings
 
 
-render_trace: Callable[[TraceRequest, Settings], bytes] = core.render_trace
+render_trace: Callable[[TraceRequest], bytes] = core.render_trace
 
 
 def validate(raw: bytes, settings: Settings) -> TraceRequest:
@@ -25,7 +25,7 @@ def validate(raw: bytes, settings: Settings) -> TraceRequest:
 
 
 def render(raw: bytes, settings: Settings) -> bytes:
-    return render_trace(validate(raw, settings), settings)
+    return render_trace(validate(raw, settings))
 
 
 def render_npz(raw: bytes, settings: Settings) -> bytes:

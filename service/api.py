@@ -133,7 +133,7 @@ def post_trace_json(raw: bytes) -> Response:
     if cache is None:
         req = parse_body(TraceRequest, raw)
         g.cpu_estimate = compression.estimate_s(budget.cost("/trace", [req]))
-        return current_app.response_class(core.render_trace(req, settings()), mimetype="application/json")
+        return current_app.response_class(core.render_trace(req), mimetype="application/json")
     # The cache keeps answers as sent: identity, and compressed (service/compression.py).
     g.response_cache_key = raw
     encoding = compression.choose_encoding(settings(), request.accept_encodings.quality)
@@ -149,7 +149,7 @@ def post_trace_json(raw: bytes) -> Response:
     else:
         req = parse_body(TraceRequest, raw)
         g.cpu_estimate = compression.estimate_s(budget.cost("/trace", [req]))  # what compression may spend
-        body = core.render_trace(req, settings())
+        body = core.render_trace(req)
         cache.put(raw, body, cost=g.cpu_estimate)
     return current_app.response_class(body, mimetype="application/json")
 
@@ -158,7 +158,7 @@ def post_trace_json(raw: bytes) -> Response:
 def post_check() -> Response:
     raw = read_json_body()
     bound_json_values(raw)
-    return json_response(core.check_document(parse_body(CheckRequest, raw), settings()))
+    return json_response(core.check_document(parse_body(CheckRequest, raw)))
 
 
 def _batch() -> Response:

@@ -40,7 +40,7 @@ def run_trace(req: TraceSpec, bug: str | None = None) -> engine.Trace:
                         context_split=req.context_split, context_input=req.context_input)
 
 
-def trace_document(req: TraceRequest, limits: Settings | None = None, *, binary: bool = False) -> dict[str, Any]:
+def trace_document(req: TraceRequest, *, binary: bool = False) -> dict[str, Any]:
     """The /trace answer as a document; ``binary`` keeps masked stages as arrays plus a mask (service/npz.py)."""
     t = run_trace(req, bug=req.inject_bug)
     doc = serialize.trace_document(t, include_parameters=req.include_parameters, stages=req.stages,
@@ -56,7 +56,7 @@ def trace_document(req: TraceRequest, limits: Settings | None = None, *, binary:
     return doc
 
 
-def render_trace(req: TraceRequest, limits: Settings | None = None) -> bytes:
+def render_trace(req: TraceRequest) -> bytes:
     """The exact bytes /trace answers for a validated request."""
     return serialize.dumps(trace_document(req))
 
@@ -197,7 +197,7 @@ def _hint_received(sid: str, t: engine.Trace, sub: Submission) -> compare.Receiv
     return sub.received(sid)
 
 
-def check_document(req: CheckRequest, limits: Settings) -> dict[str, Any]:
+def check_document(req: CheckRequest) -> dict[str, Any]:
     """Compare a submission with the reference; diagnose the first wrong stage."""
     t = run_trace(req)
     tol = req.tolerance
@@ -261,14 +261,14 @@ def check_document(req: CheckRequest, limits: Settings) -> dict[str, Any]:
 # ------------------------------------------------------------------ batches and /version
 
 
-def answer(path: str, req: TraceSpec, limits: Settings, *, binary: bool = False) -> Any:
+def answer(path: str, req: TraceSpec, *, binary: bool = False) -> Any:
     """The single endpoint's answer: /trace as pre-encoded bytes (embedded as-is), /check as a document;
     ``binary``: a /trace document whose arrays service/npz.py stores."""
     if path == "/trace" and binary:
         return trace_document(req, binary=True)  # type: ignore[arg-type]
     if path == "/trace":
-        return orjson.Fragment(render_trace(req, limits))  # type: ignore[arg-type]
-    return check_document(req, limits)  # type: ignore[arg-type]
+        return orjson.Fragment(render_trace(req))  # type: ignore[arg-type]
+    return check_document(req)  # type: ignore[arg-type]
 
 
 def batch_document(path: str, batch: BatchRequest, limits: Settings, *, binary: bool = False) -> dict[str, Any]:
@@ -306,7 +306,7 @@ def batch_document(path: str, batch: BatchRequest, limits: Settings, *, binary: 
     for i, p in enumerate(parsed):
         if not isinstance(p, ProblemError):
             try:
-                results.append({"index": i, "status": 200, "result": answer(single, p, limits, binary=binary),
+                results.append({"index": i, "status": 200, "result": answer(single, p, binary=binary),
                                 "problem": None})
                 continue
             except engine.EngineError as e:

@@ -25,10 +25,9 @@ import engine
 from engine.explain import STEP_IDS, check_cell, check_explainable, explain_cell
 
 from . import budget, compression, serialize
-from .api import json_response, parse_body, read_json_body, settings
+from .api import json_response, parse_body, read_json_body
 from .core import run_trace
 from .models import ConfigOut, StageId, TraceRequest, engine_rules
-from .settings import Settings
 
 bp = Blueprint("explain", __name__)
 
@@ -176,7 +175,7 @@ def _rounded(doc: Any, precision: int) -> Any:
     return doc
 
 
-def explain_document(req: ExplainRequest, limits: Settings) -> dict[str, Any]:
+def explain_document(req: ExplainRequest) -> dict[str, Any]:
     """The /explain answer for a validated request."""
     t = run_trace(req)
     cell = explain_cell(t, req.head, req.query, req.key, decode=engine.decode(t) if req.decode else None)
@@ -192,7 +191,7 @@ def explain_document(req: ExplainRequest, limits: Settings) -> dict[str, Any]:
 def post_explain() -> Response:
     req = parse_body(ExplainRequest, read_json_body())
     g.cpu_estimate = compression.estimate_s(budget.cost("/trace", [req]))  # the trace it computes
-    return json_response(explain_document(req, settings()))
+    return json_response(explain_document(req))
 
 
 # ------------------------------------------------------------------ the contract
@@ -203,7 +202,7 @@ def _example() -> dict[str, Any]:
     import orjson
 
     req = ExplainRequest(sentence="the cat sat", d_model=4, num_heads=2, causal=True, head=1, query=1, key=2)
-    return orjson.loads(serialize.dumps(explain_document(req, Settings())))
+    return orjson.loads(serialize.dumps(explain_document(req)))
 
 
 def openapi_path(components: dict[str, Any], problems: dict[str, Any], common: dict[str, Any],

@@ -47,7 +47,7 @@ def _example_trace() -> dict[str, Any]:
     from .models import TraceRequest
 
     req = TraceRequest(sentence="the cat", d_model=4, num_heads=2)
-    return orjson.loads(render_trace(req, Settings()))
+    return orjson.loads(render_trace(req))
 
 
 def _example_check() -> dict[str, Any]:
@@ -58,9 +58,9 @@ def _example_check() -> dict[str, Any]:
     from .models import CheckRequest, TraceRequest
 
     base = {"sentence": "the cat sat", "d_model": 4, "num_heads": 1}
-    buggy = trace_document(TraceRequest(**base, inject_bug=BUG_NAMES[0], stages=["weights"]), Settings())
+    buggy = trace_document(TraceRequest(**base, inject_bug=BUG_NAMES[0], stages=["weights"]))
     submission = {"weights": buggy["stages"]["weights"]["values"].tolist()}
-    return check_document(CheckRequest(**base, submission=submission), Settings())
+    return check_document(CheckRequest(**base, submission=submission))
 
 
 def build_spec() -> dict[str, Any]:

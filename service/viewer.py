@@ -68,12 +68,12 @@ def trace_html() -> Response:
                            errors=[{"pointer": "/stages", "type": "export_needs_every_stage", "message": message}])
     limits = settings()
     body = orjson.loads(raw)
-    doc = core.trace_document(req, limits)
+    doc = core.trace_document(req)
     # The "why divide by √d_k" comparison, as the viewer asks for it; left out when both traces together would
     # exceed one request's work budget (the page then says it holds none).
     alt = parse_body(TraceRequest, orjson.dumps(comparison_request(body)))
     work = budget.cost("/trace", [req, alt])
-    comparison = core.trace_document(alt, limits) if work <= limits.max_request_cost else None
+    comparison = core.trace_document(alt) if work <= limits.max_request_cost else None
     g.cpu_estimate = compression.estimate_s(work if comparison is not None else budget.cost("/trace", [req]))
     page = render_html(doc, body, comparison=comparison)
     resp = current_app.response_class(page.encode("utf-8"), mimetype="text/html")
