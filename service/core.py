@@ -47,13 +47,14 @@ def trace_document(req: TraceRequest, *, binary: bool = False) -> dict[str, Any]
                                    precision=req.precision, parameters_layout=req.parameters_layout,
                                    decode=engine.decode(t) if req.decode else None, binary=binary)
     if req.inject_bug:
-        doc["injected_bug"] = {
-            "name": req.inject_bug,
-            "summary": BUGS[req.inject_bug].summary,
-            "warning": "These numbers are deliberately wrong: the known bug "
-                       f"'{req.inject_bug}' was injected on request.",
-        }
+        doc["injected_bug"] = injected_bug_document(req.inject_bug)
     return doc
+
+
+def injected_bug_document(name: str) -> dict[str, str]:
+    """The ``injected_bug`` member of an answer whose numbers carry a known bug on request."""
+    return {"name": name, "summary": BUGS[name].summary,
+            "warning": f"These numbers are deliberately wrong: the known bug '{name}' was injected on request."}
 
 
 def render_trace(req: TraceRequest) -> bytes:

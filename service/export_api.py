@@ -22,7 +22,6 @@ from flask import Blueprint, Response, g
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine import BUGS
 from engine.export import EXPORT_FORMATS, TE_SUFFIXES, check_export, export, export_value_count
 
 from . import budget, compression, core, serialize
@@ -168,17 +167,14 @@ def export_document(req: ExportRequest) -> dict[str, Any]:
         "engine_version": t.engine_version,
         "format": req.format,
         "config": serialize.config_document(t, precision=req.precision),
-        "tokens": [{"index": k.index, "text": k.text, "start": k.start, "end": k.end} for k in t.tokens],
+        "tokens": serialize.tokens_document(t.tokens),
         "parameters_digest": t.parameters_digest,
     }
     if t.cross:
-        doc["context_tokens"] = [{"index": k.index, "text": k.text, "start": k.start, "end": k.end}
-                                 for k in t.context_tokens or []]
+        doc["context_tokens"] = serialize.tokens_document(t.context_tokens or [])
     doc["data"] = export(t, req.format, req.precision)
     if req.inject_bug:
-        doc["injected_bug"] = {"name": req.inject_bug, "summary": BUGS[req.inject_bug].summary,
-                               "warning": "These numbers are deliberately wrong: the known bug "
-                                          f"'{req.inject_bug}' was injected on request."}
+        doc["injected_bug"] = core.injected_bug_document(req.inject_bug)
     return doc
 
 

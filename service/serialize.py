@@ -16,6 +16,7 @@ import orjson
 
 from engine import Trace
 from engine.decoding import DecodeStep
+from engine.tokenize import Token
 
 SCHEMA_VERSION = "1.1.0"
 
@@ -82,7 +83,7 @@ def trace_document(
         "schema_version": SCHEMA_VERSION,
         "engine_version": t.engine_version,
         "config": config_document(t, include_parameters=include_parameters, stages=stages, precision=precision),
-        "tokens": [{"index": k.index, "text": k.text, "start": k.start, "end": k.end} for k in t.tokens],
+        "tokens": tokens_document(t.tokens),
         "parameters_digest": t.parameters_digest,
         "stages": out_stages,
         "stats": {
@@ -101,8 +102,7 @@ def trace_document(
         p = t.parameters
         doc["parameters"] = {name: _array(getattr(p, name), name, precision) for name in ("W_Q", "W_K", "W_V", "W_O")}
     if t.cross:
-        doc["context_tokens"] = [{"index": k.index, "text": k.text, "start": k.start, "end": k.end}
-                                 for k in t.context_tokens]
+        doc["context_tokens"] = tokens_document(t.context_tokens)
     # Options that change the answer's shape are echoed in config only when used (1.0 answers keep theirs).
     if include_parameters and parameters_layout != "per_head":
         doc["config"]["parameters_layout"] = parameters_layout
@@ -110,6 +110,11 @@ def trace_document(
         doc["config"]["decode"] = True
         doc["decode"] = decode_document(decode, precision)
     return doc
+
+
+def tokens_document(tokens: list[Token]) -> list[dict[str, Any]]:
+    """The ``tokens`` (and ``context_tokens``) member: each token's index, text and offsets in its sentence."""
+    return [{"index": k.index, "text": k.text, "start": k.start, "end": k.end} for k in tokens]
 
 
 def decode_document(steps: list[DecodeStep], precision: int | None = None) -> list[dict[str, Any]]:
