@@ -118,11 +118,12 @@ def fmt_vector(values: Sequence[float], decimals: int, indent: int) -> str:
 # --------------------------------------------------------------- walkthrough
 
 
-def resolve_query(spec: str | None, texts: list[str]) -> int:
+def resolve_query(spec: str | None, texts: list[str], *, option: str = "--query", source: str = "sentence") -> int:
     """A query given as an index (negative counts from the end) or a token's text.
 
     Default: the second token if there is one, else the first. An integer that
-    is no valid index is tried as text; "=TEXT" always means text.
+    is no valid index is tried as text; "=TEXT" always means text. ``option`` and
+    ``source`` name the option and the token list in the messages.
     """
     n = len(texts)
     if spec is None:
@@ -137,13 +138,13 @@ def resolve_query(spec: str | None, texts: list[str]) -> int:
             if -n <= i < n:
                 return i % n
             if spec not in texts:
-                raise UsageError(f"--query {spec}: there is no token {i}; the {n} token(s) are {listing}")
+                raise UsageError(f"{option} {spec}: there is no token {i}; the {n} token(s) are {listing}")
     if text in texts:
         return texts.index(text)
     folded = [t.casefold() for t in texts]
     if text.casefold() in folded:
         return folded.index(text.casefold())
-    raise UsageError(f"--query {spec!r} is not a token of the sentence; the tokens are {listing}")
+    raise UsageError(f"{option} {spec!r} is not a token of the {source}; the tokens are {listing}")
 
 
 def _cell_rows(labels: list[str], cells: list[list[str]], keys: list[str], prefix_of: dict[str, str]) -> list[str]:

@@ -44,19 +44,11 @@ def split_spec(spec: str, queries: list[str], keys: list[str], *, cross: bool = 
         if not left or not right:
             continue
         try:
-            return _resolve(left, queries, "query", "sentence"), _resolve(right, keys, "key", source)
+            return (resolve_query(left, queries, option="--explain query"),
+                    resolve_query(right, keys, option="--explain key", source=source))
         except UsageError as e:
             errors.append(str(e))
     raise UsageError(errors[0] if errors else f"--explain {spec!r}: give QUERY,KEY, e.g. --explain cat,sat")
-
-
-def _resolve(spec: str, texts: list[str], what: str, source: str) -> int:
-    """One side of QUERY,KEY, as --query resolves it, with this option's name in the message."""
-    try:
-        return resolve_query(spec, texts)
-    except UsageError as e:
-        raise UsageError(str(e).replace("--query", f"--explain {what}", 1)
-                         .replace("of the sentence", f"of the {source}")) from None
 
 
 def _terms(values: Sequence[float], decimals: int, what: str = "terms") -> str:
