@@ -113,7 +113,7 @@ def over_http(rounds: int, duration_s: float, conns: int, force_python: bool) ->
     from service.settings import Settings
 
     from . import service_path
-    from .http_bench import Fixture, LoadGenerator, Server, paired_rounds
+    from .http_bench import Fixture, LoadGenerator, Server, check_rounds, paired_rounds, rps_ratio
     from .workloads import by_name, distinct_small
 
     gen = LoadGenerator(force_python=force_python)
@@ -132,27 +132,20 @@ def over_http(rounds: int, duration_s: float, conns: int, force_python: bool) ->
                 raise RuntimeError(f"/check answered {status}")
             star = paired_rounds(gen, server, fixture, "Sstar", {"trace": "/trace", "floor": "/bench/static/Sstar"},
                                  rounds, duration_s, conns, "guard-star")
-            # /check's body is its own request file; paired_rounds takes the file by workload name
-            runs: dict[str, list[Any]] = {"trace": [], "check": []}
-            for r in range(rounds):
-                order = [("trace", "S", "/trace"), ("check", "check", "/check")]
-                for kind, name, path in order if r % 2 == 0 else reversed(order):
-                    runs[kind].append(gen.run(server, path, fixture.request_file(name), conns, duration_s,
-                                              f"guard-{kind}"))
+            runs = check_rounds(server, gen, fixture, rounds, duration_s, conns, "guard")
         finally:
             server.stop()
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
-    def ratio(a: list[Any], b: list[Any]) -> float:
-        return statistics.median(x.rps / y.rps for x, y in zip(a, b, strict=True) if y.rps)
-
     errors = sum(r.errors for v in (*star.values(), *runs.values()) for r in v)
     if errors:
         raise RuntimeError(f"{errors} requests failed during the guard's HTTP runs")
+    if any(r.rps == 0 for v in (*star.values(), *runs.values()) for r in v):
+        raise RuntimeError("an HTTP run of the guard answered no request")
     return gen.name, {
-        "trace_S_vs_floor": ratio(star["trace"], star["floor"]),
-        "check_vs_trace_S": ratio(runs["check"], runs["trace"]),
+        "trace_S_vs_floor": rps_ratio(star["trace"], star["floor"]),
+        "check_vs_trace_S": rps_ratio(runs["check"], runs["trace"]),
         "_trace_Sstar_rps": statistics.median(r.rps for r in star["trace"]),
         "_floor_rps": statistics.median(r.rps for r in star["floor"]),
         "_trace_S_rps": statistics.median(r.rps for r in runs["trace"]),

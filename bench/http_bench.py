@@ -364,7 +364,7 @@ def run_load(server: Server, gen: LoadGenerator, fixture: Fixture, workloads: li
         t, f = _summ(runs["trace"]), _summ(runs["floor"])
         # the ratio of each round's pair (measured back to back), then the median over rounds
         pairs = [a.rps / b.rps for a, b in zip(runs["trace"], runs["floor"], strict=True) if b.rps]
-        ratio = _med(pairs)
+        ratio = rps_ratio(runs["trace"], runs["floor"])
         results[w.name] = {"trace": t, "floor": f, "rps_ratio": ratio, "round_ratios": pairs}
         errors = t["errors"] + f["errors"]
         table.add(w.name, fmt_bytes(len(fixture.responses[w.name])), f"{t['rps']:.1f}", f"{f['rps']:.1f}",
@@ -379,18 +379,30 @@ def run_load(server: Server, gen: LoadGenerator, fixture: Fixture, workloads: li
     return table
 
 
+def rps_ratio(a: list[Run], b: list[Run]) -> float | None:
+    """The median over rounds of each round's back-to-back req/s ratio a / b."""
+    return _med([x.rps / y.rps for x, y in zip(a, b, strict=True) if y.rps])
+
+
+def check_rounds(server: Server, gen: LoadGenerator, fixture: Fixture, rounds: int, duration_s: float, conns: int,
+                 tag: str) -> dict[str, list[Run]]:
+    """/trace S (request file S.req) and /check S (check.req) in interleaved rounds, alternating which goes first."""
+    runs: dict[str, list[Run]] = {"trace": [], "check": []}
+    for r in range(rounds):
+        order = [("trace", "S", "/trace"), ("check", "check", "/check")]
+        for kind, name, path in order if r % 2 == 0 else list(reversed(order)):
+            runs[kind].append(gen.run(server, path, fixture.request_file(name), conns, duration_s, f"{tag}-{kind}"))
+    return runs
+
+
 def run_check(server: Server, gen: LoadGenerator, fixture: Fixture, rounds: int, duration_s: float, conns: int,
               results: dict[str, Any]) -> Table:
     """/check S with a wrong 5-stage submission (bench/guard.py's check_body) against /trace S, interleaved."""
     table = Table(f"3a. /check against /trace at S under load ({conns} connections, {rounds} round(s))",
                   ["request", "req/s", "p50", "p99", "worker CPU / request", "vs /trace S"])
-    runs: dict[str, list[Run]] = {"trace": [], "check": []}
-    for r in range(rounds):
-        order = [("trace", "S", "/trace"), ("check", "check", "/check")]
-        for kind, name, path in order if r % 2 == 0 else list(reversed(order)):
-            runs[kind].append(gen.run(server, path, fixture.request_file(name), conns, duration_s, f"check-{kind}"))
+    runs = check_rounds(server, gen, fixture, rounds, duration_s, conns, "check")
     t, c = _summ(runs["trace"]), _summ(runs["check"])
-    ratio = _med([a.rps / b.rps for a, b in zip(runs["check"], runs["trace"], strict=True) if b.rps])
+    ratio = rps_ratio(runs["check"], runs["trace"])
     results.update({"trace": t, "check": c, "ratio": ratio})
     for label, d, rel in (("/trace S", t, 1.0), ("/check S, wrong 5-stage submission", c, ratio)):
         table.add(label, f"{d['rps']:.1f}", fmt_time(d["p50_s"]), fmt_time(d["p99_s"]),
