@@ -106,7 +106,7 @@ def wants_npz() -> bool:
 def post_trace_npz(raw: bytes) -> Response:
     """/trace as exact binary arrays (service/npz.py). The response cache keeps it under its own key."""
     cache = current_app.extensions["attention_trace.responses"]
-    key = b"\x00npz\x00" + raw  # never a JSON body's key: those are valid JSON, which cannot start with NUL
+    key = compression.encoded_key(npz.MEDIA_TYPE, raw)  # a variant's key, as each encoding's answer has
     body = cache.get(key) if cache is not None else None
     if body is None:
         req = parse_body(TraceRequest, raw)

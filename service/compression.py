@@ -102,5 +102,6 @@ def maybe_compress(resp: Response, settings: Settings) -> Response:
 
 
 def encoded_key(encoding: str, key: bytes) -> bytes:
-    """The response cache's key for an encoded answer (identity answers are keyed by the body alone)."""
+    """The response cache's key for an encoded answer, or another variant of it (the npz answer, by its media
+    type); identity JSON answers are keyed by the body alone, which is JSON and cannot start with NUL."""
     return b"\x00" + encoding.encode() + b"\x00" + key
