@@ -61,7 +61,11 @@ def dumps(doc: Any) -> bytes:
     # What np.savez writes (stored, not deflated: float64 noise barely compresses, and the
     # client asked for speed), built here so that the metadata member is plain JSON.
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        zf.writestr(METADATA, orjson.dumps(meta))
+        # Every member dated 1980-01-01 (zip's epoch, what members opened by name get), so the same request
+        # gets the same bytes; writestr would stamp the metadata with the current time.
+        info = zipfile.ZipInfo(METADATA)
+        info.external_attr = 0o600 << 16  # -rw-------, as writestr gives a file
+        zf.writestr(info, orjson.dumps(meta))
         for key, a in arrays.items():
             with zf.open(key + ".npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array(f, np.ascontiguousarray(a), allow_pickle=False)

@@ -98,6 +98,17 @@ def test_the_archive_is_plain_numpy_without_pickles(client):
                                                               [False, False, False]]
 
 
+def test_the_same_request_gets_the_same_bytes_whatever_the_clock(client, monkeypatch):
+    """A zip member carries a date; every member's is zip's epoch, so the archive is a function of the request."""
+    body = {"sentence": "the cat sat", "num_heads": 2}
+    first = client.post("/trace", json=body, headers={"Accept": NPZ}).data
+    monkeypatch.setattr(zipfile.time, "time", lambda: 2_000_000_000.0)  # 2033: what writestr would stamp
+    second = client.post("/trace", json=body, headers={"Accept": NPZ}).data
+    assert first == second
+    with zipfile.ZipFile(io.BytesIO(first)) as zf:
+        assert {i.date_time for i in zf.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+
+
 @pytest.mark.parametrize("accept, expected", [
     (None, "application/json"),
     ("*/*", "application/json"),
