@@ -100,6 +100,9 @@ def parse_body(model: type[M], body: bytes | None = None) -> M:
 def wants_npz() -> bool:
     """Content negotiation on /trace and /trace/batch: JSON unless the client prefers ``application/x-npz``
     (without an Accept header, or with */* or equal preference, JSON)."""
+    accept = request.headers.get("Accept")
+    if accept is None or accept == "*/*" or ("npz" not in accept.lower() and "*" not in accept):
+        return False  # nothing can prefer npz (no header, any type alike, or none that matches it): skip the parse
     return request.accept_mimetypes.best_match(_TRACE_TYPES) == npz.MEDIA_TYPE
 
 

@@ -118,6 +118,10 @@ def test_the_same_request_gets_the_same_bytes_whatever_the_clock(client, monkeyp
     ("application/x-npz, application/problem+json", NPZ),
     ("application/json;q=0.5, application/x-npz", NPZ),
     ("text/html", "application/json"),  # nothing acceptable: the default rather than a 406 (RFC 9110 12.1)
+    ("APPLICATION/X-NPZ", NPZ),  # media types are case-insensitive
+    ("application/*;q=0.5, application/json;q=0.1", NPZ),  # npz matches only through the wildcard, and wins
+    ("*/*, application/json;q=0.1", NPZ),
+    ("*/*;q=0.1, application/json", "application/json"),
 ])
 def test_content_negotiation(client, accept, expected):
     headers = {"Accept": accept} if accept else {}
