@@ -9,6 +9,7 @@ fails the request loudly instead of reaching a grader as null.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -27,17 +28,59 @@ class NonFiniteError(RuntimeError):
     """A NaN or infinity was about to be serialised."""
 
 
-def _array(a: np.ndarray, where: str, precision: int | None = None) -> np.ndarray:
-    if not np.isfinite(a).all():
+#: below this many numbers in all, a document's arrays are checked as one (numpy's per-call cost dominates)
+_ONE_CHECK_MAX = 65_536
+
+
+class Finite:
+    """The arrays of one document, checked for NaN and infinity together before it is encoded.
+
+    Every array is checked, as before; only the number of numpy calls changes. A
+    sum is finite only if every term is (NaN and ±inf propagate through
+    addition), so one ``sum`` per document (small ones: their arrays joined) or
+    per array (large ones: no copy) proves them all finite; an overflowing sum of
+    finite numbers falls back to the elementwise test, which also names the array.
+    """
+
+    def __init__(self) -> None:
+        self._arrays: list[tuple[str, np.ndarray]] = []
+        self._size = 0
+
+    def add(self, a: np.ndarray, where: str) -> np.ndarray:
+        self._arrays.append((where, a))
+        self._size += a.size
+        return a
+
+    def check(self) -> None:
+        if not self._arrays:
+            return
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflowing sum is an answer here, not a warning
+            if self._size <= _ONE_CHECK_MAX:
+                if math.isfinite(np.concatenate([a.reshape(-1) for _, a in self._arrays]).sum()):  # -> [size]
+                    return
+            elif all(math.isfinite(a.sum()) for _, a in self._arrays):
+                return
+        for where, a in self._arrays:
+            if not np.isfinite(a).all():
+                raise NonFiniteError(f"non-finite value in {where}")
+
+
+def _array(a: np.ndarray, where: str, precision: int | None = None, finite: Finite | None = None) -> np.ndarray:
+    """``a`` as orjson writes it: contiguous float64, rounded if asked. Checked for finiteness here, or
+    by ``finite`` with the rest of its document."""
+    if finite is not None:
+        finite.add(a, where)
+    elif not np.isfinite(a).all():
         raise NonFiniteError(f"non-finite value in {where}")
     if precision is not None:
         a = np.round(a, precision)
     return np.ascontiguousarray(a, dtype=np.float64)
 
 
-def _masked(values: np.ndarray, mask: np.ndarray, where: str, precision: int | None) -> list[Any]:
+def _masked(values: np.ndarray, mask: np.ndarray, where: str, precision: int | None,
+            finite: Finite | None = None) -> list[Any]:
     """Masked entries become None (JSON null); never -inf, NaN or a fill value."""
-    return np.where(mask, None, _array(values, where, precision)).tolist()  # object array: floats and None
+    return np.where(mask, None, _array(values, where, precision, finite)).tolist()  # object array: floats and None
 
 
 def trace_document(
@@ -55,6 +98,7 @@ def trace_document(
     ``binary``: for service/npz.py, a masked stage's values stay an array (NaN where masked) and the
     stage gains a boolean ``mask``; the JSON answer has null there instead."""
     wanted = set(stages) if stages is not None else None
+    finite = Finite()
     out_stages: dict[str, Any] = {}
     for sid, st in t.stages.items():
         if wanted is not None and sid not in wanted:
@@ -62,11 +106,11 @@ def trace_document(
         if isinstance(st.values, list):
             values: Any = st.values
         elif st.mask is not None and binary:
-            values = np.where(st.mask, np.nan, _array(st.values, sid, precision))
+            values = np.where(st.mask, np.nan, _array(st.values, sid, precision, finite))
         elif st.mask is not None:
-            values = _masked(st.values, st.mask, sid, precision)
+            values = _masked(st.values, st.mask, sid, precision, finite)
         else:
-            values = _array(st.values, sid, precision)
+            values = _array(st.values, sid, precision, finite)
         out_stages[sid] = {
             "step": st.info.step,
             "title": st.info.title,
@@ -88,19 +132,20 @@ def trace_document(
         "stages": out_stages,
         "stats": {
             "axes": ["head", "query"],
-            "entropy": _array(t.entropy, "entropy", precision),
-            "max_weight": _array(t.max_weight, "max_weight", precision),
+            "entropy": _array(t.entropy, "entropy", precision, finite),
+            "max_weight": _array(t.max_weight, "max_weight", precision, finite),
         },
     }
     if include_parameters and parameters_layout == "torch":
         p = t.parameters
         d_model = t.config.d_model
         stacked = np.concatenate([W.reshape(-1, d_model) for W in (p.W_Q, p.W_K, p.W_V)])  # -> [3·d_model, d_model]
-        doc["parameters"] = {"in_proj_weight": _array(stacked, "in_proj_weight", precision),
-                             "out_proj.weight": _array(p.W_O, "out_proj.weight", precision)}
+        doc["parameters"] = {"in_proj_weight": _array(stacked, "in_proj_weight", precision, finite),
+                             "out_proj.weight": _array(p.W_O, "out_proj.weight", precision, finite)}
     elif include_parameters:
         p = t.parameters
-        doc["parameters"] = {name: _array(getattr(p, name), name, precision) for name in ("W_Q", "W_K", "W_V", "W_O")}
+        doc["parameters"] = {name: _array(getattr(p, name), name, precision, finite)
+                             for name in ("W_Q", "W_K", "W_V", "W_O")}
     if t.cross:
         doc["context_tokens"] = tokens_document(t.context_tokens)
     # Options that change the answer's shape are echoed in config only when used (1.0 answers keep theirs).
@@ -108,7 +153,8 @@ def trace_document(
         doc["config"]["parameters_layout"] = parameters_layout
     if decode is not None:
         doc["config"]["decode"] = True
-        doc["decode"] = decode_document(decode, precision)
+        doc["decode"] = decode_document(decode, precision, finite)
+    finite.check()
     return doc
 
 
@@ -117,10 +163,11 @@ def tokens_document(tokens: list[Token]) -> list[dict[str, Any]]:
     return [{"index": k.index, "text": k.text, "start": k.start, "end": k.end} for k in tokens]
 
 
-def decode_document(steps: list[DecodeStep], precision: int | None = None) -> list[dict[str, Any]]:
+def decode_document(steps: list[DecodeStep], precision: int | None = None,
+                    finite: Finite | None = None) -> list[dict[str, Any]]:
     """The ``decode`` member: each generation step's arrays (RoPE's rotated rows are null without RoPE)."""
     def arr(a: np.ndarray | None, where: str) -> np.ndarray | None:
-        return None if a is None else _array(a, where, precision)
+        return None if a is None else _array(a, where, precision, finite)
 
     return [{"position": s.position, "token": s.token.text, "cache_positions": list(s.cache_positions),
              **{name: arr(getattr(s, name), f"decode[{s.position}].{name}") for name in _DECODE_ARRAYS}}
