@@ -24,7 +24,9 @@ Rules (public contract, see docs/engine.md):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from itertools import islice
 
 import regex
 
@@ -38,6 +40,13 @@ _WORD_RE = regex.compile(
 )
 _GRAPHEME_RE = regex.compile(r"\X")
 _WORD_START_RE = regex.compile(r"[\p{L}\p{N}]")
+
+# ASCII text, the common case, split by the same rules in one C scan: letters and digits are
+# [A-Za-z0-9], there are no marks, joiners, ideographs or prepend characters, each other
+# character is a grapheme cluster of its own, and what str.isspace calls whitespace
+# (\t \n \v \f \r, the space, and U+001C–U+001F) is skipped. tests/test_tokenize.py
+# holds it to the general path.
+_ASCII_TOKEN_RE = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9\t\n\x0b\x0c\r \x1c-\x1f]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +63,14 @@ def tokenize(sentence: str, limit: int | None = None) -> list[Token]:
     With ``limit``, stop once that many tokens are found, so a huge sentence
     costs no more than the limit before it is rejected.
     """
+    if sentence.isascii():
+        return [Token(i, m.group(), m.start(), m.end())
+                for i, m in enumerate(islice(_ASCII_TOKEN_RE.finditer(sentence), limit))]
+    return _tokenize_unicode(sentence, limit)
+
+
+def _tokenize_unicode(sentence: str, limit: int | None = None) -> list[Token]:
+    """``tokenize`` by the general rules, for any text."""
     tokens: list[Token] = []
     pos, n = 0, len(sentence)
     while pos < n and (limit is None or len(tokens) < limit):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import unicodedata
 
 import pytest
@@ -182,3 +183,20 @@ def test_prepended_concatenation_mark_does_not_swallow_a_following_space(sentenc
     toks = tokenize(sentence)
     assert [t.text for t in toks] == expected
     check_contract(sentence, toks)
+
+
+# ASCII text takes a one-regex path (engine/tokenize.py); it must split exactly as the general rules do.
+ASCII = [chr(i) for i in range(128)]
+general = importlib.import_module("engine.tokenize")._tokenize_unicode  # the module, not engine's function
+
+
+def test_ascii_path_equals_the_general_rules_on_every_pair_of_characters():
+    for a in ASCII:
+        for b in ASCII:
+            assert tokenize(a + b) == general(a + b), repr(a + b)
+
+
+@TEXT
+@given(st.text(alphabet=st.sampled_from(ASCII), max_size=40), st.one_of(st.none(), st.integers(0, 6)))
+def test_ascii_path_equals_the_general_rules(sentence, limit):
+    assert tokenize(sentence, limit) == general(sentence, limit)
