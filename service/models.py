@@ -11,6 +11,7 @@ configured, comes back in one ``errors`` list with a JSON pointer.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from contextlib import contextmanager
 from typing import Annotated, Any, Iterator, Literal
@@ -54,15 +55,20 @@ StageId = Literal[ALL_STAGE_IDS]  # type: ignore[valid-type]
 _SENTENCE_HARD_MAX = 1_000_000  # schema ceiling; the configured max_sentence_chars is lower
 
 
+# Unicode's Cc (C0 and C1 controls, but tab, newline and carriage return are fine) and Cs (lone
+# surrogates): fixed ranges, found with one C scan instead of a category lookup per character.
+_BAD_CHARACTER = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
 def _bad_characters(text: str) -> str | None:
     """Describe the first character no tokenizer should see, or None."""
-    for i, ch in enumerate(text):
-        cat = unicodedata.category(ch)
-        if cat == "Cs":
-            return f"a lone surrogate U+{ord(ch):04X} at character {i}; send valid Unicode"
-        if cat == "Cc" and ch not in "\t\n\r":
-            return f"a control character U+{ord(ch):04X} at character {i}; remove it"
-    return None
+    found = _BAD_CHARACTER.search(text)
+    if found is None:
+        return None
+    i, ch = found.start(), found.group()
+    if unicodedata.category(ch) == "Cs":
+        return f"a lone surrogate U+{ord(ch):04X} at character {i}; send valid Unicode"
+    return f"a control character U+{ord(ch):04X} at character {i}; remove it"
 
 
 BugName = Literal[BUG_NAMES]  # type: ignore[valid-type]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 
 import numpy as np
 import pytest
@@ -212,6 +213,23 @@ def test_invalid_requests_are_422_with_pointer_and_message(client, body, pointer
     assert doc["type"] == "urn:attention-trace:problem:validation-error"
     assert any(e["pointer"] == pointer and needle in e["message"] for e in doc["errors"]), doc["errors"]
     assert needle in doc["detail"]
+
+
+def test_the_characters_refused_are_exactly_unicode_controls_and_surrogates():
+    """service.models finds them with one character class; it must be Unicode's Cc (tab, newline and
+    carriage return allowed) and Cs, for every code point, with the first one named."""
+    from service.models import _bad_characters
+
+    for cp in range(0x110000):
+        ch = chr(cp)
+        cat = unicodedata.category(ch)
+        found = _bad_characters("ok " + ch + "\x00")
+        if cat == "Cs":
+            assert found == f"a lone surrogate U+{cp:04X} at character 3; send valid Unicode"
+        elif cat == "Cc" and ch not in "\t\n\r":
+            assert found == f"a control character U+{cp:04X} at character 3; remove it"
+        else:
+            assert found == "a control character U+0000 at character 4; remove it", hex(cp)
 
 
 def test_every_problem_is_listed_at_once(client):
