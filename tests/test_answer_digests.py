@@ -1,7 +1,7 @@
 """Every request of scripts/answer-digests' corpus keeps a byte-identical answer.
 
-The corpus, the digests and the golden file's format live in the script
-(loaded here as a module); tests/golden/answer-digests.json holds the digests
+The corpus, the digests and the golden file's format live in tests/answer_corpus.py
+(scripts/answer-digests is its command line); tests/golden/answer-digests.json holds the digests
 of the answers at the commit that wrote it. When an answer changes on purpose,
 rewrite the file with ``.venv/bin/python scripts/answer-digests --write`` and
 review the diff: each changed line is one request whose answer changed.
@@ -9,37 +9,17 @@ review the diff: each changed line is one request whose answer changed.
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
+import answer_corpus as ad
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "answer-digests"
 SHOWN = 25
 
 
-def load_script() -> ModuleType:
-    name = "answer_digests_script"
-    if name in sys.modules:
-        return sys.modules[name]
-    loader = importlib.machinery.SourceFileLoader(name, str(SCRIPT))
-    spec = importlib.util.spec_from_loader(name, loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    loader.exec_module(module)
-    return module
-
-
 def test_every_answer_matches_the_golden_digests() -> None:
-    ad = load_script()
     golden = ad.load(ad.GOLDEN)
     current = ad.compute()
     problems = ad.mismatches(golden, current)
     assert not problems, (
-        f"{len(problems)} of {len(golden)} answers differ from {ad.GOLDEN.relative_to(ROOT)} "
+        f"{len(problems)} of {len(golden)} answers differ from {ad.GOLDEN.relative_to(ad.SCRIPT_ROOT)} "
         f"(id, request, then what changed; the first {min(SHOWN, len(problems))}):\n"
         + "\n".join(problems[:SHOWN])
         + "\nIf the change is intended, run: .venv/bin/python scripts/answer-digests --write"
@@ -48,6 +28,5 @@ def test_every_answer_matches_the_golden_digests() -> None:
 
 def test_the_golden_file_is_what_the_script_writes() -> None:
     """The golden file is in --write's format (sorted, one request a line), so a diff shows requests."""
-    ad = load_script()
     text = ad.GOLDEN.read_text(encoding="utf-8")
     assert ad.render(ad.load(ad.GOLDEN)) == text
