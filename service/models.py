@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from contextlib import contextmanager
-from typing import Annotated, Any, Iterator, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -79,13 +78,27 @@ RopePairingName = Literal[tuple(ROPE_PAIRINGS)]  # type: ignore[valid-type]
 _Num = Annotated[float, Field(ge=-MAX_EXPLICIT_VALUE, le=MAX_EXPLICIT_VALUE)]
 
 
-@contextmanager
-def engine_rules() -> Iterator[None]:
+class _EngineRules:
+    """``with engine_rules():`` (a class, not @contextmanager: a generator per use cost ~1.5 µs, 3–4 per request)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> bool:
+        if isinstance(error, EngineError):
+            raise PydanticCustomError(error.code, "{message}",
+                                      {"message": error.message, "pointer": error.pointer}) from None
+        return False
+
+
+_ENGINE_RULES = _EngineRules()
+
+
+def engine_rules() -> _EngineRules:
     """Run the engine's own checks at the edge: an EngineError becomes this field's 422 entry."""
-    try:
-        yield
-    except EngineError as e:
-        raise PydanticCustomError(e.code, "{message}", {"message": e.message, "pointer": e.pointer}) from None
+    return _ENGINE_RULES
 _Matrix3 = list[list[list[_Num]]]
 
 
