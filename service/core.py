@@ -101,8 +101,24 @@ def _non_finite_text(c: compare.Comparison) -> str:
             "so this stage fails")
 
 
-def compare_stage(sid: str, expected: engine.Stage, sub: Submission, tol: compare.Tolerance) -> dict[str, Any]:
-    """Compare one submitted stage with the reference (the answer's per-stage entry)."""
+def compare_stages(order: list[str], t: engine.Trace, sub: Submission, tol: compare.Tolerance) -> dict[str, Any]:
+    """Each submitted stage against the reference (the answer's per-stage entries, in ``order``). The
+    numeric stages of the right shape are compared value by value all at once (compare.compare_many)."""
+    results: dict[str, Any] = {}
+    numeric: list[str] = []
+    for sid in order:
+        results[sid] = _unmatched_shape(sid, t.stages[sid], sub)  # None: compared below, in this place
+        if results[sid] is None:
+            numeric.append(sid)
+    comparisons = compare.compare_many([(np.asarray(t.stages[sid].values, dtype=np.float64), t.stages[sid].mask,
+                                         sub.received(sid)) for sid in numeric], tol)
+    for sid, c in zip(numeric, comparisons, strict=True):
+        results[sid] = _stage_result(sid, t.stages[sid], sub, c)
+    return results
+
+
+def _unmatched_shape(sid: str, expected: engine.Stage, sub: Submission) -> dict[str, Any] | None:
+    """The entry of the token stage, or of a stage whose shape is wrong; None for one to compare by value."""
     exp_shape = list(expected.shape)
     info = STAGE_INFO[sid]
     base = {"step": info.step, "expected_shape": exp_shape}
@@ -129,8 +145,14 @@ def compare_stage(sid: str, expected: engine.Stage, sub: Submission, tol: compar
                 "max_abs_error": None, "max_rel_error": None, **none, "first_mismatch": None,
                 "message": f"the shape is wrong: expected {exp_shape} ({', '.join(info.axes)}), "
                            f"got {'a ragged array' if got_shape is None else list(got_shape)}"}
+    return None
 
-    c = compare.compare(np.asarray(expected.values, dtype=np.float64), expected.mask, sub.received(sid), tol)
+
+def _stage_result(sid: str, expected: engine.Stage, sub: Submission, c: compare.Comparison) -> dict[str, Any]:
+    """The answer's entry for a stage compared by value."""
+    info = STAGE_INFO[sid]
+    base = {"step": info.step, "expected_shape": list(expected.shape)}
+    got_shape = sub.shapes[sid]
     first = None
     if c.first is not None:
         first = {"index": c.first, "expected": c.first_expected, "received": c.first_received}
@@ -204,7 +226,7 @@ def check_document(req: CheckRequest) -> dict[str, Any]:
     tol = req.tolerance
     sub = Submission(req)
     order = [sid for sid in ALL_STAGE_IDS if sid in req.submission]  # the models checked that t has them all
-    results = {sid: compare_stage(sid, t.stages[sid], sub, tol) for sid in order}
+    results = compare_stages(order, t, sub, tol)
     first_wrong = next((sid for sid in order if not results[sid]["passed"]), None)
 
     matches: list[str] = []
