@@ -403,15 +403,13 @@ class Rerun(Mapping[str, Any]):
     """
 
     def __init__(self, steps: tuple[Step, ...], state: dict[str, Any], replacements: tuple[Step, ...]) -> None:
-        swap = {s.name: s for s in replacements}
-        names = [s.name for s in steps]
-        missing = set(swap) - set(names)
-        if missing:
-            raise ValueError(f"these steps are not part of the layer: {sorted(missing)}")
-        self.steps = tuple(swap.get(s.name, s) for s in steps)
-        self._next = min(names.index(name) for name in swap)
+        self.steps, self._next, stale = swapped(steps, replacements)
         self._state = dict(state)  # the entries from the first swapped step on are all overwritten
-        self._stale = {out for s in self.steps[self._next:] for out in s.writes}
+        self._stale = set(stale)
+
+    def needs_run(self, key: str) -> bool:
+        """Whether reading ``key`` runs steps (it is computed at or after the first swapped step)."""
+        return key in self._stale
 
     def __getitem__(self, key: str) -> Any:
         while key in self._stale:  # run the steps up to the one that makes it
@@ -432,6 +430,20 @@ class Rerun(Mapping[str, Any]):
         run(self.steps, self._state, self._next)
         self._next, self._stale = len(self.steps), set()
         return self._state
+
+
+@lru_cache(maxsize=1024)  # a function of two tuples of steps (each made once): /check asks per bug, per request
+def swapped(steps: tuple[Step, ...], replacements: tuple[Step, ...]) -> tuple[tuple[Step, ...], int, frozenset[str]]:
+    """``steps`` with the replacements swapped in (by name), the index of the first swapped step, and
+    the values it and the steps after it write (the ones a rerun recomputes)."""
+    swap = {s.name: s for s in replacements}
+    names = [s.name for s in steps]
+    missing = set(swap) - set(names)
+    if missing:
+        raise ValueError(f"these steps are not part of the layer: {sorted(missing)}")
+    new = tuple(swap.get(s.name, s) for s in steps)
+    start = min(names.index(name) for name in swap)
+    return new, start, frozenset(out for s in new[start:] for out in s.writes)
 
 
 def rerun(steps: tuple[Step, ...], state: dict[str, Any],

@@ -184,6 +184,8 @@ class _QuietRerun(Rerun):
     """A Rerun whose steps run with float64 overflow silenced (huge explicit values; see ``trace``)."""
 
     def __getitem__(self, key: str) -> Any:
+        if not self.needs_run(key):  # the reference's own array, or one computed already: no step runs
+            return super().__getitem__(key)
         with np.errstate(over="ignore", invalid="ignore"):
             return super().__getitem__(key)
 

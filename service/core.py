@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 import engine
 from engine import BUGS, STAGE_INFO
-from engine.layer import ALL_STAGE_IDS, Step
+from engine.layer import ALL_STAGE_IDS, Step, swapped
 from engine.params import explicit_parameters
 
 from . import budget, compare, hints, npz, serialize
@@ -207,8 +207,7 @@ def _affected(steps: tuple[Step, ...], made_by: dict[str, int], bug: engine.Bug,
     replaced step, in walkthrough order. Every earlier stage holds the reference's very arrays
     (engine.recompute_values reuses them), and tokens or an explicit input are no step's output.
     ``made_by``: the index of the step that writes each value."""
-    replaced = {s.name for s in bug.replaces}
-    start = min(i for i, step in enumerate(steps) if step.name in replaced)
+    start = swapped(steps, bug.replaces)[1]
     return [sid for sid in order if made_by.get(sid, -1) >= start]
 
 
