@@ -78,6 +78,22 @@ def _rope_table(n: int, d_k: int, base: float) -> np.ndarray:
     return angles
 
 
+@lru_cache(maxsize=32)
+def _causal_mask(n: int) -> np.ndarray:
+    """Stage 8's causal mask for n tokens, built once per n (≤ 64 KiB each): /check rebuilds it per known bug."""
+    mask = A.causal_mask(n)  # [n, n]
+    mask.setflags(write=False)
+    return mask
+
+
+@lru_cache(maxsize=32)
+def _sliding_window_mask(n: int, window: int) -> np.ndarray:
+    """The sliding-window mask, built once per (n, window)."""
+    mask = A.sliding_window_mask(n, window)  # [n, n]
+    mask.setflags(write=False)
+    return mask
+
+
 def _rope_position(position: int, d_k: int, base: float) -> np.ndarray:
     """RoPE's angles for one position (decoding): the same numbers as that row of the table."""
     return A.rope_angles(np.array([position]), d_k, base)  # [1, d_k/2]
@@ -111,10 +127,10 @@ MASKS: dict[str, tuple[Step, Step]] = {
     "none": (Step("mask", A.no_mask, ("n",)),
              Step("masked_scores", A.apply_mask, ("scaled_scores", "mask"), "{scaled_scores}",
                   outputs=("masked_scores", "excluded"))),
-    "causal": (Step("mask", A.causal_mask, ("n",)),
+    "causal": (Step("mask", _causal_mask, ("n",)),
                Step("masked_scores", A.apply_mask, ("scaled_scores", "mask"), "mask({scaled_scores})",
                     note=": keys after the query are excluded", outputs=("masked_scores", "excluded"))),
-    "sliding_window": (Step("mask", A.sliding_window_mask, ("n", "window")),
+    "sliding_window": (Step("mask", _sliding_window_mask, ("n", "window")),
                        Step("masked_scores", A.apply_mask, ("scaled_scores", "mask"), "mask_window({scaled_scores})",
                             note=": keys after the query, and keys window or more positions before it, are excluded",
                             outputs=("masked_scores", "excluded"))),

@@ -86,7 +86,7 @@ def test_the_default_layer_is_engine_1_0s_steps_exactly():
         ("scores", "attention_scores", ("q", "k"), "QKᵀ", ""),
         ("scale_factor", "scale_factor", ("d_k", "scale"), "/√d_k", ""),
         ("scaled_scores", "scale_scores", ("scores", "scale_factor"), "{scores}{scale_factor}", ""),
-        ("mask", "causal_mask", ("n",), "", ""),
+        ("mask", "_causal_mask", ("n",), "", ""),
         ("masked_scores", "apply_mask", ("scaled_scores", "mask"), "mask({scaled_scores})",
          ": keys after the query are excluded"),
         ("weights", "softmax", ("masked_scores", "excluded"), "softmax({masked_scores})", ""),
