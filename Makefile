@@ -6,6 +6,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
+# Large answers' memory on transparent huge pages (service/worker.py, MALLOC_TUNABLES).
+GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
 .PHONY: run test install browser bench bench-guard loadtest attack measure-memory clean
 
@@ -22,7 +24,7 @@ install: $(VENV)/.installed
 # Foreground gunicorn with the committed config; SIGTERM or Ctrl-C stops it.
 # exec so the signal reaches gunicorn's master directly.
 run: $(VENV)/.installed
-	HOST=$(HOST) PORT=$(PORT) exec $(BIN)/gunicorn -c gunicorn.conf.py service.wsgi:app
+	HOST=$(HOST) PORT=$(PORT) GLIBC_TUNABLES=$(GLIBC_TUNABLES) exec $(BIN)/gunicorn -c gunicorn.conf.py service.wsgi:app
 
 # Debian's chromium + chromedriver for the viewer's browser tests (idempotent;
 # installs with apt-get only when they are missing).

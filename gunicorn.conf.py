@@ -18,6 +18,11 @@ Environment:
   GUNICORN_MAX_REQUESTS  requests after which a worker is replaced (default 2000,
                       plus up to 10 % jitter; 0 = never): returns heap fragmentation
   LOG_LEVEL           gunicorn error-log level (default info)
+  GLIBC_TUNABLES      read by glibc when the process starts, so set it in the
+                      server's environment (the Dockerfile and `make run` do):
+                      glibc.malloc.hugetlb=1 puts large answers on transparent
+                      huge pages (service/worker.py, MALLOC_TUNABLES); the master
+                      logs a warning at start without it
 
 The worker class is service.worker.BufferedWorker: it reads each request whole,
 under deadlines, before the application sees it, and writes each answer as
@@ -88,10 +93,17 @@ gunicorn.http.wsgi.SERVER = "attention-trace"
 # a slow client timed out gets 408 (see service/gunicorn_support.py).
 from service.gunicorn_support import JsonAccessLogger, install  # noqa: E402
 from service.settings import Settings  # noqa: E402
-from service.worker import configure  # noqa: E402
+from service.worker import configure, malloc_note  # noqa: E402
 
 logger_class = JsonAccessLogger
 install()
+
+
+def on_starting(server) -> None:  # noqa: ANN001 (gunicorn's Arbiter)
+    note = malloc_note()
+    if note:
+        server.log.warning(note)
+
 configure(
     header_timeout=float(os.environ.get("GUNICORN_HEADER_TIMEOUT", "10")),
     body_timeout=float(os.environ.get("GUNICORN_BODY_TIMEOUT", "10")),

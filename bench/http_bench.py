@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from service.worker import server_env
+
 from .common import Table, cpus, fmt_bytes, fmt_ratio, fmt_time
 from .workloads import Workload
 
@@ -65,8 +67,9 @@ class Server:
         self.label = label
         self.log = ROOT / "artifacts" / f"bench-gunicorn-{self.port}.log"
         self.log.parent.mkdir(exist_ok=True)
-        full_env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port),
-                    "BENCH_STATIC_DIR": str(static_dir), **(env or {})}
+        # service.worker.server_env: the glibc tunables production starts with (Dockerfile, make run)
+        full_env = server_env({**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port),
+                               "BENCH_STATIC_DIR": str(static_dir), **(env or {})})
         self._log = self.log.open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "bench.wsgi:app"],

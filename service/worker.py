@@ -49,6 +49,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -894,6 +895,33 @@ class BufferedWorker(base.Worker):
         super().handle_abort(sig, frame)
 
 
+#: glibc tunables the server's processes should start with (they are read once, at exec: the
+#: Dockerfile and `make run` set GLIBC_TUNABLES; tests and benchmarks start gunicorn with
+#: ``server_env``): blocks glibc maps afresh (4 MiB and more, below) are backed by transparent
+#: huge pages where the kernel allows them (THP "madvise" or "always"), so a large answer's
+#: arrays and JSON are faulted in 2 MiB at a time instead of 4 KiB: at L (128 tokens,
+#: d_model 512, 8 heads) 8,300 → 1,400 page faults, worker CPU 60 → 47 ms a request
+#: (docs/performance.md). Without THP it changes nothing.
+MALLOC_TUNABLES = "glibc.malloc.hugetlb=1"
+
+
+def server_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with MALLOC_TUNABLES added to its GLIBC_TUNABLES (kept if already there)."""
+    out = dict(env)
+    given = out.get("GLIBC_TUNABLES", "")
+    if MALLOC_TUNABLES.split("=")[0] not in given:
+        out["GLIBC_TUNABLES"] = f"{given}:{MALLOC_TUNABLES}" if given else MALLOC_TUNABLES
+    return out
+
+
+def malloc_note(env: Mapping[str, str] = os.environ) -> str | None:
+    """What the master logs at start when the workers will run without MALLOC_TUNABLES."""
+    if env.get("GUNICORN_MALLOC_TUNING", "1") == "0" or MALLOC_TUNABLES.split("=")[0] in env.get("GLIBC_TUNABLES", ""):
+        return None
+    return (f"GLIBC_TUNABLES does not hold {MALLOC_TUNABLES}: large answers will be faulted in 4 KiB pages "
+            "(~1.3x the CPU of a 20 MB trace); start gunicorn with it (the Dockerfile and `make run` do)")
+
+
 def _tune_malloc() -> None:
     """glibc's malloc, for a worker that computes in one thread and does I/O in another.
 
@@ -904,6 +932,7 @@ def _tune_malloc() -> None:
       threshold to the largest block freed so far (up to 32 MiB), after which
       every large array of a trace stays in the heap, fragmented, and the
       worker's resident memory only grows (docs/reliability.md measures both).
+      Mapping afresh costs page faults; MALLOC_TUNABLES makes them huge pages.
     GUNICORN_MALLOC_TUNING=0 leaves glibc's defaults.
     """
     if os.environ.get("GUNICORN_MALLOC_TUNING", "1") == "0":

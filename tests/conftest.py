@@ -22,6 +22,7 @@ from jsonschema import Draft202012Validator
 
 from service import create_app
 from service.settings import Settings
+from service.worker import server_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -160,8 +161,9 @@ class Gunicorn:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = ROOT / "artifacts" / f"gunicorn-{self.port}.log"
         self.log.parent.mkdir(exist_ok=True)
-        full_env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port), "WEB_CONCURRENCY": str(workers),
-                    **(env or {})}
+        # service.worker.server_env: the glibc tunables production starts with (Dockerfile, make run)
+        full_env = server_env({**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port),
+                               "WEB_CONCURRENCY": str(workers), **(env or {})})
         self._log = self.log.open("wb")
         self.proc = subprocess.Popen(
             [*(prefix or []), sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "service.wsgi:app"],

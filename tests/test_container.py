@@ -288,6 +288,17 @@ def test_runtime_environment():
     assert env["PATH"].startswith("/opt/venv/bin:")
 
 
+def test_the_image_and_make_run_start_with_the_workers_glibc_tunables():
+    """glibc reads GLIBC_TUNABLES once, at exec, so the places that start the server set it: one value,
+    service.worker.MALLOC_TUNABLES (tests and benchmarks start gunicorn with service.worker.server_env)."""
+    from service.worker import MALLOC_TUNABLES
+
+    assert image_env()["GLIBC_TUNABLES"] == MALLOC_TUNABLES
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert re.search(rf"^GLIBC_TUNABLES \?= {re.escape(MALLOC_TUNABLES)}$", makefile, re.M)
+    assert re.search(r"^run:.*\n\t.*GLIBC_TUNABLES=\$\(GLIBC_TUNABLES\) exec ", makefile, re.M)
+
+
 def test_last_user_is_numeric_and_not_root():
     users = [i["value"] for i in instructions() if i["instruction"] == "USER"]
     assert users, "no USER: the image would run as root"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+from pathlib import Path
 
 import pytest
 import requests
@@ -78,3 +79,53 @@ def test_sigterm_stops_cleanly_within_a_few_seconds():
     took = server.stop()
     assert server.proc.returncode == 0
     assert took < 8, f"gunicorn took {took:.1f}s to stop"
+
+
+def test_workers_start_with_the_malloc_tunables(gunicorn_server):
+    """The fixture starts gunicorn as production does (service.worker.server_env): each worker's environment,
+    as the kernel gave it at exec (inherited by the fork), holds the tunables glibc read."""
+    from service.worker import MALLOC_TUNABLES
+
+    master = gunicorn_server.proc.pid
+    pids = [int(p) for p in Path(f"/proc/{master}/task/{master}/children").read_text().split()]
+    assert pids
+    for pid in pids:
+        env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if kv)
+        assert MALLOC_TUNABLES in env["GLIBC_TUNABLES"].split(":")
+
+
+def test_the_master_warns_when_started_without_the_malloc_tunables():
+    from service.worker import MALLOC_TUNABLES, malloc_note, server_env
+
+    note = malloc_note({})
+    assert note is not None and MALLOC_TUNABLES in note and "GLIBC_TUNABLES" in note
+    assert malloc_note({"GLIBC_TUNABLES": MALLOC_TUNABLES}) is None
+    assert malloc_note({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is None  # the operator's choice
+    assert malloc_note({"GUNICORN_MALLOC_TUNING": "0"}) is None  # glibc's defaults asked for
+    assert server_env({})["GLIBC_TUNABLES"] == MALLOC_TUNABLES
+    assert server_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})["GLIBC_TUNABLES"] == \
+        f"glibc.malloc.arena_max=2:{MALLOC_TUNABLES}"
+    assert server_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
+
+
+def test_the_master_logs_that_warning_at_start():
+    """gunicorn.conf.py's on_starting hook logs malloc_note (the config loaded in a process of its own,
+    as gunicorn's master loads it; it patches gunicorn when loaded)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    probe = ("import runpy\n"
+             "c = runpy.run_path('gunicorn.conf.py')\n"
+             "class Log:\n    warning = staticmethod(lambda m: print('WARNING', m))\n"
+             "class Server:\n    log = Log\n"
+             "c['on_starting'](Server())\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "GUNICORN_MALLOC_TUNING")}
+    without = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+    assert without.count("WARNING") == 1 and "glibc.malloc.hugetlb=1" in without
+    with_it = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env={**env, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "WARNING" not in with_it
