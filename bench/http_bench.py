@@ -134,8 +134,12 @@ class Server:
         return pids
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time used so far by the workers (not the client, not the master)."""
-        total = 0
+        """User + system CPU time used so far by the workers (not the client, not the master's own),
+        replaced ones included: gunicorn replaces a worker every ~2,000 requests (max_requests), and
+        the kernel adds a reaped worker's time to the master's cutime/cstime. Counting only the live
+        workers lost a replaced one's time, so a run with a replacement came out negative."""
+        master = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total = int(master[13]) + int(master[14])  # cutime, cstime: the reaped workers', in clock ticks
         for pid in self.worker_pids():
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
