@@ -504,6 +504,8 @@ STAGES: tuple[StageInfo, ...] = (
 )
 #: every stage any configuration shows, in walkthrough order
 ALL_STAGE_IDS: tuple[str, ...] = tuple(s.id for s in STAGES)
+#: the stages whose values are token texts, not numbers (the queries' tokens, and the context's)
+TOKEN_STAGE_IDS: frozenset[str] = frozenset({"tokens", "context_tokens"})
 _ROPE_STAGES = ("q_rotated", "k_rotated")
 _CONTEXT_STAGES = ("context_tokens", "context_token_embedding", "context_positional_encoding", "context_input")
 #: the stages of multi-head self-attention without RoPE or a context: engine 1.0's list, which the API publishes

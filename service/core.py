@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 import engine
 from engine import BUGS, STAGE_INFO
-from engine.layer import ALL_STAGE_IDS, Step, swapped
+from engine.layer import ALL_STAGE_IDS, TOKEN_STAGE_IDS, Step, swapped
 from engine.params import explicit_parameters
 
 from . import budget, compare, hints, npz, serialize
@@ -123,7 +123,8 @@ def _unmatched_shape(sid: str, expected: engine.Stage, sub: Submission) -> dict[
     info = STAGE_INFO[sid]
     base = {"step": info.step, "expected_shape": exp_shape}
     none = {"rel_error": None, "abs_tolerance": None, "non_finite": None, "treated_as_masked": 0}
-    if sid == "tokens":
+    if sid in TOKEN_STAGE_IDS:
+        what = "tokens" if sid == "tokens" else "context tokens"
         received = sub.raw[sid]
         want = list(expected.values)
         shape_ok = len(received) == len(want)
@@ -134,8 +135,8 @@ def _unmatched_shape(sid: str, expected: engine.Stage, sub: Submission) -> dict[
                 "n_values": len(want), "mismatches": mism, "max_abs_error": None, "max_rel_error": None, **none,
                 "first_mismatch": None if first is None else {"index": [first], "expected": want[first],
                                                               "received": received[first]},
-                "message": "the tokens match" if shape_ok and not bad else
-                f"the tokens differ: expected {want}, got {received}"}
+                "message": f"the {what} match" if shape_ok and not bad else
+                f"the {what} differ: expected {want}, got {received}"}
 
     got_shape = sub.shapes[sid]
     if got_shape is None or list(got_shape) != exp_shape:
@@ -188,7 +189,7 @@ def _matches(values: Mapping[str, Any], sub: Submission, order: list[str], tol: 
         got = values.get(sid)
         if got is None:
             return False
-        if sid == "tokens":
+        if sid in TOKEN_STAGE_IDS:
             if list(got) != sub.raw[sid]:
                 return False
             continue
@@ -244,7 +245,7 @@ def check_document(req: CheckRequest) -> dict[str, Any]:
             if _matches(engine.recompute_values(t, bug), sub, affected, tol):
                 matches.append(bug.name)
     if first_wrong is not None:
-        if not matches and first_wrong != "tokens":  # what the student's numbers show (service/hints.py)
+        if not matches and first_wrong not in TOKEN_STAGE_IDS:  # what the student's numbers show (service/hints.py)
             st = t.stages[first_wrong]
             hint_list = hints.hints(first_wrong, np.asarray(st.values, dtype=np.float64), st.mask,
                                     _hint_received(first_wrong, t, sub), t.config, tol, cross=t.cross)

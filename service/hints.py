@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from engine import STAGE_INFO, TraceConfig
+from engine.layer import TOKEN_STAGE_IDS
 
 from .compare import MASK_FILL, Received, Tolerance, compare, stage_scale
 
@@ -43,7 +44,7 @@ def hints(sid: str, expected: np.ndarray, mask: np.ndarray | None, received: Rec
           tol: Tolerance, *, cross: bool = False) -> list[dict[str, str]]:
     """What the student's numbers for stage ``sid`` show, most specific first (possibly nothing).
     ``cross``: cross-attention, whose keys are the context's tokens (no query has an own key)."""
-    if received.values is None or received.null is None or sid == "tokens":
+    if received.values is None or received.null is None or sid in TOKEN_STAGE_IDS:
         return []
     with np.errstate(all="ignore"):  # a student's 1e308 may overflow a sum: the checks then simply do not hold
         return _hints(sid, expected, mask, received, config, tol, cross)

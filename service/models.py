@@ -41,6 +41,7 @@ from engine.layer import (
     DEFAULT_ROPE_BASE,
     POSITIONAL_ENCODING_CHOICES,
     ROPE_PAIRINGS,
+    TOKEN_STAGE_IDS,
     check_stages,
     trace_value_count,
 )
@@ -438,8 +439,9 @@ class CheckRequest(TraceSpec):
     @field_validator("submission")
     @classmethod
     def _token_strings(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        if "tokens" in v and not all(isinstance(t, str) for t in v["tokens"]):
-            raise PydanticCustomError("submission_type", "submission.tokens must be a list of strings")
+        for sid in sorted(TOKEN_STAGE_IDS & v.keys(), key=ALL_STAGE_IDS.index):
+            if not all(isinstance(t, str) for t in v[sid]):
+                raise PydanticCustomError("submission_type", "submission.{sid} must be a list of strings", {"sid": sid})
         return v
 
     @model_validator(mode="after")
@@ -449,7 +451,7 @@ class CheckRequest(TraceSpec):
                          field="submission", keyed=True, cross=self._context is not None)
         # Every value's type, and each stage's shape, in one pass over the rows (compare.scan).
         for sid, values in self.submission.items():
-            if sid == "tokens":
+            if sid in TOKEN_STAGE_IDS:  # token texts: compared as strings (service/core.py)
                 continue
             try:
                 self._shapes[sid] = compare.scan(values)

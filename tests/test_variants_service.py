@@ -84,6 +84,29 @@ def test_cross_attention_labels_each_axis_with_its_token_list(client):
     assert np.allclose(np.array(doc["stages"]["weights"]["values"]).sum(-1), 1.0)
 
 
+def test_check_takes_a_cross_attention_trace_whole_with_its_context_tokens(client):
+    """/check compares context_tokens as text, as it does tokens (it answered 422 "'le' is not a number"
+    to a grader who sent back every stage of a cross-attention trace)."""
+    config = {"sentence": SENTENCE, "d_model": 16, "num_heads": 2, "context_sentence": CONTEXT}
+    stages = {sid: st["values"] for sid, st in _trace(client, **config)["stages"].items()}
+    assert "context_tokens" in stages
+    doc = client.post("/check", json={**config, "submission": stages}).get_json()
+    assert doc["passed"] is True and doc["stages"]["context_tokens"]["message"] == "the context tokens match"
+
+    wrong = {**stages, "context_tokens": ["le", "chien", *stages["context_tokens"][2:]]}
+    doc = client.post("/check", json={**config, "submission": wrong}).get_json()
+    assert doc["passed"] is False and doc["first_wrong_stage"] == "context_tokens"
+    entry = doc["stages"]["context_tokens"]
+    assert entry["mismatches"] == 1 and entry["first_mismatch"] == {"index": [1], "expected": "chat",
+                                                                      "received": "chien"}
+    assert entry["message"].startswith("the context tokens differ")
+    assert doc["diagnosis"]["bug"] is None and doc["diagnosis"]["hints"] == []
+
+    resp = client.post("/check", json={**config, "submission": {**stages, "context_tokens": ["le", 5]}})
+    assert resp.status_code == 422
+    assert resp.get_json()["errors"][0]["message"] == "submission.context_tokens must be a list of strings"
+
+
 def test_decode_steps_equal_the_full_traces_rows(client):
     doc = _trace(client, d_model=16, num_heads=4, num_kv_heads=2, causal=True, positional_encoding="rope",
                  decode=True)
