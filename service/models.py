@@ -410,8 +410,8 @@ class CheckRequest(TraceSpec):
         "Masked entries of masked_scores are null; -Infinity or any value ≤ -1e9 there counts as masked too. "
         "NaN, Infinity and -Infinity may be sent as the literals NaN, Infinity and -Infinity (what Python's "
         "json writes) or as the strings \"NaN\", \"Infinity\" and \"-Infinity\" (what Jackson, .NET and "
-        "protobuf write): such a value fails its stage, and the answer names where. The tokens stage is a list "
-        "of strings.",
+        "protobuf write): such a value fails its stage, and the answer names where. The tokens and context_tokens "
+        "stages are lists of strings.",
     )
     metric: Literal[compare.METRICS] | None = Field(  # type: ignore[valid-type]
         default=None,
