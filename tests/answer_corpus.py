@@ -15,7 +15,7 @@ and the SHA-256 of the body (``answer_digest``). X-Request-ID and the other
 headers are not recorded. GET /version is digested without its ``libraries``
 (the interpreter's and packages' versions, a fact about the machine).
 
-    .venv/bin/python scripts/answer-digests            # compare with tests/golden/answer-digests.json
+    .venv/bin/python scripts/answer-digests            # compare with tests/golden/answers/digests.json
     .venv/bin/python scripts/answer-digests --write    # rewrite that file
     .venv/bin/python scripts/answer-digests --out F    # write this tree's digests to F (to compare two trees)
     cd /tmp/other-tree && .venv/bin/python /path/to/scripts/answer-digests --out F   # digests of that tree
@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 SCRIPT_ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = SCRIPT_ROOT / "tests" / "golden" / "answer-digests.json"
+GOLDEN = SCRIPT_ROOT / "tests" / "golden" / "answers" / "digests.json"  # a folder of its own: tests/golden/*.json are the engine's
 SUMMARY_CHARS = 200
 JSON = "application/json"
 NPZ = "application/x-npz"

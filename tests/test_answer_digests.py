@@ -1,7 +1,7 @@
 """Every request of scripts/answer-digests' corpus keeps a byte-identical answer.
 
 The corpus, the digests and the golden file's format live in tests/answer_corpus.py
-(scripts/answer-digests is its command line); tests/golden/answer-digests.json holds the digests
+(scripts/answer-digests is its command line); tests/golden/answers/digests.json holds the digests
 of the answers at the commit that wrote it. When an answer changes on purpose,
 rewrite the file with ``.venv/bin/python scripts/answer-digests --write`` and
 review the diff: each changed line is one request whose answer changed.
