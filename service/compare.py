@@ -358,11 +358,11 @@ def compare_many(stages: list[tuple[np.ndarray, np.ndarray | None, Received]], t
     if not stages or 0 in sizes:  # reduceat cannot give an empty segment: judge such a list stage by stage
         return [_compare_empty(tol) if e.size == 0 else compare_many([(e, m, r)], tol)[0] for e, m, r in stages]
     starts = np.cumsum([0, *sizes[:-1]])  # [stages]: each segment's first index
-    expected = np.concatenate([np.asarray(e, dtype=np.float64).reshape(-1) for e, _, _ in stages])  # -> [total]
-    exp_mask = np.concatenate([np.zeros(e.size, dtype=bool) if m is None else np.asarray(m, dtype=bool).reshape(-1)
-                               for e, m, _ in stages])  # -> [total]
-    got = np.concatenate([r.values.reshape(-1) for _, _, r in stages])  # -> [total]
-    got_null = np.concatenate([r.null.reshape(-1) for _, _, r in stages])  # -> [total]
+    expected = _joined([np.asarray(e, dtype=np.float64).reshape(-1) for e, _, _ in stages])  # -> [total]
+    exp_mask = _joined([np.zeros(e.size, dtype=bool) if m is None else np.asarray(m, dtype=bool).reshape(-1)
+                        for e, m, _ in stages])  # -> [total]
+    got = _joined([r.values.reshape(-1) for _, _, r in stages])  # -> [total]
+    got_null = _joined([r.null.reshape(-1) for _, _, r in stages])  # -> [total]
 
     def per_stage(ufunc: np.ufunc, a: np.ndarray, dtype: Any = None) -> list[Any]:
         return ufunc.reduceat(a, starts, dtype=dtype).tolist()  # [total] -> [stages]
@@ -420,6 +420,23 @@ def compare_many(stages: list[tuple[np.ndarray, np.ndarray | None, Received]], t
             first=first, first_expected=first_exp, first_received=first_got, figure=figure,
         ))
     return out
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """The parts end to end; one part as it is (a view when it is contiguous: no copy)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+#: stages at most this large are compared together; a larger one alone (numpy's per-call cost is
+#: negligible there, and joining would copy it)
+JOIN_MAX_VALUES = 65_536
+
+
+def batches(sizes: list[int]) -> list[list[int]]:
+    """The indices of stages to compare together, in order of first appearance: all the small ones
+    (≤ JOIN_MAX_VALUES values) as one batch, each larger one alone."""
+    small = [k for k, n in enumerate(sizes) if n <= JOIN_MAX_VALUES]
+    return ([small] if small else []) + [[k] for k, n in enumerate(sizes) if n > JOIN_MAX_VALUES]
 
 
 def _compare_empty(tol: Tolerance) -> Comparison:

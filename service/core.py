@@ -103,17 +103,19 @@ def _non_finite_text(c: compare.Comparison) -> str:
 
 def compare_stages(order: list[str], t: engine.Trace, sub: Submission, tol: compare.Tolerance) -> dict[str, Any]:
     """Each submitted stage against the reference (the answer's per-stage entries, in ``order``). The
-    numeric stages of the right shape are compared value by value all at once (compare.compare_many)."""
+    numeric stages of the right shape are compared value by value, the small ones all at once
+    (compare.compare_many), so a large one is never copied to be joined."""
     results: dict[str, Any] = {}
     numeric: list[str] = []
     for sid in order:
         results[sid] = _unmatched_shape(sid, t.stages[sid], sub)  # None: compared below, in this place
         if results[sid] is None:
             numeric.append(sid)
-    comparisons = compare.compare_many([(np.asarray(t.stages[sid].values, dtype=np.float64), t.stages[sid].mask,
-                                         sub.received(sid)) for sid in numeric], tol)
-    for sid, c in zip(numeric, comparisons, strict=True):
-        results[sid] = _stage_result(sid, t.stages[sid], sub, c)
+    items = [(np.asarray(t.stages[sid].values, dtype=np.float64), t.stages[sid].mask, sub.received(sid))
+             for sid in numeric]
+    for batch in compare.batches([e.size for e, _, _ in items]):  # the small stages at once, large ones alone
+        for k, c in zip(batch, compare.compare_many([items[k] for k in batch], tol), strict=True):
+            results[numeric[k]] = _stage_result(numeric[k], t.stages[numeric[k]], sub, c)
     return results
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -117,3 +118,23 @@ def test_stages_judged_together_answer_as_each_judged_alone(items, tol):
     for (e, m, r), b in zip(items, alone):
         assert same(compare.compare(e, m, r, tol), b)
         assert compare.passes(e, m, r, tol) == b.passed
+
+
+def test_small_stages_are_batched_and_large_ones_compared_alone():
+    big = compare.JOIN_MAX_VALUES + 1
+    assert compare.batches([10, big, 5, big * 2, 7]) == [[0, 2, 4], [1], [3]]
+    assert compare.batches([big]) == [[0]]
+    assert compare.batches([]) == []
+
+
+@pytest.mark.parametrize("join_max", [0, 50, 10**9])  # q and output (48 values) together at 50
+def test_how_stages_are_batched_changes_no_answer(client, monkeypatch, join_max):
+    """/check's answer is the same whether every stage is compared alone, some together, or all at once."""
+    base = {"sentence": "the cat sat on the mat", "d_model": 8, "num_heads": 2, "causal": True}
+    wrong = client.post("/trace", json={**base, "inject_bug": "no_scale"}).get_json()["stages"]
+    body = {**base, "submission": {sid: wrong[sid]["values"] for sid in ("q", "scores", "masked_scores", "weights",
+                                                                          "output")}}
+    body["submission"]["weights"][0][1][0] = float("nan")  # a non-finite value, named in the answer
+    expected = client.post("/check", json=body).get_data()
+    monkeypatch.setattr(compare, "JOIN_MAX_VALUES", join_max)
+    assert client.post("/check", json=body).get_data() == expected
