@@ -31,8 +31,8 @@ import pytest
 from service.standalone import comparison_request, csp_for, export_filename, render_html
 from service.viewer import STATIC_DIR
 from test_viewer_browser import (  # the viewer's own helpers: the page's rounding and its maps
-    ARTIFACTS, CHROMEDRIVER, CHROMIUM, MINUS, WAIT, WebDriverWait, as_cells, clear_downloads, fixed, heatmap_labels,
-    heatmap_values, pct, wait_download, walkthrough_row, wait_until,
+    MINUS, WAIT, WebDriverWait, as_cells, chromium, clear_downloads, fixed, heatmap_labels, heatmap_values, pct,
+    wait_download, walkthrough_row, wait_until,
 )
 
 BODY = {"sentence": "the cat sat on the mat", "d_model": 24, "num_heads": 4, "seed": 0, "scale": True,
@@ -192,39 +192,13 @@ def dirs() -> Iterator[dict[str, Path]]:
 def offline(dirs):
     """Headless Chromium that cannot reach any network: every request would go to a proxy that refuses, no host
     name resolves, and DevTools' network emulation is offline."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.selenium_manager import SeleniumManager
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--disable-extensions", "--no-default-browser-check",
-                f"--user-data-dir={dirs['profile']}", "--window-size=1280,900", "--lang=en-US",
-                "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
-                "--host-resolver-rules=MAP * ~NOTFOUND"):
-        options.add_argument(arg)
-    options.add_experimental_option("prefs", {"download.default_directory": str(dirs["downloads"]),
-                                              "download.prompt_for_download": False})
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    ARTIFACTS.mkdir(exist_ok=True)
-    service = Service(executable_path=str(CHROMEDRIVER), log_output=str(ARTIFACTS / "chromedriver-standalone.log"))
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("Selenium Manager must not run: it would download a browser or driver")
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(SeleniumManager, "binary_paths", refuse)
-        drv = webdriver.Chrome(service=service, options=options)
-    try:
-        drv.execute_cdp_cmd("Browser.setDownloadBehavior",
-                            {"behavior": "allow", "downloadPath": str(dirs["downloads"])})
+    with chromium(dirs, "chromedriver-standalone.log",
+                  ("--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
+                   "--host-resolver-rules=MAP * ~NOTFOUND")) as drv:
         drv.execute_cdp_cmd("Network.enable", {})
         drv.execute_cdp_cmd("Network.emulateNetworkConditions", {"offline": True, "latency": 0,
                                                                  "downloadThroughput": -1, "uploadThroughput": -1})
         yield drv
-    finally:
-        drv.quit()
 
 
 class Watch:

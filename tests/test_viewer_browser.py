@@ -125,26 +125,25 @@ def browser_dirs() -> Iterator[dict[str, Path]]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def driver(browser_dirs):
+@contextlib.contextmanager
+def chromium(dirs: dict[str, Path], log_name: str, extra_args: tuple[str, ...] = ()) -> Iterator[webdriver.Chrome]:
+    """Debian's headless Chromium through its chromedriver (never one Selenium Manager downloads), with its
+    profile and downloads in ``dirs``, the browser and DevTools network logs on, quit on exit."""
     from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.selenium_manager import SeleniumManager
 
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                f"--user-data-dir={browser_dirs['profile']}", "--window-size=1280,900", "--hide-scrollbars",
-                "--force-color-profile=srgb", "--lang=en-US", "--disable-extensions", "--no-default-browser-check"):
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--disable-extensions", "--no-default-browser-check",
+                f"--user-data-dir={dirs['profile']}", "--window-size=1280,900", "--lang=en-US", *extra_args):
         options.add_argument(arg)
-    options.add_experimental_option("prefs", {
-        "download.default_directory": str(browser_dirs["downloads"]),
-        "download.prompt_for_download": False,
-    })
+    options.add_experimental_option("prefs", {"download.default_directory": str(dirs["downloads"]),
+                                              "download.prompt_for_download": False})
     # "performance": the DevTools network events, to count the requests the page sends (not only those answered).
     options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     ARTIFACTS.mkdir(exist_ok=True)
-    service = Service(executable_path=str(CHROMEDRIVER), log_output=str(ARTIFACTS / "chromedriver.log"))
-    from selenium.webdriver.common.selenium_manager import SeleniumManager
+    service = Service(executable_path=str(CHROMEDRIVER), log_output=str(ARTIFACTS / log_name))
 
     def refuse(*args, **kwargs):
         raise AssertionError("Selenium Manager must not run: it would download a browser or driver")
@@ -153,12 +152,19 @@ def driver(browser_dirs):
         mp.setattr(SeleniumManager, "binary_paths", refuse)
         drv = webdriver.Chrome(service=service, options=options)
     try:
-        drv.set_script_timeout(WAIT)
         drv.execute_cdp_cmd("Browser.setDownloadBehavior",
-                            {"behavior": "allow", "downloadPath": str(browser_dirs["downloads"])})
+                            {"behavior": "allow", "downloadPath": str(dirs["downloads"])})
         yield drv
     finally:
         drv.quit()
+
+
+@pytest.fixture(scope="module")
+def driver(browser_dirs):
+    with chromium(browser_dirs, "chromedriver.log",
+                  ("--disable-quic", "--hide-scrollbars", "--force-color-profile=srgb")) as drv:
+        drv.set_script_timeout(WAIT)
+        yield drv
 
 
 class Console:
