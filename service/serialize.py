@@ -65,20 +65,16 @@ class Finite:
                 raise NonFiniteError(f"non-finite value in {where}")
 
 
-def _array(a: np.ndarray, where: str, precision: int | None = None, finite: Finite | None = None) -> np.ndarray:
-    """``a`` as orjson writes it: contiguous float64, rounded if asked. Checked for finiteness here, or
-    by ``finite`` with the rest of its document."""
-    if finite is not None:
-        finite.add(a, where)
-    elif not np.isfinite(a).all():
-        raise NonFiniteError(f"non-finite value in {where}")
+def _array(a: np.ndarray, where: str, precision: int | None, finite: Finite) -> np.ndarray:
+    """``a`` as orjson writes it: contiguous float64, rounded if asked; ``finite`` checks it with the rest
+    of its document."""
+    finite.add(a, where)
     if precision is not None:
         a = np.round(a, precision)
     return np.ascontiguousarray(a, dtype=np.float64)
 
 
-def _masked(values: np.ndarray, mask: np.ndarray, where: str, precision: int | None,
-            finite: Finite | None = None) -> list[Any]:
+def _masked(values: np.ndarray, mask: np.ndarray, where: str, precision: int | None, finite: Finite) -> list[Any]:
     """Masked entries become None (JSON null); never -inf, NaN or a fill value."""
     return np.where(mask, None, _array(values, where, precision, finite)).tolist()  # object array: floats and None
 
@@ -163,8 +159,7 @@ def tokens_document(tokens: list[Token]) -> list[dict[str, Any]]:
     return [{"index": k.index, "text": k.text, "start": k.start, "end": k.end} for k in tokens]
 
 
-def decode_document(steps: list[DecodeStep], precision: int | None = None,
-                    finite: Finite | None = None) -> list[dict[str, Any]]:
+def decode_document(steps: list[DecodeStep], precision: int | None, finite: Finite) -> list[dict[str, Any]]:
     """The ``decode`` member: each generation step's arrays (RoPE's rotated rows are null without RoPE)."""
     def arr(a: np.ndarray | None, where: str) -> np.ndarray | None:
         return None if a is None else _array(a, where, precision, finite)
