@@ -903,20 +903,21 @@ class BufferedWorker(base.Worker):
 #: d_model 512, 8 heads) 8,300 → 1,400 page faults, worker CPU 60 → 47 ms a request
 #: (docs/performance.md). Without THP it changes nothing.
 MALLOC_TUNABLES = "glibc.malloc.hugetlb=1"
+_TUNABLE = MALLOC_TUNABLES.split("=")[0]  # its name: an operator's own value for it is kept
 
 
 def server_env(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` with MALLOC_TUNABLES added to its GLIBC_TUNABLES (kept if already there)."""
     out = dict(env)
     given = out.get("GLIBC_TUNABLES", "")
-    if MALLOC_TUNABLES.split("=")[0] not in given:
+    if _TUNABLE not in given:
         out["GLIBC_TUNABLES"] = f"{given}:{MALLOC_TUNABLES}" if given else MALLOC_TUNABLES
     return out
 
 
 def malloc_note(env: Mapping[str, str] = os.environ) -> str | None:
     """What the master logs at start when the workers will run without MALLOC_TUNABLES."""
-    if env.get("GUNICORN_MALLOC_TUNING", "1") == "0" or MALLOC_TUNABLES.split("=")[0] in env.get("GLIBC_TUNABLES", ""):
+    if env.get("GUNICORN_MALLOC_TUNING", "1") == "0" or _TUNABLE in env.get("GLIBC_TUNABLES", ""):
         return None
     return (f"GLIBC_TUNABLES does not hold {MALLOC_TUNABLES}: large answers will be faulted in 4 KiB pages "
             "(~1.3x the CPU of a 20 MB trace); start gunicorn with it (the Dockerfile and `make run` do)")
