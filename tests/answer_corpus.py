@@ -1,36 +1,42 @@
-"""Guard that every request in a fixed corpus keeps a byte-identical answer (the corpus, its digests, and
-``main`` for scripts/answer-digests; tests/test_answer_digests.py runs it in pytest). Test data, so it lives
-under tests/: it names known bugs, which code outside engine/bugs.py may not.
+"""A fixed corpus of ~1,400 requests whose answers must not change unless on purpose, checked two ways (the
+corpus, the golden files, and ``main`` for scripts/answer-digests; tests/test_answer_digests.py runs it in
+pytest). Test data, so it lives under tests/: it names known bugs, which code outside engine/bugs.py may not.
 
-The corpus (``build_corpus``) is ~1400 requests built in code: /trace over
-sentences, sizes, seeds and every variant (RoPE, grouped-query attention,
-sliding windows, cross-attention, explicit x and weights, decoding, every
-injected bug, npz and compressed answers), /check with correct, perturbed and
-bug-made submissions under every tolerance option, both batch endpoints,
-/explain, /export, /trace/html, the GET endpoints (the viewer's files too), the
-tokenizer's edge cases, and ~100 invalid requests. It runs in a few seconds.
-Each request goes to ``create_app(Settings(response_cache_bytes=0))``'s test
-client, and its answer is recorded as status, Content-Type, Content-Encoding
-and the SHA-256 of the body (``answer_digest``). X-Request-ID and the other
-headers are not recorded. GET /version is digested without its ``libraries``
-(the interpreter's and packages' versions, a fact about the machine).
+The corpus (``build_corpus``) is built in code: /trace over sentences, sizes,
+seeds and every variant (RoPE, grouped-query attention, sliding windows,
+cross-attention, explicit x and weights, decoding, every injected bug, npz and
+compressed answers), /check with correct, perturbed and bug-made submissions
+under every tolerance option, both batch endpoints, /explain, /export,
+/trace/html, the GET endpoints (the viewer's files too), the tokenizer's edge
+cases, and ~100 invalid requests. Each request goes to
+``create_app(Settings(response_cache_bytes=0))``'s test client; it runs in a
+few seconds.
 
-    .venv/bin/python scripts/answer-digests            # compare with tests/golden/answers/digests.json
-    .venv/bin/python scripts/answer-digests --write    # rewrite that file
-    .venv/bin/python scripts/answer-digests --out F    # write this tree's digests to F (to compare two trees)
-    cd /tmp/other-tree && .venv/bin/python /path/to/scripts/answer-digests --out F   # digests of that tree
+**On any CPU: structure exactly, numbers at a tolerance.** BLAS gives other
+last bits on another CPU, so an answer is split (tests/answer_values.py) into
+its skeleton (status, headers, every key, string, integer and token: pinned by
+SHA-256) and its number groups (compared at 1e-12 of each group's scale).
+tests/golden/answers/answers.json holds one line per request, numbers.json the
+groups.
+
+**On this machine: bytes against a baseline commit.** The same code on the same
+machine gives the same bytes, so the baseline commit named in
+tests/golden/answers/baseline.json is extracted with ``git archive`` and answers
+the corpus here too; every answer must be byte-identical to its answer, except
+the requests that file lists as changed on purpose.
+
+    .venv/bin/python scripts/answer-digests              # compare with the golden files
+    .venv/bin/python scripts/answer-digests --write      # rewrite them; HEAD becomes the byte baseline
+    .venv/bin/python scripts/answer-digests --against REV  # bytes of this tree against REV's, on this machine
 
 The service is imported from ``--root`` (default: the working directory when it
 holds the service and engine packages, else this script's repository), so the
-same script can digest another checkout. tests/test_answer_digests.py runs the
-same corpus in-process.
+same script can answer for another checkout.
 
 Normalisations, each because the raw bytes are not a function of the request:
 
-* ``application/x-npz`` answers are digested over the members' names and
-  contents, in order (before 42e0ae2 the ``metadata.json`` member carried the
-  time it was written, and the golden file was made before it).
-* Compressed answers (``Content-Encoding: br`` or ``gzip``) are digested after
+* ``application/x-npz`` answers are read member by member (a zip carries dates).
+* Compressed answers (``Content-Encoding: br`` or ``gzip``) are read after
   decompression (the encoding is recorded): compressed bytes may change with
   the compression library's version while the answer does not.
 * Accept-Encoding is sent only to endpoints that bound compression by the
@@ -38,12 +44,12 @@ Normalisations, each because the raw bytes are not a function of the request:
   and the batch endpoints compress only if the CPU time the request has used so
   far covers it (service/compression.py, ``affordable``), so whether their
   answer is compressed depends on timing.
+* GET /version is read without its ``libraries`` (the interpreter's and
+  packages' versions: a fact about the machine).
 
 Requests whose body is derived from another answer (the /check submissions are
 a /trace answer's stages) get their id from a stable label, not from their
-body, and the entry keeps the body's digest as ``request_sha256``: if the
-/trace numbers change, the /check entries then report a changed request rather
-than a missing and an extra id.
+body, and their body is compared as an answer is (skeleton and numbers).
 """
 
 from __future__ import annotations
@@ -61,8 +67,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+import answer_values as av
+
 SCRIPT_ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = SCRIPT_ROOT / "tests" / "golden" / "answers" / "digests.json"  # a folder of its own: tests/golden/*.json are the engine's
+GOLDEN = SCRIPT_ROOT / "tests" / "golden" / "answers" / "answers.json"  # a folder of its own: tests/golden/*.json are the engine's
+NUMBERS_FILE = "numbers.json"
+BASELINE = GOLDEN.parent / "baseline.json"
 SUMMARY_CHARS = 200
 JSON = "application/json"
 NPZ = "application/x-npz"
@@ -716,7 +726,33 @@ def build_corpus(client: Any) -> list[Req]:
     return list(seen.values())
 
 
-# ----------------------------------------------------------------- digests
+# ----------------------------------------------------------------- answers
+
+
+def answer_body(resp: Any) -> tuple[bytes, str]:
+    """The answer's body as the golden files see it, and what that is.
+
+    Compressed answers are read decompressed (the encoding is kept in the
+    record): compressed bytes may change with the compression library's version
+    while the answer does not. GET /version is read without its ``libraries``
+    (the interpreter's and packages' versions: a fact about the machine, not an
+    answer the code computes)."""
+    body = resp.get_data()
+    encoding = resp.headers.get("Content-Encoding")
+    digest_of = "body"
+    if encoding == "br":
+        import brotli
+
+        body, digest_of = brotli.decompress(body), "decompressed body"
+    elif encoding == "gzip":
+        body, digest_of = gzip.decompress(body), "decompressed body"
+    elif encoding is not None:
+        raise RuntimeError(f"unexpected Content-Encoding {encoding!r}")
+    if resp.status_code == 200 and resp.mimetype == JSON and resp.request.path == "/version":
+        doc = json.loads(body)
+        doc.pop("libraries", None)
+        body, digest_of = json.dumps(doc, sort_keys=True).encode(), "body without libraries"
+    return body, digest_of
 
 
 def npz_members_digest(body: bytes) -> str:
@@ -730,31 +766,37 @@ def npz_members_digest(body: bytes) -> str:
     return h.hexdigest()
 
 
-def answer_digest(resp: Any) -> dict[str, Any]:
-    body = resp.get_data()
-    encoding = resp.headers.get("Content-Encoding")
-    digest_of = "body"
-    if encoding == "br":
-        import brotli
-
-        body, digest_of = brotli.decompress(body), "decompressed body"
-    elif encoding == "gzip":
-        body, digest_of = gzip.decompress(body), "decompressed body"
-    elif encoding is not None:
-        raise RuntimeError(f"unexpected Content-Encoding {encoding!r}")
-    if resp.status_code == 200 and resp.mimetype == JSON and resp.request.path == "/version":
-        # Its "libraries" name the interpreter's and packages' versions: a fact about the machine, not an
-        # answer the code computes (a fresh machine's Python 3.11.x may differ in x); the rest is digested.
-        doc = json.loads(body)
-        doc.pop("libraries", None)
-        body, digest_of = json.dumps(doc, sort_keys=True).encode(), "body without libraries"
+def byte_digest(resp: Any) -> dict[str, Any]:
+    """The answer's exact bytes (after ``answer_body``): what the baseline check compares on one machine."""
+    body, digest_of = answer_body(resp)
     if resp.mimetype == NPZ and resp.status_code == 200:
-        sha, digest_of = npz_members_digest(body), ("npz members" if digest_of == "body" else
-                                                    f"npz members of the {digest_of}")
+        sha, digest_of = npz_members_digest(body), f"npz members of the {digest_of}"
     else:
         sha = hashlib.sha256(body).hexdigest()
     return {"status": resp.status_code, "content_type": resp.headers.get("Content-Type"),
-            "content_encoding": encoding, "body_sha256": sha, "digest_of": digest_of}
+            "content_encoding": resp.headers.get("Content-Encoding"), "body_sha256": sha, "digest_of": digest_of}
+
+
+@dataclass
+class Answer:
+    """One request's answer, portable (skeleton and number groups) and exact (bytes)."""
+    record: dict[str, Any]  # what answers.json keeps
+    groups: dict[str, list[float]]  # the answer's numbers, by group
+    request_groups: dict[str, list[float]]  # a derived request's numbers (its body came from another answer)
+    bytes: dict[str, Any]  # byte_digest
+
+
+def answer_of(req: Req, resp: Any) -> Answer:
+    body, _ = answer_body(resp)
+    head = f"{resp.status_code} {resp.headers.get('Content-Type')} {resp.headers.get('Content-Encoding')}"
+    canon = av.canon(resp.mimetype, body, head.encode())
+    # A derived request's body holds another answer's numbers, so it is compared as an answer is;
+    # every other request is pinned by its id (the SHA-256 of its bytes).
+    request = av.canon(JSON if req.label is not None else "", req.body,
+                       f"{req.method} {req.path} {sorted(req.headers)}".encode())
+    record = {"request": req.summary, "status": resp.status_code, "request_skeleton_sha256": request.skeleton_sha256,
+              "skeleton_sha256": canon.skeleton_sha256}
+    return Answer(record, canon.groups, request.groups, byte_digest(resp))
 
 
 def make_client() -> Any:
@@ -764,58 +806,138 @@ def make_client() -> Any:
     return create_app(Settings(response_cache_bytes=0)).test_client()
 
 
-def digests(client: Any, corpus: list[Req]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def answers(client: Any, corpus: list[Req]) -> dict[str, Answer]:
+    out: dict[str, Answer] = {}
     for req in corpus:
         resp = client.open(req.path, method=req.method, headers=list(req.headers), data=req.body)
         try:
-            entry = {"request": req.summary, "request_sha256": req.request_sha256, **answer_digest(resp)}
+            out[req.id] = answer_of(req, resp)
         finally:
             resp.close()
-        out[req.id] = entry
     return out
 
 
-def compute() -> dict[str, dict[str, Any]]:
-    """This tree's digests of the whole corpus (the service must be importable)."""
+def compute() -> dict[str, Answer]:
+    """This tree's answers to the whole corpus (the service must be importable)."""
     client = make_client()
-    return digests(client, build_corpus(client))
+    return answers(client, build_corpus(client))
 
 
-# ----------------------------------------------------------------- the golden file
+# ----------------------------------------------------------------- the golden files
+#
+# answers.json: one line per request (its summary, status and skeleton digests, and the names of its number
+# groups with a reference into numbers.json); numbers.json: one line per distinct group summary. Answers that
+# carry the same trace (JSON, npz, the offline page, a batch) share their entries there.
 
-FIELDS = ("status", "content_type", "content_encoding", "body_sha256", "digest_of", "request_sha256")
+
+def _ref(summary: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(summary, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def render(entries: dict[str, dict[str, Any]]) -> str:
-    """Sorted by id, one request a line."""
-    lines = [f"    {json.dumps(k)}: {json.dumps(entries[k], ensure_ascii=False, sort_keys=True)}"
-             for k in sorted(entries)]
+def golden_of(current: dict[str, Answer]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    records: dict[str, dict[str, Any]] = {}
+    table: dict[str, dict[str, Any]] = {}
+    for key, ans in current.items():
+        rec = dict(ans.record)
+        for field_name, groups in (("numbers", ans.groups), ("request_numbers", ans.request_groups)):
+            refs = {}
+            for name, summary in av.summarize(groups).items():
+                ref = _ref(summary)
+                table[ref] = summary
+                refs[name] = ref
+            if refs:
+                rec[field_name] = refs
+        records[key] = rec
+    return records, table
+
+
+def _lines(entries: dict[str, Any]) -> str:
+    return ",\n".join(f"    {json.dumps(k)}: {json.dumps(entries[k], ensure_ascii=False, sort_keys=True)}"
+                      for k in sorted(entries))
+
+
+def render(records: dict[str, dict[str, Any]]) -> str:
+    """answers.json: sorted by id, one request a line (a diff names the requests whose answer changed)."""
     return ("{\n"
-            '  "comment": "Answer digests of the corpus in scripts/answer-digests (rewrite with --write).",\n'
-            f'  "count": {len(entries)},\n'
-            '  "answers": {\n' + ",\n".join(lines) + "\n  }\n}\n")
+            '  "comment": "The corpus of tests/answer_corpus.py: each answer\'s structure and number groups '
+            '(rewrite with scripts/answer-digests --write).",\n'
+            f'  "count": {len(records)},\n'
+            '  "answers": {\n' + _lines(records) + "\n  }\n}\n")
 
 
-def load(path: Path) -> dict[str, dict[str, Any]]:
-    return json.loads(path.read_text(encoding="utf-8"))["answers"]
+def render_numbers(table: dict[str, dict[str, Any]]) -> str:
+    return ("{\n"
+            '  "comment": "Number groups that answers.json refers to: small ones whole, large ones as sketches '
+            '(tests/answer_values.py).",\n'
+            '  "groups": {\n' + _lines(table) + "\n  }\n}\n")
 
 
-def mismatches(golden: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]) -> list[str]:
-    """One line per differing, missing or extra id (empty: every answer is the same)."""
+def load(path: Path = GOLDEN) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    records = json.loads(path.read_text(encoding="utf-8"))["answers"]
+    table = json.loads((path.parent / NUMBERS_FILE).read_text(encoding="utf-8"))["groups"]
+    return records, table
+
+
+def mismatches(golden: tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]],
+               current: dict[str, Answer]) -> list[str]:
+    """One entry per differing, missing or extra id (empty: every answer agrees)."""
+    records, table = golden
     out = []
-    for key in sorted(golden.keys() | current.keys()):
-        old, new = golden.get(key), current.get(key)
+    for key in sorted(records.keys() | current.keys()):
+        old, new = records.get(key), current.get(key)
         if new is None:
             out.append(f"{key} missing (in the golden file, not in the corpus): {old['request']}")  # type: ignore
-        elif old is None:
-            out.append(f"{key} extra (in the corpus, not in the golden file): {new['request']}")
-        else:
-            changed = [f for f in FIELDS if old.get(f) != new.get(f)]
-            if changed:
-                diff = "; ".join(f"{f}: {old.get(f)} -> {new.get(f)}" for f in changed)
-                out.append(f"{key} {new['request']}\n    {diff}")
+            continue
+        if old is None:
+            out.append(f"{key} extra (in the corpus, not in the golden file): {new.record['request']}")
+            continue
+        problems = [f"{f}: {old.get(f)} -> {new.record.get(f)}" for f in RECORD_FIELDS
+                    if old.get(f) != new.record.get(f)]
+        for field_name, groups in (("numbers", new.groups), ("request_numbers", new.request_groups)):
+            want = {name: table[ref] for name, ref in old.get(field_name, {}).items()}
+            problems += [f"{field_name}: {p}" for p in av.compare(want, groups)]
+        if problems:
+            out.append(f"{key} {new.record['request']}\n    " + "\n    ".join(problems))
     return out
+
+
+RECORD_FIELDS = ("status", "request_skeleton_sha256", "skeleton_sha256")
+
+
+# ----------------------------------------------------------------- bytes against a baseline commit
+#
+# On one machine the same code gives the same bytes, so the exact bytes are compared where that holds: the
+# baseline commit's tree (tests/golden/answers/baseline.json) answers the corpus on this machine, and so does
+# this tree; the ids whose bytes differ must be the ones the baseline file lists as changed on purpose.
+
+
+def git(*args: str, cwd: Path = SCRIPT_ROOT) -> str:
+    import subprocess
+
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def tree_bytes(rev: str, workdir: Path) -> dict[str, dict[str, Any]]:
+    """Byte digests of the corpus answered by commit ``rev``'s tree, extracted into ``workdir``, on this machine."""
+    import subprocess
+    import tarfile
+
+    archive = workdir / "tree.tar"
+    with archive.open("wb") as f:
+        subprocess.run(["git", "archive", "--format=tar", rev], cwd=SCRIPT_ROOT, check=True, stdout=f)
+    root = workdir / "tree"
+    root.mkdir()
+    with tarfile.open(archive) as tar:
+        tar.extractall(root, filter="data")
+    out = workdir / "bytes.json"
+    subprocess.run([sys.executable, str(Path(__file__).resolve()), "--root", str(root), "--bytes-out", str(out)],
+                   check=True, capture_output=True, text=True)
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
+def byte_changes(base: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]) -> list[str]:
+    """Ids whose exact answer differs (or that only one side answers)."""
+    return sorted(k for k in base.keys() | current.keys() if base.get(k) != current.get(k))
 
 
 def use_root(root: Path) -> None:
@@ -837,12 +959,39 @@ def default_root() -> Path:
     return SCRIPT_ROOT
 
 
+def write_golden(current: dict[str, Answer], golden: Path = GOLDEN) -> None:
+    records, table = golden_of(current)
+    golden.parent.mkdir(parents=True, exist_ok=True)
+    golden.write_text(render(records), encoding="utf-8")
+    (golden.parent / NUMBERS_FILE).write_text(render_numbers(table), encoding="utf-8")
+
+
+def write_baseline(current: dict[str, Answer]) -> dict[str, Any]:
+    """Name HEAD as the baseline, and list the ids whose bytes this working tree changes against it."""
+    import tempfile
+
+    head = git("rev-parse", "HEAD")
+    with tempfile.TemporaryDirectory() as tmp:
+        base = tree_bytes(head, Path(tmp))
+    changed = byte_changes(base, {k: a.bytes for k, a in current.items()})
+    doc = {"comment": "The commit whose answers, computed on the machine at hand, the corpus is compared with byte "
+                      "for byte; 'changed' lists the requests whose bytes changed on purpose since "
+                      "(scripts/answer-digests --write rewrites it).",
+           "commit": head, "changed": {k: current[k].record["request"] if k in current else "(no longer asked)"
+                                       for k in changed}}
+    BASELINE.write_text(json.dumps(doc, ensure_ascii=False, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return doc
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--write", action="store_true", help=f"rewrite the golden file ({GOLDEN})")
-    p.add_argument("--out", type=Path, help="write this tree's digests to FILE instead of comparing")
+    p.add_argument("--write", action="store_true",
+                   help=f"rewrite the golden files ({GOLDEN.parent}) and name HEAD as the byte baseline")
     p.add_argument("--golden", type=Path, default=GOLDEN, help="the golden file (default: %(default)s)")
+    p.add_argument("--bytes-out", type=Path, help="write this tree's exact byte digests to FILE and stop")
+    p.add_argument("--against", metavar="REV",
+                   help="compare this tree's exact bytes with commit REV's, both answered on this machine")
     p.add_argument("--root", type=Path, default=None,
                    help="the repository whose service answers (default: the working directory if it holds the "
                         "service and engine packages, else this script's repository)")
@@ -854,11 +1003,26 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - start
     print(f"answer-digests: {len(current)} requests answered by {root.resolve()} in {elapsed:.1f} s",
           file=sys.stderr)
-    if args.write or args.out:
-        target = args.out or args.golden
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(render(current), encoding="utf-8")
-        print(f"answer-digests: wrote {target}", file=sys.stderr)
+    if args.bytes_out:
+        args.bytes_out.write_text(json.dumps({k: a.bytes for k, a in current.items()}, sort_keys=True),
+                                  encoding="utf-8")
+        return 0
+    if args.against:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            base = tree_bytes(args.against, Path(tmp))
+        changed = byte_changes(base, {k: a.bytes for k, a in current.items()})
+        for key in changed:
+            print(f"{key} {current[key].record['request'] if key in current else '(only in ' + args.against + ')'}")
+        print(f"answer-digests: {len(changed)} of {len(current)} answers differ in their bytes from {args.against}'s",
+              file=sys.stderr)
+        return 1 if changed else 0
+    if args.write:
+        write_golden(current, args.golden)
+        doc = write_baseline(current)
+        print(f"answer-digests: wrote {args.golden.parent}; baseline {doc['commit'][:12]}, "
+              f"{len(doc['changed'])} answers changed since", file=sys.stderr)
         return 0
     if not args.golden.is_file():
         print(f"answer-digests: {args.golden} does not exist; create it with --write", file=sys.stderr)
@@ -870,7 +1034,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"answer-digests: {len(problems)} of {len(current)} answers differ from {args.golden}",
               file=sys.stderr)
         return 1
-    print(f"answer-digests: all {len(current)} answers match {args.golden}", file=sys.stderr)
+    print(f"answer-digests: all {len(current)} answers agree with {args.golden}", file=sys.stderr)
     return 0
 
 
