@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,6 @@ import pytest
 import requests
 import yaml
 from flask.testing import FlaskClient
-from hypothesis import HealthCheck, settings
 from jsonschema import Draft202012Validator
 
 from service import create_app
@@ -25,14 +25,58 @@ from service.settings import Settings
 from service.worker import server_env
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the BLAS settings of this process (OPENBLAS_CORETYPE picks a kernel, and kernels differ in the last bits): a
+#: subprocess whose answer a test compares byte for byte with this process's must run with the same ones
+BLAS_ENV = {k: v for k, v in os.environ.items() if k.startswith(("OPENBLAS_", "OMP_", "MKL_", "GOTO_"))}
+#: where tests put logs, screenshots and figures: never the tree (a test run leaves the checkout as it was).
+#: TEST_ARTIFACTS moves it, e.g. to keep a CI run's logs.
+ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS") or Path(tempfile.gettempdir()) / "attention-trace-test-artifacts")
+
+# Hypothesis keeps a cache of constants in .hypothesis/ under the working directory: outside the tree instead.
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(ARTIFACTS / "hypothesis"))
+from hypothesis import HealthCheck, settings  # noqa: E402  (after its storage directory is set)
+
 
 # Fixed seed and bounded examples: CI runs are deterministic and fast.
+# No example database: it would be a .hypothesis/ directory in the tree, and derandomized runs need none.
 settings.register_profile(
-    "ci", derandomize=True, max_examples=60, deadline=None, print_blob=True,
+    "ci", derandomize=True, max_examples=60, deadline=None, print_blob=True, database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-settings.register_profile("dev", max_examples=300, deadline=None)
+settings.register_profile("dev", max_examples=300, deadline=None, database=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def _tree_files() -> set[str] | None:
+    """Untracked and ignored files in the checkout (not .venv), or None outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all", "-z"],
+                             cwd=ROOT, capture_output=True, text=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    entries = {e[3:] for e in out.split("\0") if e[:2] in ("??", "!!")}
+    return {e for e in entries if not e.startswith((".venv/", ".venv-deploy/")) and "__pycache__/" not in e}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_TREE] = _tree_files()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A test run leaves the tree as it found it: logs and figures go to ARTIFACTS, not the checkout."""
+    before = session.config.stash.get(_TREE, None)
+    after = _tree_files()
+    if before is None or after is None:
+        return
+    new = sorted(after - before)
+    if new:
+        session.config.get_terminal_writer().line(
+            f"FAILED: the test run wrote {len(new)} files into the tree (write them under conftest.ARTIFACTS or "
+            f"tmp_path): {', '.join(new[:10])}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_TREE = pytest.StashKey[set[str] | None]()
 
 
 @pytest.fixture(scope="session")
@@ -159,8 +203,8 @@ class Gunicorn:
     def _start(self, workers: int, env: dict[str, str] | None, prefix: list[str] | None) -> bool:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = ROOT / "artifacts" / f"gunicorn-{self.port}.log"
-        self.log.parent.mkdir(exist_ok=True)
+        self.log = ARTIFACTS / f"gunicorn-{self.port}.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
         # service.worker.server_env: the glibc tunables production starts with (Dockerfile, make run)
         full_env = server_env({**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port),
                                "WEB_CONCURRENCY": str(workers), **(env or {})})

@@ -15,7 +15,7 @@ import pytest
 
 from attention_trace import LocalClient
 from attention_trace.cli import main
-from conftest import Gunicorn
+from conftest import BLAS_ENV, Gunicorn
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +27,7 @@ CHECKED = ["scores", "scaled_scores", "masked_scores", "weights", "context", "co
 def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "attention_trace.cli"]
     return subprocess.run(command + list(args), input=stdin, capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+                          env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", **BLAS_ENV})
 
 
 @pytest.fixture(scope="module")

@@ -323,8 +323,7 @@ def test_connection_errors_are_retried_then_raise():
 
 def test_read_timeout_is_not_retried(scripted):
     s = scripted((200, {}, b"{}", 0.8), HEALTHY)
-    start = time.monotonic()
     with Client(s.url, timeout=(1.0, 0.2), retries=3, backoff=0.01) as c, pytest.raises(TransportError) as e:
         c.health()
-    assert time.monotonic() - start < 0.7
+    # one attempt, one request seen: no retry (the count proves it; a wall-clock bound would only measure the load)
     assert e.value.attempts == 1 and len(s.seen) == 1 and "within 0.2 s" in str(e.value)
