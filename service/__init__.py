@@ -29,11 +29,13 @@ API_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-act
 
 
 def find_openapi() -> Path:
-    """openapi.yaml at the repository root (dev) or the working directory (container)."""
-    for candidate in (Path(__file__).resolve().parent.parent / "openapi.yaml", Path.cwd() / "openapi.yaml"):
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError("openapi.yaml not found next to the service package or in the working directory")
+    """The contract this package serves: service/openapi.yaml, package data in a wheel (in the repository, a
+    link to the top-level openapi.yaml, so there is one file). Never the working directory's: that could be
+    another project's."""
+    path = Path(__file__).resolve().parent / "openapi.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the service package was installed without its package data")
+    return path
 
 
 def create_app(settings: Settings | None = None) -> Flask:
