@@ -115,13 +115,19 @@ def test_a_recomputed_trace_leaves_the_original_untouched():
 # ------------------------------------------------------------------ mistakes as data
 
 
+def _generated(part: str) -> bool:
+    """A directory that tools and test runs make (hidden ones: .venv, .git, .hypothesis, .pytest_cache …)."""
+    return (part.startswith(".") or part in {"__pycache__", "build", "dist", "artifacts", "node_modules"}
+            or part.endswith(".egg-info"))
+
+
 def _code_files() -> list[Path]:
     """Every tracked file that is code (not tests, docs, the spec or data)."""
     try:
         names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
         files = [ROOT / n for n in names.splitlines()]
-    except (OSError, subprocess.CalledProcessError):  # not a git checkout: every file below the root
-        files = [p for p in ROOT.rglob("*") if ".venv" not in p.parts and ".git" not in p.parts]
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout (an sdist, an archive): the source files
+        files = [p for p in ROOT.rglob("*") if not any(_generated(part) for part in p.relative_to(ROOT).parts)]
     skip_dirs = {"tests", "docs"}
     skip_ext = {".md", ".yaml", ".yml", ".json", ".png", ".txt", ".toml", ".ico", ".svg", ".cfg", ".ini"}
     # examples/*/students/ are sample submissions, one per known bug and named after it: test fixtures.

@@ -30,6 +30,9 @@ from jsonschema import Draft202012Validator
 import engine
 from grading import config
 
+#: runs student code in the real grading sandbox (namespaces, seccomp, rlimits)
+pytestmark = pytest.mark.sandbox
+
 GRADESCOPE = EXAMPLES / "gradescope"
 
 

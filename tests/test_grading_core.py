@@ -17,6 +17,9 @@ from attention_trace.client import LocalClient, ProblemError, TransportError
 from grading import config, core
 from grading.assignment import FUNCTIONS
 
+#: runs student code in the real grading sandbox (namespaces, seccomp, rlimits)
+pytestmark = pytest.mark.sandbox
+
 _ = student_runtime
 
 

@@ -34,6 +34,9 @@ from grading_support import COURSE, EXAMPLES, ROOT, sandbox_processes, student_r
 
 from grading import runtime, sandbox
 
+#: runs student code in the real grading sandbox (namespaces, seccomp, rlimits)
+pytestmark = pytest.mark.sandbox
+
 _ = student_runtime
 
 PROBE = r'''

@@ -23,6 +23,9 @@ from jsonschema import Draft202012Validator
 
 from grading import config
 
+#: runs student code in the real grading sandbox (namespaces, seccomp, rlimits)
+pytestmark = pytest.mark.sandbox
+
 PRAIRIELEARN = EXAMPLES / "prairielearn"
 FLOAT = re.compile(r"-?\d+\.\d+(e[-+]?\d+)?")
 INDEX = re.compile(r"\[\d+(, \d+)*\]")

@@ -158,6 +158,7 @@ def test_a_partial_trace_cannot_be_drawn(client):
         render_html(doc, {**BODY, "stages": ["weights"]})
 
 
+@pytest.mark.integration
 def test_the_command_line_writes_the_same_file(client, tmp_path, gunicorn_server):
     from attention_trace.cli import main
 
@@ -247,6 +248,7 @@ def open_file(driver, path: Path, fragment: str = "") -> Watch:
     return watch
 
 
+@pytest.mark.browser
 def test_the_file_renders_offline_and_sends_nothing(client, offline, dirs):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -313,6 +315,7 @@ def test_the_file_renders_offline_and_sends_nothing(client, offline, dirs):
     watch.check()
 
 
+@pytest.mark.browser
 @pytest.mark.parametrize(("body", "fragment"), [
     ({"sentence": "the cat sat on the mat", "d_model": 24, "num_heads": 4, "causal": True, "decode": True,
       "window": 3, "num_kv_heads": 2, "positional_encoding": "rope"}, "#step=2&head=3"),

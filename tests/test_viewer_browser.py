@@ -6,8 +6,8 @@ nothing is downloaded. Every test fails on a console error or a CSP
 violation, except the failed /trace loads a test itself provokes (a 422 is
 logged by Chromium as a failed resource load).
 
-Screenshots go to artifacts/ (gitignored). To refresh the ones in docs/, run
-with ATTENTION_TRACE_UPDATE_DOCS=1.
+Screenshots go to the test artifacts directory (conftest.ARTIFACTS, outside the tree). To refresh the ones in
+docs/, run with ATTENTION_TRACE_UPDATE_DOCS=1.
 """
 
 from __future__ import annotations
@@ -37,12 +37,7 @@ from conftest import ROOT, Gunicorn
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 
-pytestmark = pytest.mark.integration
-
-# `make test` installs both (scripts/install-browser); without them these
-# tests fail rather than skip, so a missing browser can never pass silently.
-assert CHROMIUM.exists() and CHROMEDRIVER.exists(), \
-    "needs Debian's chromium and chromedriver: run scripts/install-browser (make test does)"
+pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
@@ -50,7 +45,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-ARTIFACTS = ROOT / "artifacts"
+from conftest import ARTIFACTS  # noqa: E402
 DOCS = ROOT / "docs"
 MINUS = "\u2212"
 WAIT = 15  # seconds; a trace takes milliseconds, this only absorbs a loaded CI machine
@@ -132,6 +127,10 @@ def chromium(dirs: dict[str, Path], log_name: str, extra_args: tuple[str, ...] =
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.selenium_manager import SeleniumManager
 
+    # `make test` installs both (scripts/install-browser); without them a browser test fails rather than
+    # skips, so a missing browser can never pass silently. (`make check` leaves browser tests out.)
+    assert CHROMIUM.exists() and CHROMEDRIVER.exists(), \
+        "needs Debian's chromium and chromedriver: run scripts/install-browser (make test does)"
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
@@ -142,7 +141,7 @@ def chromium(dirs: dict[str, Path], log_name: str, extra_args: tuple[str, ...] =
                                               "download.prompt_for_download": False})
     # "performance": the DevTools network events, to count the requests the page sends (not only those answered).
     options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    ARTIFACTS.mkdir(exist_ok=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     service = Service(executable_path=str(CHROMEDRIVER), log_output=str(ARTIFACTS / log_name))
 
     def refuse(*args, **kwargs):
@@ -1169,7 +1168,7 @@ KEYSTROKE_JS = """
 
 def test_keystroke_to_numbers(driver, server, console):
     """Each keystroke in the sentence: the page waits its debounce, sends the trace, draws it. Measured here
-    (figures in artifacts/viewer-latency.json and docs/viewer.md); the debounce is asserted, not the machine's speed."""
+    (figures in the test artifacts' viewer-latency.json and docs/viewer.md); the debounce is asserted, not the machine's speed."""
     open_page(driver, server)
     field = driver.find_element(By.ID, "sentence")
     field.click()
