@@ -1,29 +1,39 @@
-# Two commands do all set-up on a fresh machine: `make run` and `make test`.
-# Each creates .venv/ from the pinned requirements first (once; again when a
-# requirements file or pyproject.toml changes).
+# Set-up is part of each command: `make run` builds .venv/ with the runtime
+# requirements only; `make check` and `make test` add the test requirements.
+# Each step runs once, and again when its requirements file changes.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
+PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 # Large answers' memory on transparent huge pages (service/worker.py, MALLOC_TUNABLES).
 GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
+# Tests write nothing into the tree: no bytecode, no caches (see tests/conftest.py).
+TEST_ENV := PYTHONDONTWRITEBYTECODE=1
 
-.PHONY: run test install browser bench bench-guard loadtest attack measure-memory clean
+.PHONY: run install install-test check test browser bench bench-guard loadtest attack measure-memory clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: $(BIN)/python requirements.txt requirements-dev.txt pyproject.toml
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+# The runtime: requirements.txt (the service's pinned dependencies) and this package, editable.
+$(VENV)/.runtime: $(BIN)/python requirements.txt pyproject.toml
+	$(PIP) -r requirements.txt
+	$(PIP) --no-deps -e .
 	touch $@
 
-install: $(VENV)/.installed
+# The test stack on top: pytest, the browser driver, the references (torch CPU build, transformers, bertviz …).
+$(VENV)/.test: $(VENV)/.runtime requirements-dev.txt
+	$(PIP) -r requirements-dev.txt
+	touch $@
+
+install: $(VENV)/.runtime
+install-test: $(VENV)/.test
 
 # Foreground gunicorn with the committed config; SIGTERM or Ctrl-C stops it.
 # exec so the signal reaches gunicorn's master directly.
-run: $(VENV)/.installed
+run: $(VENV)/.runtime
 	HOST=$(HOST) PORT=$(PORT) GLIBC_TUNABLES=$(GLIBC_TUNABLES) exec $(BIN)/gunicorn -c gunicorn.conf.py service.wsgi:app
 
 # Debian's chromium + chromedriver for the viewer's browser tests (idempotent;
@@ -31,12 +41,18 @@ run: $(VENV)/.installed
 browser:
 	scripts/install-browser
 
-test: $(VENV)/.installed browser
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+# The quick suite for every edit (about a minute): in-process tests only, no real
+# gunicorn, browser, sandbox or long runs.
+check: $(VENV)/.test
+	$(TEST_ENV) $(BIN)/python -m pytest -m "not slow and not browser and not sandbox and not integration" $(PYTEST_ARGS)
+
+# Everything, as CI runs it.
+test: $(VENV)/.test browser
+	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Benchmark-only packages (torch CPU build, threadpoolctl), never runtime or test deps.
-$(VENV)/.bench-installed: $(VENV)/.installed bench/requirements.txt
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r bench/requirements.txt
+$(VENV)/.bench-installed: $(VENV)/.test bench/requirements.txt
+	$(PIP) -r bench/requirements.txt
 	touch $@
 
 # The benchmark table (docs/performance.md); BENCH_ARGS=--quick for a ~1 minute run.
@@ -54,17 +70,17 @@ bench-guard: $(VENV)/.bench-installed
 
 # Real gunicorn under concurrent mixed load, with one worker SIGKILLed mid-run
 # (docs/reliability.md). E.g. make loadtest LOADTEST_ARGS="--duration 60 --threads 8"
-loadtest: $(VENV)/.installed
+loadtest: $(VENV)/.test
 	$(BIN)/python scripts/loadtest --kill-worker $(LOADTEST_ARGS)
 
 # Slow-client and amplification attacks with a probe watching /health
 # (docs/reliability.md); ATTACK_ARGS="--url http://127.0.0.1:8080" attacks a
 # server running already (loopback only).
-attack: $(VENV)/.installed
+attack: $(VENV)/.test
 	$(BIN)/python scripts/attack $(ATTACK_ARGS)
 
 # Each worker's steady and peak memory at the largest allowed requests (docs/deploy.md).
-measure-memory: $(VENV)/.installed
+measure-memory: $(VENV)/.test
 	$(BIN)/python scripts/measure-memory $(MEASURE_ARGS)
 
 clean:
