@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -36,7 +37,11 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dic
     work.mkdir()
     # Nothing of the clone on the path: no PYTHONPATH, and the working directory is outside it.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(dist), str(ROOT)], work, env)
+    # setuptools writes build/ and *.egg-info into the source directory: build from a copy, so the tree stays as is
+    src = base / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv*", ".git", "build", "dist", "*.egg-info",
+                                                              "__pycache__", "artifacts", "node_modules"))
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(dist), str(src)], work, env)
     wheels = list(dist.glob("attention_trace-*.whl"))
     assert len(wheels) == 1, wheels
     venv.EnvBuilder(with_pip=True).create(env_dir)
