@@ -175,10 +175,20 @@ def check_token_count(count: int, limit: int, *, field: str = "tokens") -> None:
         raise TooManyTokensError(f"{count} tokens is more than the limit of {limit}", field=field)
 
 
+def check_token_list(tokens: list[str], limit: int, *, field: str = "tokens") -> None:
+    """A given token list holds at least one and at most ``limit`` tokens."""
+    if not tokens:
+        what = field.removesuffix("tokens").replace("_", " ")  # "" or "context "
+        raise EmptyInputError(f"the {what}token list is empty: give at least one token", field=field,
+                              code="empty_tokens")
+    check_token_count(len(tokens), limit, field=field)
+
+
 def check_token_text(index: int, text: str, *, field: str = "tokens") -> None:
     """A given token must hold something other than whitespace."""
     if not text or text.isspace():
-        raise EmptyInputError(f"{field}[{index}] is only whitespace", field=f"{field}/{index}", code="blank_token")
+        raise EmptyInputError(f"{field}[{index}] is {'only whitespace' if text else 'empty'}", field=f"{field}/{index}",
+                              code="blank_token")
 
 
 def check_sentence(sentence: str, *, field: str = "sentence") -> None:
@@ -222,11 +232,7 @@ def split_context(*, context_sentence: str | None, context_tokens: list[str] | N
 def _split(sentence: str | None, tokens: list[str] | None, max_tokens: int, sentence_field: str,
            tokens_field: str) -> list[Token]:
     if tokens is not None:
-        if not tokens:
-            what = tokens_field.removesuffix("tokens").replace("_", " ")  # "" or "context "
-            raise EmptyInputError(f"the {what}token list is empty: give at least one token", field=tokens_field,
-                                  code="empty_tokens")
-        check_token_count(len(tokens), max_tokens, field=tokens_field)
+        check_token_list(tokens, max_tokens, field=tokens_field)
         for i, t in enumerate(tokens):
             check_token_text(i, t, field=tokens_field)
         return tokens_from_list(tokens)

@@ -30,7 +30,7 @@ from engine.checks import (
     check_one_source,
     check_parameter_shapes,
     check_sentence,
-    check_token_count,
+    check_token_list,
     check_token_text,
     check_trace_size,
     split_context,
@@ -53,6 +53,8 @@ from .settings import Settings
 StageId = Literal[ALL_STAGE_IDS]  # type: ignore[valid-type]
 
 _SENTENCE_HARD_MAX = 1_000_000  # schema ceiling; the configured max_sentence_chars is lower
+_TOKENS_HARD_MAX = 100_000  # schema ceilings of a token list and of one token; the configured max_tokens is lower
+_TOKEN_HARD_MAX = 1024
 
 
 # Unicode's Cc (C0 and C1 controls, but tab, newline and carriage return are fine) and Cs (lone
@@ -133,10 +135,10 @@ class TraceSpec(BaseModel):
         description="Text to split into tokens: a word is a token, each punctuation mark is its own token. "
         "Give exactly one of `sentence` or `tokens`.",
     )
-    tokens: list[Annotated[str, Field(min_length=1, max_length=1024)]] | None = Field(
+    tokens: list[Annotated[str, Field(min_length=1, max_length=_TOKEN_HARD_MAX)]] | None = Field(
         default=None,
         min_length=1,
-        max_length=100_000,
+        max_length=_TOKENS_HARD_MAX,
         description="Pre-split tokens, used as given. Give exactly one of `sentence` or `tokens`.",
     )
     d_model: int = Field(default=24, ge=1, description="Model width; must be divisible by num_heads.")
@@ -174,8 +176,8 @@ class TraceSpec(BaseModel):
         description="Cross-attention: the queries come from the sentence, the keys and values from this context "
         "(an encoder's sentence), with its own embeddings and positions. No causal mask, window or RoPE.",
     )
-    context_tokens: list[Annotated[str, Field(min_length=1, max_length=1024)]] | None = Field(
-        default=None, min_length=1, max_length=100_000,
+    context_tokens: list[Annotated[str, Field(min_length=1, max_length=_TOKEN_HARD_MAX)]] | None = Field(
+        default=None, min_length=1, max_length=_TOKENS_HARD_MAX,
         description="Cross-attention's context, pre-split. Give at most one of context_sentence or context_tokens.",
     )
     context_input: list[list[_Num]] | None = Field(
@@ -195,38 +197,46 @@ class TraceSpec(BaseModel):
         "[kv head, d_k, d_model] (kv heads = num_kv_heads, or num_heads) and W_O [d_model, num_heads·d_k].",
     )
 
-    @field_validator("sentence")
+    # Before the schema's own checks, so that an empty or blank text gets the engine's type and message
+    # (empty_sentence, empty_tokens, blank_token), as the engine gives them; text the schema refuses
+    # anyway (not a string, over the schema's ceilings) is left to it.
+    @field_validator("sentence", "context_sentence", mode="before")
     @classmethod
-    def _sentence_text(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is None:
+    def _sentence_text(cls, v: Any, info: ValidationInfo) -> Any:
+        if not isinstance(v, str) or len(v) > _SENTENCE_HARD_MAX:
             return v
+        field = info.field_name
+        what = field.replace("_", " ")
         limit = _settings(info).max_sentence_chars
         if len(v) > limit:
             raise PydanticCustomError(
                 "sentence_too_long",
-                "the sentence has {length} characters; the limit is {limit}",
-                {"length": len(v), "limit": limit},
+                "the {what} has {length} characters; the limit is {limit}",
+                {"what": what, "length": len(v), "limit": limit},
             )
         bad = _bad_characters(v)
         if bad:
-            raise PydanticCustomError("bad_character", "the sentence contains {what}", {"what": bad})
+            raise PydanticCustomError("bad_character", "the {field} contains {what}", {"field": what, "what": bad})
         with engine_rules():
-            check_sentence(v)
+            check_sentence(v, field=field)
         return v
 
-    @field_validator("tokens")
+    @field_validator("tokens", "context_tokens", mode="before")
     @classmethod
-    def _token_texts(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
-        if v is None:
+    def _token_texts(cls, v: Any, info: ValidationInfo) -> Any:
+        if not isinstance(v, list) or len(v) > _TOKENS_HARD_MAX or not all(
+                isinstance(t, str) and len(t) <= _TOKEN_HARD_MAX for t in v):
             return v
+        field = info.field_name
         with engine_rules():
-            check_token_count(len(v), _settings(info).max_tokens)
+            check_token_list(v, _settings(info).max_tokens, field=field)
         for i, t in enumerate(v):
             bad = _bad_characters(t)
             if bad:
-                raise PydanticCustomError("bad_character", "tokens[{i}] contains {what}", {"i": i, "what": bad})
+                raise PydanticCustomError("bad_character", "{field}[{i}] contains {what}",
+                                          {"field": field, "i": i, "what": bad})
             with engine_rules():
-                check_token_text(i, t)
+                check_token_text(i, t, field=field)
         return v
 
     @field_validator("d_model")
