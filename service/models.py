@@ -22,17 +22,23 @@ from engine import BUG_NAMES, BUGS, EngineError, Token, TraceConfig, check_bug
 from engine.decoding import decode_value_count
 from engine.checks import (
     MAX_EXPLICIT_VALUE,
+    ROPE_BASE_MAX,
     SEED_MAX,
-    check_cross_attention,
-    check_decodable,
-    check_explicit_context,
+    check_choice,
     check_input_shape,
+    check_kv_heads_value,
+    check_one_context,
     check_one_source,
     check_parameter_shapes,
+    check_rope_base,
     check_sentence,
     check_token_list,
     check_token_text,
     check_trace_size,
+    check_variants,
+    check_window_size,
+    head_dim,
+    kv_heads,
     split_context,
     split_tokens,
 )
@@ -48,6 +54,7 @@ from engine.layer import (
 
 from . import compare
 from .hints import HINT_CODES
+from .problems import problem_entry
 from .settings import Settings
 
 StageId = Literal[ALL_STAGE_IDS]  # type: ignore[valid-type]
@@ -91,8 +98,10 @@ class _EngineRules:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> bool:
         if isinstance(error, EngineError):
-            raise PydanticCustomError(error.code, "{message}",
-                                      {"message": error.message, "pointer": error.pointer}) from None
+            ctx: dict[str, Any] = {"message": error.message, "pointer": error.pointer}
+            if error.also:  # every other problem found with it: problems.validation_problem lists them too
+                ctx["also"] = [problem_entry(e) for e in error.also]
+            raise PydanticCustomError(error.code, "{message}", ctx) from None
         return False
 
 
@@ -152,14 +161,16 @@ class TraceSpec(BaseModel):
         "rotated per head by their position (the q_rotated and k_rotated stages; d_k must be even).",
     )
     rope_base: float = Field(
-        default=DEFAULT_ROPE_BASE, gt=1, le=1e12,
+        default=DEFAULT_ROPE_BASE, gt=1, le=ROPE_BASE_MAX,
         description="RoPE's frequency base (10000 in RoFormer and Llama 2, 500000 in Llama 3); used with "
-        "positional_encoding rope.",
+        "positional_encoding rope, and checked with any encoding (a wrong value is a 422 `invalid_size` even "
+        "where it would not be used).",
     )
     rope_pairing: RopePairingName = Field(
         default="rotate_half",
         description="Which coordinates RoPE rotates together: rotate_half pairs j and j + d_k/2 (GPT-NeoX, Llama, "
-        "Hugging Face's rotate_half); interleaved pairs 2j and 2j + 1 (RoFormer, the paper).",
+        "Hugging Face's rotate_half); interleaved pairs 2j and 2j + 1 (RoFormer, the paper). Used with "
+        "positional_encoding rope, and checked with any encoding (`invalid_size`).",
     )
     num_kv_heads: int | None = Field(
         default=None, ge=1,
@@ -196,6 +207,37 @@ class TraceSpec(BaseModel):
         description="Bring your own weights instead of the seeded ones: W_Q [head, d_k, d_model], W_K and W_V "
         "[kv head, d_k, d_model] (kv heads = num_kv_heads, or num_heads) and W_O [d_model, num_heads·d_k].",
     )
+
+    # The variants' own fields are checked by the engine's rules before the schema's, so that HTTP and
+    # the engine refuse them alike: type invalid_size, the engine's message (docs/engine.md, "Errors of
+    # the variants"). The schema keeps its bounds, which document the same ranges.
+    @field_validator("num_kv_heads", mode="before")
+    @classmethod
+    def _kv_heads_value(cls, v: Any) -> Any:
+        with engine_rules():
+            check_kv_heads_value(v)
+        return v
+
+    @field_validator("rope_base", mode="before")
+    @classmethod
+    def _rope_base_value(cls, v: Any) -> Any:
+        with engine_rules():
+            check_rope_base(v)
+        return v
+
+    @field_validator("rope_pairing", mode="before")
+    @classmethod
+    def _rope_pairing_value(cls, v: Any) -> Any:
+        with engine_rules():
+            check_choice("rope_pairing", v, tuple(ROPE_PAIRINGS))
+        return v
+
+    @field_validator("window", mode="before")
+    @classmethod
+    def _window_value(cls, v: Any) -> Any:
+        with engine_rules():
+            check_window_size(v)
+        return v
 
     # Before the schema's own checks, so that an empty or blank text gets the engine's type and message
     # (empty_sentence, empty_tokens, blank_token), as the engine gives them; text the schema refuses
@@ -262,8 +304,17 @@ class TraceSpec(BaseModel):
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> TraceSpec:
         settings = _settings(info)
+        cross = self.context_sentence is not None or self.context_tokens is not None
         with engine_rules():
             check_one_source(self.sentence, self.tokens)
+            check_one_context(self.context_sentence, self.context_tokens)
+            head_dim(self.d_model, self.num_heads)
+            kv_heads(self.num_heads, self.num_kv_heads)
+            # Every conflict between the variants' settings at once (then the configuration builds).
+            check_variants(d_model=self.d_model, num_heads=self.num_heads, causal=self.causal, window=self.window,
+                           positional_encoding=self.positional_encoding, cross=cross,
+                           input_given=self.input is not None, context_input_given=self.context_input is not None,
+                           decode=getattr(self, "decode", False), bug=getattr(self, "inject_bug", None))
             config = TraceConfig(d_model=self.d_model, num_heads=self.num_heads, seed=self.seed, scale=self.scale,
                                  causal=self.causal, positional_encoding=self.positional_encoding,
                                  max_tokens=settings.max_tokens, num_kv_heads=self.num_kv_heads,
@@ -274,11 +325,6 @@ class TraceSpec(BaseModel):
             context = split_context(context_sentence=self.context_sentence, context_tokens=self.context_tokens,
                                     max_tokens=settings.max_tokens)
             n, m = len(tokens), None if context is None else len(context)
-            if context is not None:
-                check_cross_attention(causal=self.causal, window=self.window,
-                                      positional_encoding=self.positional_encoding)
-            check_explicit_context(input_given=self.input is not None,
-                                   context_input_given=self.context_input is not None, cross=context is not None)
             if self.input is not None:
                 check_input_shape(self.input, n, self.d_model)
             if self.context_input is not None and m is not None:
@@ -288,7 +334,6 @@ class TraceSpec(BaseModel):
             count = trace_value_count(config, n, with_parameters=getattr(self, "include_parameters", False),
                                       n_context=m)
             if getattr(self, "decode", False):
-                check_decodable(causal=self.causal, cross=context is not None, bug=getattr(self, "inject_bug", None))
                 count += decode_value_count(config, n)
             check_trace_size(count, settings.max_trace_values, n=n, d_model=self.d_model, num_heads=self.num_heads,
                              n_context=m)
@@ -369,18 +414,24 @@ class TraceRequest(TraceSpec):
     @model_validator(mode="after")
     def _options(self) -> TraceRequest:
         if self.parameters_layout == "torch":
+            layout = []  # both problems at once, as every conflict
             if not self.include_parameters:
-                raise PydanticCustomError("layout_needs_parameters", "parameters_layout chooses how the weights are "
-                                          "returned: add include_parameters: true, or drop parameters_layout",
-                                          {"pointer": "/parameters_layout"})
+                layout.append({"type": "layout_needs_parameters", "pointer": "/parameters_layout",
+                               "message": "parameters_layout chooses how the weights are returned: add "
+                                          "include_parameters: true, or drop parameters_layout"})
             if self.trace_config.grouped:
-                raise PydanticCustomError("layout_needs_all_kv_heads", "torch.nn.MultiheadAttention has a K and V "
-                                          "head per query head; drop num_kv_heads or use parameters_layout per_head",
-                                          {"pointer": "/parameters_layout"})
+                layout.append({"type": "layout_needs_all_kv_heads", "pointer": "/parameters_layout",
+                               "message": "torch.nn.MultiheadAttention has a K and V head per query head; drop "
+                                          "num_kv_heads or use parameters_layout per_head"})
+            if layout:
+                first = layout[0]
+                raise PydanticCustomError(first["type"], "{message}", {"message": first["message"],
+                                                                       "pointer": first["pointer"],
+                                                                       "also": layout[1:]})
         with engine_rules():
             if self.stages is not None:
-                # A filter: stages that an explicit input skips are just absent from the answer.
-                check_stages(self.stages, self.trace_config, explicit_input=False, field="stages",
+                # As /check's submission: a stage your own input skips is refused, not silently left out.
+                check_stages(self.stages, self.trace_config, explicit_input=self.input is not None, field="stages",
                              cross=self._context is not None)
             if self.inject_bug is not None:
                 check_bug(self.inject_bug, self.trace_config, len(self._tokens), explicit_input=self.input is not None,
