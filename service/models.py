@@ -666,11 +666,14 @@ class DecodeStepOut(BaseModel):
     token: str
     cache_positions: list[int] = Field(description="The positions whose keys and values are cached after this "
                                                    "step, oldest first (the last `window` with a sliding window).")
-    q: list[list[float]] = Field(description="[head, d_k]")
-    k: list[list[float]] = Field(description="[kv head, d_k]: appended to the key cache (rotated first under RoPE)")
-    v: list[list[float]] = Field(description="[kv head, d_k]")
-    q_rotated: list[list[float]] | None = Field(description="[head, d_k], RoPE only.")
-    k_rotated: list[list[float]] | None = Field(description="[kv head, d_k], RoPE only.")
+    q: list[list[float]] = Field(description="[head, d_k]: x_t·W_Qᵀ, unrotated.")
+    k: list[list[float]] = Field(description="[kv head, d_k]: x_t·W_Kᵀ, the unrotated key. Without RoPE it is the "
+                                             "row appended to the key cache; under RoPE the cache holds k_rotated.")
+    v: list[list[float]] = Field(description="[kv head, d_k]: x_t·W_Vᵀ, the row appended to the value cache.")
+    q_rotated: list[list[float]] | None = Field(description="[head, d_k]: q turned by position t (RoPE); null "
+                                                            "without RoPE.")
+    k_rotated: list[list[float]] | None = Field(description="[kv head, d_k]: k turned by position t, the row "
+                                                            "appended to the key cache (RoPE); null without RoPE.")
     k_cache: list[list[list[float]]] = Field(description="[kv head, cached, d_k]")
     v_cache: list[list[list[float]]] = Field(description="[kv head, cached, d_k]")
     scores: list[list[float]] = Field(description="[head, cached]")

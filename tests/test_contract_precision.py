@@ -286,3 +286,28 @@ def test_cross_attention_with_both_inputs_refuses_the_context_stages_it_skips(cl
     (err,) = _errors(client, body)
     assert err["type"] == "stage_not_computed" and err["message"].startswith(
         "context_token_embedding is not computed when you give your own context_input")
+
+
+# ------------------------------------------------------------------ a decoding step's k
+
+
+def test_a_decoding_steps_k_is_the_unrotated_key_and_the_cache_holds_k_rotated(client, spec):
+    # openapi.yaml said k was "appended to the key cache (rotated first under RoPE)".
+    described = spec["components"]["schemas"]["DecodeStepOut"]["properties"]
+    assert "unrotated" in described["k"]["description"] and "rotated first" not in described["k"]["description"]
+    assert "appended to the key cache" in described["k_rotated"]["description"]
+    doc = client.post("/trace", json={"sentence": SENTENCE, "d_model": 8, "num_heads": 2, "causal": True,
+                                      "positional_encoding": "rope", "decode": True}).get_json()
+    k, k_rotated = (np.array(doc["stages"][s]["values"]) for s in ("k", "k_rotated"))
+    for step in doc["decode"]:
+        t = step["position"]
+        np.testing.assert_allclose(step["k"], k[:, t], rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(step["k_rotated"], k_rotated[:, t], rtol=1e-12, atol=1e-15)
+        np.testing.assert_array_equal(np.array(step["k_cache"])[:, -1], step["k_rotated"])
+        if t:  # position 0 turns by 0: only later keys tell the two apart
+            assert not np.allclose(step["k"], step["k_rotated"])
+    plain = client.post("/trace", json={"sentence": SENTENCE, "d_model": 8, "num_heads": 2, "causal": True,
+                                        "decode": True}).get_json()
+    for step in plain["decode"]:
+        assert step["k_rotated"] is None and step["q_rotated"] is None
+        np.testing.assert_array_equal(np.array(step["k_cache"])[:, -1], step["k"])
