@@ -119,6 +119,18 @@ def compare_stages(order: list[str], t: engine.Trace, sub: Submission, tol: comp
     return results
 
 
+#: most characters of a token an answer repeats (a submitted token may be as long as the request)
+TOKEN_SHOWN_CHARS = 64
+
+
+def _token_cut(text: str) -> str:
+    return text if len(text) <= TOKEN_SHOWN_CHARS else text[:TOKEN_SHOWN_CHARS] + "…"
+
+
+def _token_shown(text: str) -> str:
+    return repr(_token_cut(text))
+
+
 def _unmatched_shape(sid: str, expected: engine.Stage, sub: Submission) -> dict[str, Any] | None:
     """The entry of the token stage, or of a stage whose shape is wrong; None for one to compare by value."""
     exp_shape = list(expected.shape)
@@ -133,12 +145,18 @@ def _unmatched_shape(sid: str, expected: engine.Stage, sub: Submission) -> dict[
         bad = [i for i, (w, r) in enumerate(zip(want, received)) if w != r]
         first = bad[0] if bad else None
         mism = len(bad) + abs(len(received) - len(want))
+        # Summarised, never echoed: the answer stays small whatever the submission holds.
+        parts = []
+        if bad:
+            parts.append(f"{len(bad)} of {min(len(want), len(received))} differ, the first at index {first}: "
+                         f"expected {_token_shown(want[first])}, got {_token_shown(received[first])}")
+        if not shape_ok:
+            parts.append(f"expected {len(want)} {what}, got {len(received)}")
         return {**base, "passed": shape_ok and not bad, "shape_ok": shape_ok, "received_shape": [len(received)],
                 "n_values": len(want), "mismatches": mism, "max_abs_error": None, "max_rel_error": None, **none,
-                "first_mismatch": None if first is None else {"index": [first], "expected": want[first],
-                                                              "received": received[first]},
-                "message": f"the {what} match" if shape_ok and not bad else
-                f"the {what} differ: expected {want}, got {received}"}
+                "first_mismatch": None if first is None else {"index": [first], "expected": _token_cut(want[first]),
+                                                              "received": _token_cut(received[first])},
+                "message": f"the {what} match" if shape_ok and not bad else f"the {what} differ: " + "; ".join(parts)}
 
     got_shape = sub.shapes[sid]
     if got_shape is None or list(got_shape) != exp_shape:
