@@ -81,7 +81,7 @@ class Submission:
     def __init__(self, req: CheckRequest) -> None:
         self.raw = req.submission
         self.shapes = req.shapes
-        self._read: dict[str, compare.Received] = {}
+        self._read: dict[str, compare.Received] = dict(req.arrays)  # an npz body's stages are arrays already
 
     def received(self, sid: str) -> compare.Received:
         if sid not in self._read:
@@ -299,6 +299,26 @@ def check_document(req: CheckRequest) -> dict[str, Any]:
                       "message": diag_msg, "hints": hint_list},
         "message": message,
     }
+
+
+def check_request_npz(body: bytes, limits: Settings) -> CheckRequest:
+    """The /check request an ``application/x-npz`` body holds (service/npz.py), validated as a JSON body
+    is; the archive is refused (400, 413, 422) before anything in it is used if it is out of bounds."""
+    try:
+        meta, arrays = npz.read_submission(body, max_unpacked=limits.max_check_body_bytes,
+                                           max_metadata_values=limits.max_check_json_values,
+                                           token_stages=TOKEN_STAGE_IDS)
+    except npz.NpzBodyError as e:
+        if e.status == 422:
+            raise ProblemError(422, "Invalid request", f"{e.pointer or 'body'}: {e}", kind="validation-error",
+                               errors=[{"pointer": e.pointer or "", "message": str(e), "type": e.type}]) from None
+        kind, title = {400: ("malformed-npz", "Malformed npz"),
+                       413: ("payload-too-large", "Request Entity Too Large")}[e.status]
+        raise ProblemError(e.status, title, f"The npz body: {e}.", kind=kind) from None
+    try:
+        return CheckRequest.model_validate(meta, context={"settings": limits, "npz_submission": arrays})
+    except ValidationError as e:
+        raise validation_problem(e) from None
 
 
 # ------------------------------------------------------------------ batches and /version

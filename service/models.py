@@ -464,6 +464,8 @@ class CheckRequest(TraceSpec):
 
     #: the submitted stages' shapes, found while checking their values (None: ragged)
     _shapes: dict[str, tuple[int, ...] | None] = PrivateAttr(default_factory=dict)
+    #: the stages an npz body sent as arrays (service/npz.py), read once
+    _arrays: dict[str, compare.Received] = PrivateAttr(default_factory=dict)
 
     submission: dict[StageId, list[Any]] = Field(
         min_length=1,
@@ -506,13 +508,25 @@ class CheckRequest(TraceSpec):
         return v
 
     @model_validator(mode="after")
-    def _stages_exist(self) -> CheckRequest:
+    def _stages_exist(self, info: ValidationInfo) -> CheckRequest:
         with engine_rules():
             check_stages(list(self.submission), self.trace_config, explicit_input=self.input is not None,
                          field="submission", keyed=True, cross=self._context is not None)
+        arrays = (info.context or {}).get("npz_submission") or {}  # sid -> (values, mask) from an npz body
         # Every value's type, and each stage's shape, in one pass over the rows (compare.scan).
         for sid, values in self.submission.items():
             if sid in TOKEN_STAGE_IDS:  # token texts: compared as strings (service/core.py)
+                continue
+            if sid in arrays:
+                a, mask = arrays[sid]
+                if not 1 <= a.ndim <= compare.MAX_DEPTH:
+                    raise PydanticCustomError(
+                        "submission_type", "submission.{sid}: {problem}",
+                        {"sid": sid, "pointer": f"/submission/{sid}", "problem": (
+                            "a single number, not an array" if a.ndim == 0 else
+                            f"{a.ndim} dimensions, deeper than any stage ({compare.MAX_DEPTH})")})
+                self._arrays[sid] = compare.received_npz(a, mask)
+                self._shapes[sid] = a.shape
                 continue
             try:
                 self._shapes[sid] = compare.scan(values)
@@ -545,6 +559,11 @@ class CheckRequest(TraceSpec):
     def shapes(self) -> dict[str, tuple[int, ...] | None]:
         """Each submitted numeric stage's shape (None when ragged), found during validation."""
         return self._shapes
+
+    @property
+    def arrays(self) -> dict[str, compare.Received]:
+        """The stages an npz body sent as arrays, already read (service/npz.py)."""
+        return self._arrays
 
 
 class BatchRequest(BaseModel):
