@@ -597,6 +597,23 @@ def _settings(info: ValidationInfo) -> Settings:
 # ----------------------------------------------------------------- responses
 
 
+def omitted(description: str, *, nullable: bool = False) -> Any:
+    """An output field the service leaves out of an answer where it does not apply: not required, and
+    no ``default`` in the schema (generated clients, openapi-typescript's for one, read a default as
+    "always present"); null only when ``nullable`` (sent as null in some answers)."""
+
+    def schema(s: dict[str, Any]) -> None:
+        s.pop("default", None)
+        if not nullable and "anyOf" in s:
+            branches = [b for b in s.pop("anyOf") if b != {"type": "null"}]
+            if len(branches) == 1:
+                s.update(branches[0])
+            else:
+                s["anyOf"] = branches
+
+    return Field(default=None, description=description, json_schema_extra=schema)
+
+
 class TokenOut(BaseModel):
     index: int = Field(description="Position in the sequence, from 0.")
     text: str
@@ -614,11 +631,9 @@ class StageOut(BaseModel):
         description="Nested arrays in `axes` order. Numbers are float64, written so they round-trip exactly; "
         "masked entries of masked_scores are null. The tokens stage holds strings."
     )
-    axis_tokens: list[Literal["tokens", "context_tokens"] | None] | None = Field(
-        default=None,
-        description="Cross-attention only: for each axis, the token list it indexes (`tokens`, the queries' "
-        "sentence, or `context_tokens`, the keys' context), or null for a non-token axis.",
-    )
+    axis_tokens: list[Literal["tokens", "context_tokens"] | None] | None = omitted(
+        "Cross-attention only: for each axis, the token list it indexes (`tokens`, the queries' "
+        "sentence, or `context_tokens`, the keys' context), or null for a non-token axis.")
 
 
 class KVCacheBytes(BaseModel):
@@ -644,18 +659,18 @@ class ConfigOut(BaseModel):
                                             "(2·d_model² + 2·num_kv_heads·d_k·d_model with shared K/V heads).")
     n_matrices: int = Field(description="3·num_heads + 1 (num_heads + 2·num_kv_heads + 1 with shared K/V heads).")
     # The variants' settings appear only when the variant is used, so engine 1.0 answers keep their shape.
-    rope_base: float | None = Field(default=None, description="positional_encoding rope only.")
-    rope_pairing: RopePairingName | None = Field(default=None, description="positional_encoding rope only.")
-    num_kv_heads: int | None = Field(default=None, description="Only when num_kv_heads was given.")
-    query_heads_of_kv_head: list[list[int]] | None = Field(
-        default=None, description="Only with num_kv_heads: for each K/V head, the query heads that share it.")
-    kv_cache_bytes_per_token: KVCacheBytes | None = Field(
-        default=None, description="Only with num_kv_heads: a KV cache's bytes per token for this layer, "
-        "2·num_kv_heads·d_k numbers at each float width.")
-    window: int | None = Field(default=None, description="Sliding window only.")
-    n_context_tokens: int | None = Field(default=None, description="Cross-attention only.")
-    decode: bool | None = Field(default=None, description="Only when decode was asked for.")
-    parameters_layout: Literal["torch"] | None = Field(default=None, description="Only when not per_head.")
+    rope_base: float | None = omitted("positional_encoding rope only.")
+    rope_pairing: RopePairingName | None = omitted("positional_encoding rope only.")
+    num_kv_heads: int | None = omitted("Only when num_kv_heads was given.")
+    query_heads_of_kv_head: list[list[int]] | None = omitted(
+        "Only with num_kv_heads: for each K/V head, the query heads that share it.")
+    kv_cache_bytes_per_token: KVCacheBytes | None = omitted(
+        "Only with num_kv_heads: a KV cache's bytes per token for this layer, 2·num_kv_heads·d_k numbers at "
+        "each float width.")
+    window: int | None = omitted("Sliding window only.")
+    n_context_tokens: int | None = omitted("Cross-attention only.")
+    decode: bool | None = omitted("Only when decode was asked for (then true).")
+    parameters_layout: Literal["torch"] | None = omitted("Only when not per_head.")
 
 
 class StatsOut(BaseModel):
@@ -718,14 +733,12 @@ class TraceResponse(BaseModel):
     )
     stages: dict[StageId, StageOut] = Field(description="Every stage, keyed by stage id, in walkthrough order.")
     stats: StatsOut
-    parameters: ParametersOut | TorchParametersOut | None = Field(
-        default=None, description="Only when include_parameters is true, in parameters_layout.")
-    context_tokens: list[TokenOut] | None = Field(
-        default=None, description="Cross-attention only: the context's tokens (offsets into context_sentence).")
-    decode: list[DecodeStepOut] | None = Field(default=None, description="Only with decode: one entry per token.")
-    injected_bug: InjectedBug | None = Field(
-        default=None, description="Only with inject_bug: the numbers are deliberately wrong in this way."
-    )
+    parameters: ParametersOut | TorchParametersOut | None = omitted(
+        "Only when include_parameters is true, in parameters_layout.")
+    context_tokens: list[TokenOut] | None = omitted(
+        "Cross-attention only: the context's tokens (offsets into context_sentence).")
+    decode: list[DecodeStepOut] | None = omitted("Only with decode: one entry per token.")
+    injected_bug: InjectedBug | None = omitted("Only with inject_bug: the numbers are deliberately wrong in this way.")
 
 
 class Mismatch(BaseModel):
@@ -826,8 +839,8 @@ class Problem(BaseModel):
     title: str
     status: int
     detail: str
-    instance: str | None = None
-    errors: list[ValidationErrorItem] | None = None
+    instance: str = Field(description="The request's path.")
+    errors: list[ValidationErrorItem] | None = omitted("422 only: every problem with the request.")
 
 
 class Health(BaseModel):
