@@ -120,8 +120,8 @@ class ParametersIn(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     W_Q: _Matrix3 = Field(description="[head, d_k, d_model]")
-    W_K: _Matrix3 = Field(description="[head, d_k, d_model]")
-    W_V: _Matrix3 = Field(description="[head, d_k, d_model]")
+    W_K: _Matrix3 = Field(description="[kv head, d_k, d_model]: kv heads = num_kv_heads, or num_heads")
+    W_V: _Matrix3 = Field(description="[kv head, d_k, d_model]: kv heads = num_kv_heads, or num_heads")
     W_O: list[list[_Num]] = Field(description="[d_model, num_heads·d_k]")
 
 
@@ -333,10 +333,10 @@ class TraceSpec(BaseModel):
                 check_parameter_shapes(dict(self.parameters), self.d_model, self.num_heads, self.num_kv_heads)
             count = trace_value_count(config, n, with_parameters=getattr(self, "include_parameters", False),
                                       n_context=m)
-            if getattr(self, "decode", False):
-                count += decode_value_count(config, n)
+            decoding = decode_value_count(config, n) if getattr(self, "decode", False) else 0
+            count += decoding
             check_trace_size(count, settings.max_trace_values, n=n, d_model=self.d_model, num_heads=self.num_heads,
-                             n_context=m)
+                             n_context=m, decode_values=decoding)
         self._config, self._tokens, self._context, self._value_count = config, tokens, context, count
         return self
 
@@ -372,7 +372,8 @@ class TraceRequest(TraceSpec):
     )
 
     include_parameters: bool = Field(
-        default=False, description="Also return W_Q, W_K, W_V [head, d_k, d_model] and W_O [d_model, h·d_k]."
+        default=False, description="Also return W_Q [head, d_k, d_model], W_K and W_V [kv head, d_k, d_model] "
+        "(kv heads = num_kv_heads, or num_heads) and W_O [d_model, h·d_k]."
     )
     parameters_layout: Literal["per_head", "torch"] = Field(
         default="per_head",
@@ -386,7 +387,11 @@ class TraceRequest(TraceSpec):
         min_length=1,
         max_length=len(ALL_STAGE_IDS),
         description="Return only these stages (by id); default: every stage. A grader that only needs "
-        "`weights` gets only `weights`. `masked_scores` exists only with `causal: true`.",
+        "`weights` gets only `weights`. A stage this configuration does not compute is a 422, each one listed: "
+        "`masked_scores` without `causal: true`, `q_rotated`/`k_rotated` without RoPE, `positional_encoding` "
+        "under RoPE, the context stages without a context, `token_embedding` and `positional_encoding` (and the "
+        "context's) with your own input. It filters what is returned, not the decoding steps, and not what "
+        "max_trace_values counts.",
     )
     precision: int | None = Field(
         default=None,
@@ -399,7 +404,8 @@ class TraceRequest(TraceSpec):
     decode: bool = Field(
         default=False,
         description="Also return `decode`: the layer re-run one token at a time with a KV cache, as a model "
-        "generates text (causal self-attention only). Step t's rows equal the full trace's row t.",
+        "generates text (causal self-attention only). Step t's rows equal the full trace's row t. `precision` "
+        "rounds it, `stages` does not filter it, and its numbers count towards max_trace_values.",
     )
 
     inject_bug: BugName | None = Field(
@@ -681,8 +687,10 @@ class StatsOut(BaseModel):
 
 class ParametersOut(BaseModel):
     W_Q: list[list[list[float]]] = Field(description="[head, d_k, d_model]")
-    W_K: list[list[list[float]]] = Field(description="[head, d_k, d_model]")
-    W_V: list[list[list[float]]] = Field(description="[head, d_k, d_model]")
+    W_K: list[list[list[float]]] = Field(description="[kv head, d_k, d_model]: kv heads = num_kv_heads, or "
+                                                     "num_heads")
+    W_V: list[list[list[float]]] = Field(description="[kv head, d_k, d_model]: kv heads = num_kv_heads, or "
+                                                     "num_heads")
     W_O: list[list[_Num]] = Field(description="[d_model, num_heads·d_k]")
 
 

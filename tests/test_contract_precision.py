@@ -311,3 +311,84 @@ def test_a_decoding_steps_k_is_the_unrotated_key_and_the_cache_holds_k_rotated(c
     for step in plain["decode"]:
         assert step["k_rotated"] is None and step["q_rotated"] is None
         np.testing.assert_array_equal(np.array(step["k_cache"])[:, -1], step["k"])
+
+
+# ---------------------------------------------------------------- the size limit and decoding
+
+
+def test_the_size_limit_counts_the_decoding_steps_and_says_so(app_factory):
+    client = app_factory(max_trace_values=20_000).test_client()
+    body = {"tokens": ["a"] * 16, "d_model": 32, "num_heads": 4, "causal": True}
+    trace_only = engine.layer.trace_value_count(TraceConfig(d_model=32, num_heads=4, causal=True), 16,
+                                                with_parameters=False)
+    decoding = engine.decoding.decode_value_count(TraceConfig(d_model=32, num_heads=4, causal=True), 16)
+    assert trace_only <= 20_000 < trace_only + decoding
+    assert client.post("/trace", json=body).status_code == 200
+    (err,) = _errors(client, {**body, "decode": True})
+    assert err == {"pointer": "", "type": "trace_too_large", "message": (
+        f"this trace would return {trace_only + decoding} numbers (16 tokens, d_model 32, 4 heads; {decoding} of "
+        "them in the decoding steps), above the limit of 20000; use fewer tokens, a smaller d_model or fewer "
+        "heads, or drop decode")}
+    # stages filters what is returned, not what is counted: the limit bounds the work
+    (err,) = _errors(client, {**body, "decode": True, "stages": ["weights"]})
+    assert err["type"] == "trace_too_large"
+
+
+def test_stages_does_not_filter_decoding_and_precision_rounds_it(client):
+    doc = client.post("/trace", json={"sentence": SENTENCE, "d_model": 8, "num_heads": 2, "causal": True,
+                                      "decode": True, "stages": ["weights"], "precision": 3}).get_json()
+    assert list(doc["stages"]) == ["weights"] and len(doc["decode"]) == 3
+    step = doc["decode"][2]
+    assert list(step) == ["position", "token", "cache_positions", "q", "k", "v", "q_rotated", "k_rotated",
+                          "k_cache", "v_cache", "scores", "scaled_scores", "weights", "context", "output"]
+    assert (step["position"], step["token"], step["q_rotated"], step["k_rotated"]) == (2, "sat", None, None)
+    assert all(round(w, 3) == w for row in step["weights"] for w in row)
+
+
+def test_the_cache_keeps_the_last_window_positions_oldest_first(client):
+    doc = client.post("/trace", json={"sentence": "the cat sat on the mat", "d_model": 8, "num_heads": 2,
+                                      "causal": True, "window": 2, "decode": True}).get_json()
+    assert [s["cache_positions"] for s in doc["decode"]] == [[0], [0, 1], [1, 2], [2, 3], [3, 4], [4, 5]]
+    k = np.array(doc["stages"]["k"]["values"])
+    for s in doc["decode"]:  # row i of the cache is position cache_positions[i], not slot t mod window
+        np.testing.assert_allclose(np.array(s["k_cache"]), k[:, s["cache_positions"]], rtol=1e-12, atol=1e-15)
+
+
+# ------------------------------------------------------------------ the documented check values
+
+
+def test_the_check_values_docs_engine_md_gives_for_layouts_gqa_and_config_echoes(client):
+    from conftest import ROOT
+
+    doc = (ROOT / "docs" / "engine.md").read_text(encoding="utf-8")
+
+    def trace(**body):
+        resp = client.post("/trace", json={"sentence": SENTENCE, **body})
+        assert resp.status_code == 200, resp.get_json()
+        return resp.get_json()
+
+    torch_doc = trace(d_model=24, num_heads=4, include_parameters=True, parameters_layout="torch")
+    per_head = trace(d_model=24, num_heads=4, include_parameters=True)
+    stacked, p = np.array(torch_doc["parameters"]["in_proj_weight"]), per_head["parameters"]
+    assert stacked.shape == (72, 24) and np.array_equal(np.array(torch_doc["parameters"]["out_proj.weight"]), p["W_O"])
+    for row, (name, head) in ((0, ("W_Q", 0)), (6, ("W_Q", 1)), (24, ("W_K", 0))):
+        value = p[name][head][0][0]
+        assert stacked[row][0] == value and f"`{value!r}`" in doc
+    assert np.array_equal(stacked, np.concatenate([np.array(p[n]).reshape(-1, 24) for n in ("W_Q", "W_K", "W_V")]))
+    assert torch_doc["parameters_digest"] == per_head["parameters_digest"]
+    assert torch_doc["config"]["parameters_layout"] == "torch" and "parameters_layout" not in per_head["config"]
+
+    gqa = trace(d_model=8, num_heads=4, num_kv_heads=2)
+    assert f"`{gqa['parameters_digest']}`" in doc and gqa["stages"]["k"]["axes"] == ["kv_head", "token", "d_k"]
+    same = trace(d_model=8, num_heads=2, num_kv_heads=2)
+    assert same["parameters_digest"] == trace(d_model=8, num_heads=2)["parameters_digest"]
+    assert f"`{same['parameters_digest']}`" in doc and same["stages"]["k"]["axes"] == ["head", "token", "d_k"]
+    assert (same["config"]["num_kv_heads"], same["config"]["query_heads_of_kv_head"],
+            same["config"]["kv_cache_bytes_per_token"]) == (2, [[0], [1]], {"float16": 32, "float32": 64,
+                                                                              "float64": 128})
+    cross = trace(d_model=8, num_heads=2, context_sentence=CONTEXT)
+    assert list(cross["stages"])[:9] == ["tokens", "token_embedding", "positional_encoding", "input",
+                                         "context_tokens", "context_token_embedding", "context_positional_encoding",
+                                         "context_input", "q"]
+    assert [cross["stages"][s]["step"] for s in list(cross["stages"])[4:8]] == [1, 2, 3, 4]
+    assert cross["stages"]["context_input"]["axis_tokens"] == ["context_tokens", None]
