@@ -731,8 +731,11 @@ class _Base:
         if len(data) <= _JSON_ALWAYS_BYTES:
             return False
         if self._check_limits is None:
-            v = self.version()
-            major_minor = tuple(int(p) for p in str(v.get("schema_version", "0.0")).split(".")[:2])
+            try:
+                v = self.version()
+                major_minor = tuple(int(p) for p in str(v.get("schema_version", "0.0")).split(".")[:2])
+            except (ClientError, ValueError):  # no usable /version: send JSON, as a client before npz did
+                v, major_minor = {}, (0, 0)
             self._check_limits = dict(v.get("limits", {}), npz=major_minor >= (1, 2))
         limits = self._check_limits
         if not limits["npz"]:

@@ -340,3 +340,23 @@ def test_only_check_takes_npz_and_the_415_says_so(client):
     resp = client.post("/check", data=b"x", content_type="text/plain")
     assert resp.status_code == 415 and resp.headers["Accept-Post"] == f"application/json, {NPZ}"
     assert NPZ in resp.get_json()["detail"]
+
+
+def test_a_service_without_npz_gets_json_from_the_client(monkeypatch):
+    """A service older than schema 1.2.0 (or one whose /version cannot be read) is sent JSON, as before."""
+    import attention_trace.client as client_module
+
+    big = {"tokens": [f"w{i}" for i in range(64)], "d_model": 64, "num_heads": 4}
+    c = LocalClient(Settings(max_check_body_bytes=300_000))
+    sub = {sid: st.values for sid, st in c.trace(big, arrays=True).stages.items()}
+    for version in ({"schema_version": "1.1.0", "limits": {"max_check_body_bytes": 300_000}}, None):
+        def fake(self, *, request_id=None, _v=version):
+            if _v is None:
+                raise client_module.TransportError("down", url="local:/version", attempts=1)
+            return _v
+        monkeypatch.setattr(LocalClient, "version", fake)
+        c = LocalClient(Settings(max_check_body_bytes=300_000))
+        seen = _sent_types(monkeypatch)
+        with pytest.raises(ProblemError) as exc:
+            c.check(big, submission=sub)
+        assert exc.value.status == 413 and seen[-1] == "application/json"
