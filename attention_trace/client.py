@@ -43,7 +43,7 @@ __all__ = [
     "Client", "LocalClient",
     "Trace", "Stage", "Token", "Config", "Stats", "Parameters", "InjectedBug",
     "CheckResult", "StageCheck", "Mismatch", "NonFinite", "Diagnosis", "Hint", "Tolerance",
-    "BatchItem", "Health", "VersionInfo", "encode_json", "Explanation",
+    "BatchItem", "Health", "VersionInfo", "encode_json", "encode_npz_check", "Explanation",
 ]
 
 #: (connect, read) seconds. Connecting to a healthy service is quick; a large
@@ -575,12 +575,74 @@ def encode_json(payload: Any) -> bytes:
     return json.dumps(payload, default=_json_default, separators=(",", ":"), allow_nan=True).encode("utf-8")
 
 
+#: the submitted stages that are lists of strings: they stay JSON in an npz body's metadata.json
+_TOKEN_STAGES = frozenset({"tokens", "context_tokens"})
+#: a /check body at most this large is sent as JSON without asking the service for its limits
+_JSON_ALWAYS_BYTES = 64 * 1024
+
+
+def encode_npz_check(payload: Mapping[str, Any]) -> bytes:
+    """A /check request as an ``application/x-npz`` body: ``metadata.json`` is the request, each numeric
+    stage of its ``submission`` replaced by ``{"npz": "submission/<stage>"}`` and stored as that member,
+    float64 (float32 arrays stay float32: the service reads them as float64 exactly). Masked entries (a
+    numpy masked array's mask, or None in lists) go as a boolean ``mask`` member, as the npz answers
+    carry them. Everything else stays JSON in metadata.json."""
+    import io
+    import zipfile
+
+    meta = dict(payload)
+    submission = dict(meta.get("submission") or {})
+    arrays: dict[str, np.ndarray] = {}
+    for sid, values in submission.items():
+        if sid in _TOKEN_STAGES:
+            continue
+        key = f"submission/{sid}"
+        mask = None
+        if isinstance(values, np.ma.MaskedArray):
+            mask = np.ma.getmaskarray(values)
+            a = values.filled(np.nan).astype(np.float64)
+        elif isinstance(values, np.ndarray) and values.dtype in (np.float32, np.float64):
+            a = values
+        else:
+            try:
+                a = np.asarray(values, dtype=np.float64)  # None -> NaN
+            except (TypeError, ValueError):  # ragged, or not numbers: sent as JSON, the service says why
+                continue
+            if np.isnan(a).any():  # a null (masked) or a NaN as sent: tell them apart
+                nulls = np.equal(np.array(values, dtype=object), None)
+                mask = nulls if nulls.any() else None
+        arrays[key] = np.ascontiguousarray(a)
+        submission[sid] = {"npz": key}
+        if mask is not None and mask.any():
+            arrays[key + "/mask"] = np.ascontiguousarray(mask, dtype=bool)
+            submission[sid]["mask"] = {"npz": key + "/mask"}
+    meta["submission"] = submission
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        zf.writestr("metadata.json", encode_json(meta))
+        for key, a in arrays.items():
+            with zf.open(key + ".npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, a, allow_pickle=False)
+    return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class _Body:
+    """A request body already encoded, with its media type."""
+
+    data: bytes
+    content_type: str
+
+
 def _encode_request(payload: Any, request_id: str | None,
                     accept: str | None = None) -> tuple[bytes | None, dict[str, str]]:
     """The body and headers of one call, the same over HTTP and in-process."""
     headers = {"Accept": f"{accept or 'application/json'}, application/problem+json"}
     data = None
-    if payload is not None:
+    if isinstance(payload, _Body):
+        data = payload.data
+        headers["Content-Type"] = payload.content_type
+    elif payload is not None:
         data = encode_json(payload)
         headers["Content-Type"] = "application/json"
     if request_id:
@@ -643,10 +705,44 @@ class _Base:
             raise ClientError(f"POST /trace answered JSON where {NPZ} was asked for (a service older than 1.1.0?)")
         return answer.content
 
-    def check(self, body: Request | None = None, /, *, request_id: str | None = None, **fields: Any) -> CheckResult:
-        """POST /check: compare ``submission`` (stage id -> values) with the reference."""
-        doc, rid = self._call("POST", "/check", _merge(body, fields), request_id)
+    def check(self, body: Request | None = None, /, *, request_id: str | None = None, body_format: str = "auto",
+              **fields: Any) -> CheckResult:
+        """POST /check: compare ``submission`` (stage id -> values) with the reference.
+
+        ``body_format``: ``"json"``, ``"npz"`` (:func:`encode_npz_check`: exact arrays, about a third
+        of JSON's size) or ``"auto"``: JSON, unless the JSON body would pass the service's
+        ``max_check_body_bytes`` or ``max_check_json_values`` (asked once from GET /version, for a body
+        over 64 KiB), then npz, which a service of schema 1.2.0 or later accepts."""
+        payload = _merge(body, fields)
+        if body_format not in ("auto", "json", "npz"):
+            raise ValueError(f'body_format must be "auto", "json" or "npz", got {body_format!r}')
+        data = None if body_format == "npz" else encode_json(payload)
+        if data is None or (body_format == "auto" and self._over_json_limits(data)):
+            send = _Body(encode_npz_check(payload), NPZ)
+        else:
+            send = _Body(data, "application/json")
+        doc, rid = self._call("POST", "/check", send, request_id)
         return CheckResult.from_json(doc, rid)
+
+    _check_limits: dict[str, Any] | None = None
+
+    def _over_json_limits(self, data: bytes) -> bool:
+        """Whether a JSON /check body would be refused for its size by a service that takes npz instead."""
+        if len(data) <= _JSON_ALWAYS_BYTES:
+            return False
+        if self._check_limits is None:
+            try:
+                v = self.version()
+                major_minor = tuple(int(p) for p in str(v.get("schema_version", "0.0")).split(".")[:2])
+            except (ClientError, ValueError):  # no usable /version: send JSON, as a client before npz did
+                v, major_minor = {}, (0, 0)
+            self._check_limits = dict(v.get("limits", {}), npz=major_minor >= (1, 2))
+        limits = self._check_limits
+        if not limits["npz"]:
+            return False  # an older service: JSON, and its 413 if it is too large
+        values = data.count(b",") + data.count(b"[") + data.count(b"{") + 1  # what the service counts
+        return (len(data) > limits.get("max_check_body_bytes", 16 * 2**20)
+                or values > limits.get("max_check_json_values", 1_000_000))
 
     def explain(self, sentence: str | Request | None = None, /, *, head: int, query: int, key: int,
                 request_id: str | None = None, **options: Any) -> Explanation:

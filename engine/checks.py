@@ -26,6 +26,7 @@ from .errors import (
     TooManyTokensError,
     TraceTooLargeError,
     VariantConflictError,
+    raise_all,
 )
 from .tokenize import Token, tokenize, tokens_from_list
 
@@ -36,8 +37,23 @@ SEED_MAX = 2**32 - 1
 MAX_EXPLICIT_VALUE = 1e6
 
 
+#: the largest rope_base: far above any model's (Llama 3's is 500000), and low enough that every angle
+#: pos·rope_base^(−2i/d_k) stays an ordinary float64
+ROPE_BASE_MAX = 1e12
+
+#: longest representation of a refused value that a message repeats
+_SHOWN_CHARS = 64
+
+
 def _is_int(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, np.integer))
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` for a message, cut short: a refused value may be as large as the request."""
+    text = repr(value) if not isinstance(value, (int, np.integer)) or abs(value) < 10**_SHOWN_CHARS \
+        else f"an integer of {len(str(abs(int(value))))} digits"
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"
 
 
 def divisors(n: int, limit: int | None = None) -> list[int]:
@@ -51,7 +67,7 @@ def head_dim(d_model: int, num_heads: int) -> int:
     """d_k = d_model / h, which must divide exactly."""
     for name, value in (("d_model", d_model), ("num_heads", num_heads)):
         if not _is_int(value) or value < 1:
-            raise InvalidSizeError(f"{name} must be a positive integer, got {value!r}", field=name)
+            raise InvalidSizeError(f"{name} must be a positive integer, got {_shown(value)}", field=name)
     if d_model % num_heads:
         raise HeadDivisionError(
             f"d_model {d_model} is not divisible by num_heads {num_heads} "
@@ -65,9 +81,7 @@ def kv_heads(num_heads: int, num_kv_heads: int | None) -> int:
     """The number of K/V heads (GQA; 1 is MQA): num_heads when None, else a divisor of num_heads."""
     if num_kv_heads is None:
         return num_heads
-    if not _is_int(num_kv_heads) or num_kv_heads < 1:
-        raise InvalidSizeError(f"num_kv_heads must be a positive integer (or null for num_heads), got {num_kv_heads!r}",
-                               field="num_kv_heads")
+    check_kv_heads_value(num_kv_heads)
     if num_heads % num_kv_heads:
         raise KVHeadDivisionError(
             f"num_heads {num_heads} is not divisible by num_kv_heads {num_kv_heads}, so the query heads cannot "
@@ -77,96 +91,155 @@ def kv_heads(num_heads: int, num_kv_heads: int | None) -> int:
     return num_kv_heads
 
 
-def check_rope(d_model: int, num_heads: int) -> None:
+def check_kv_heads_value(num_kv_heads: Any) -> None:
+    """num_kv_heads on its own: a positive integer, or None for num_heads."""
+    if num_kv_heads is not None and (not _is_int(num_kv_heads) or num_kv_heads < 1):
+        raise InvalidSizeError(f"num_kv_heads must be a positive integer (or null for num_heads), got "
+                               f"{_shown(num_kv_heads)}", field="num_kv_heads")
+
+
+def rope_conflicts(d_model: int, num_heads: int) -> list[RotaryDimensionError]:
     """RoPE rotates coordinates in pairs, so d_k must be even."""
     d_k = d_model // num_heads
-    if d_k % 2:
-        even = [h for h in divisors(d_model) if (d_model // h) % 2 == 0]
-        fix = (f"choose num_heads among {', '.join(str(h) for h in even[:12])} (d_k even)" if even
-               else "choose an even d_model")
-        raise RotaryDimensionError(
-            f"RoPE rotates the coordinates of each head in pairs, so d_k must be even, but d_k = d_model / num_heads "
-            f"= {d_model} / {num_heads} = {d_k}; {fix}, or use positional_encoding \"sinusoidal\""
-        )
+    if not d_k % 2:
+        return []
+    even = [h for h in divisors(d_model) if (d_model // h) % 2 == 0]
+    fix = (f"choose num_heads among {', '.join(str(h) for h in even[:12])} (d_k even)" if even
+           else "choose an even d_model")
+    return [RotaryDimensionError(
+        f"RoPE rotates the coordinates of each head in pairs, so d_k must be even, but d_k = d_model / num_heads "
+        f"= {d_model} / {num_heads} = {d_k}; {fix}, or use positional_encoding \"sinusoidal\""
+    )]
+
+
+def check_rope(d_model: int, num_heads: int) -> None:
+    raise_all(rope_conflicts(d_model, num_heads))
 
 
 def check_rope_base(base: Any) -> None:
-    """rope_base: the RoPE frequency base, a finite number above 1."""
+    """rope_base: the RoPE frequency base, a finite number above 1 and at most ROPE_BASE_MAX (checked
+    whatever the positional encoding, like every setting)."""
     number = not isinstance(base, bool) and isinstance(base, (int, float, np.integer, np.floating))
-    if not number or not math.isfinite(base) or base <= 1:
-        raise InvalidSizeError(f"rope_base must be a finite number greater than 1 (10000 in RoFormer and Llama 2, "
-                               f"500000 in Llama 3), got {base!r}", field="rope_base")
+    # The comparisons first: an integer too large for a float has no isfinite.
+    if not number or not 1 < base <= ROPE_BASE_MAX or not math.isfinite(base):
+        raise InvalidSizeError(f"rope_base must be a finite number greater than 1 and at most {ROPE_BASE_MAX:g} "
+                               f"(10000 in RoFormer and Llama 2, 500000 in Llama 3), got {_shown(base)}",
+                               field="rope_base")
+
+
+def check_window_size(window: Any) -> None:
+    """window on its own: a positive number of keys, each query's own included, or None for no window."""
+    if window is not None and (not _is_int(window) or window < 1):
+        raise InvalidSizeError(f"window must be a positive integer (how many keys a query sees, its own included) "
+                               f"or null, got {_shown(window)}", field="window")
+
+
+def window_conflicts(window: Any, causal: bool) -> list[VariantConflictError]:
+    """A sliding window limits a query's look back under the causal mask, so it needs one."""
+    if window is None or causal:
+        return []
+    return [VariantConflictError(
+        "a sliding window limits how far back a query looks under the causal mask, so it needs causal: true; "
+        "set causal: true or drop window", field="window", code="window_needs_causal")]
 
 
 def check_window(window: Any, causal: bool) -> None:
     """A sliding window: a positive number of keys, each query's own included, and only with the causal mask."""
-    if window is None:
-        return
-    if not _is_int(window) or window < 1:
-        raise InvalidSizeError(f"window must be a positive integer (how many keys a query sees, its own included) "
-                               f"or null, got {window!r}", field="window")
-    if not causal:
-        raise VariantConflictError(
-            "a sliding window limits how far back a query looks under the causal mask, so it needs causal: true; "
-            "set causal: true or drop window", field="window", code="window_needs_causal")
+    check_window_size(window)
+    raise_all(window_conflicts(window, causal))
 
 
-def check_cross_attention(*, causal: bool, window: int | None, positional_encoding: str) -> None:
+def cross_attention_conflicts(*, causal: bool, window: int | None,
+                              positional_encoding: str) -> list[VariantConflictError]:
     """Cross-attention (keys and values from a context) has no causal mask and no RoPE."""
+    out = []
     if causal:
         drop = "set causal: false and drop window" if window is not None else "set causal: false"
-        raise VariantConflictError(
+        out.append(VariantConflictError(
             "cross-attention has no causal mask: its keys are the context's tokens, not earlier tokens of the "
             "sentence, so every query sees the whole context (as in the Transformer decoder's cross-attention); "
-            + drop, field="causal", code="cross_attention_causal")
+            + drop, field="causal", code="cross_attention_causal"))
     if positional_encoding == "rope":
-        raise VariantConflictError(
+        out.append(VariantConflictError(
             "RoPE encodes the offset between a query and a key of one sequence, but the sentence and the context "
             "are two sequences, each with its own positions; cross-attention adds each one's own encoding instead: "
             "use positional_encoding \"sinusoidal\" or \"none\"", field="positional_encoding",
-            code="cross_attention_rope")
+            code="cross_attention_rope"))
+    return out
 
 
-def check_explicit_context(*, input_given: bool, context_input_given: bool, cross: bool) -> None:
+def check_cross_attention(*, causal: bool, window: int | None, positional_encoding: str) -> None:
+    raise_all(cross_attention_conflicts(causal=causal, window=window, positional_encoding=positional_encoding))
+
+
+def explicit_context_conflicts(*, input_given: bool, context_input_given: bool,
+                               cross: bool) -> list[VariantConflictError]:
     """Your own x comes for both sides of cross-attention or for neither."""
     if context_input_given and not cross:
-        raise VariantConflictError(
+        return [VariantConflictError(
             "context_input is the context's x, used only in cross-attention: give context_sentence or "
-            "context_tokens, or drop context_input", field="context_input", code="context_input_without_context")
+            "context_tokens, or drop context_input", field="context_input", code="context_input_without_context")]
     if cross and input_given != context_input_given:
         missing = "context_input" if input_given else "input"
         axes = INPUT_AXES[missing]
-        raise VariantConflictError(
+        return [VariantConflictError(
             f"in cross-attention give your own x for both the sentence and the context, or for neither: "
-            f"add {missing} {axes}", field=missing, code="explicit_input_pair")
+            f"add {missing} {axes}", field=missing, code="explicit_input_pair")]
+    return []
+
+
+def check_explicit_context(*, input_given: bool, context_input_given: bool, cross: bool) -> None:
+    raise_all(explicit_context_conflicts(input_given=input_given, context_input_given=context_input_given,
+                                         cross=cross))
+
+
+def decode_conflicts(*, causal: bool, cross: bool, bug: str | None) -> list[DecodeUnavailableError]:
+    """KV-cache decoding re-runs causal self-attention, one token at a time, without a mistake."""
+    out = []
+    if cross:
+        out.append(DecodeUnavailableError(
+            "KV-cache decoding generates the sentence one token at a time from its own cached keys and values, "
+            "but in cross-attention the keys and values come from the context; drop the context to decode",
+            code="decode_cross_attention"))
+    elif not causal:  # in cross-attention causal is refused already: asking for it too would contradict that
+        out.append(DecodeUnavailableError(
+            "KV-cache decoding generates one token at a time, so each query sees only the tokens before it: "
+            "it needs causal: true", code="decode_needs_causal"))
+    if bug is not None:
+        out.append(DecodeUnavailableError(
+            "decoding re-runs the correct layer step by step; trace without inject_bug to decode",
+            code="decode_with_bug"))
+    return out
 
 
 def check_decodable(*, causal: bool, cross: bool, bug: str | None) -> None:
-    """KV-cache decoding re-runs causal self-attention, one token at a time, without a mistake."""
-    if cross:
-        raise DecodeUnavailableError(
-            "KV-cache decoding generates the sentence one token at a time from its own cached keys and values, "
-            "but in cross-attention the keys and values come from the context; drop the context to decode",
-            code="decode_cross_attention")
-    if not causal:
-        raise DecodeUnavailableError(
-            "KV-cache decoding generates one token at a time, so each query sees only the tokens before it: "
-            "it needs causal: true", code="decode_needs_causal")
-    if bug is not None:
-        raise DecodeUnavailableError(
-            "decoding re-runs the correct layer step by step; trace without inject_bug to decode",
-            code="decode_with_bug")
+    raise_all(decode_conflicts(causal=causal, cross=cross, bug=bug))
+
+
+def check_variants(*, d_model: int, num_heads: int, causal: bool, window: int | None, positional_encoding: str,
+                   cross: bool, input_given: bool = False, context_input_given: bool = False,
+                   decode: bool = False, bug: str | None = None) -> None:
+    """Every conflict between the variants' settings, all reported at once (the first raised, carrying the
+    others), in the order of docs/engine.md's table; the sizes must have been checked (``head_dim``)."""
+    raise_all([
+        *(rope_conflicts(d_model, num_heads) if positional_encoding == "rope" else []),
+        *window_conflicts(window, causal),
+        *(cross_attention_conflicts(causal=causal, window=window, positional_encoding=positional_encoding)
+          if cross else []),
+        *explicit_context_conflicts(input_given=input_given, context_input_given=context_input_given, cross=cross),
+        *(decode_conflicts(causal=causal, cross=cross, bug=bug) if decode else []),
+    ])
 
 
 def check_seed(seed: int) -> None:
     if not _is_int(seed) or not 0 <= seed <= SEED_MAX:
-        raise InvalidSizeError(f"seed must be an integer from 0 to 2^32 - 1, got {seed!r}", field="seed")
+        raise InvalidSizeError(f"seed must be an integer from 0 to 2^32 - 1, got {_shown(seed)}", field="seed")
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         options = " or ".join(f'"{c}"' for c in choices)
-        raise InvalidSizeError(f"{name} must be {options}, got {value!r}", field=name)
+        raise InvalidSizeError(f"{name} must be {options}, got {_shown(value)}", field=name)
 
 
 def check_token_count(count: int, limit: int, *, field: str = "tokens") -> None:
@@ -175,10 +248,20 @@ def check_token_count(count: int, limit: int, *, field: str = "tokens") -> None:
         raise TooManyTokensError(f"{count} tokens is more than the limit of {limit}", field=field)
 
 
+def check_token_list(tokens: list[str], limit: int, *, field: str = "tokens") -> None:
+    """A given token list holds at least one and at most ``limit`` tokens."""
+    if not tokens:
+        what = field.removesuffix("tokens").replace("_", " ")  # "" or "context "
+        raise EmptyInputError(f"the {what}token list is empty: give at least one token", field=field,
+                              code="empty_tokens")
+    check_token_count(len(tokens), limit, field=field)
+
+
 def check_token_text(index: int, text: str, *, field: str = "tokens") -> None:
     """A given token must hold something other than whitespace."""
     if not text or text.isspace():
-        raise EmptyInputError(f"{field}[{index}] is only whitespace", field=f"{field}/{index}", code="blank_token")
+        raise EmptyInputError(f"{field}[{index}] is {'only whitespace' if text else 'empty'}", field=f"{field}/{index}",
+                              code="blank_token")
 
 
 def check_sentence(sentence: str, *, field: str = "sentence") -> None:
@@ -222,11 +305,7 @@ def split_context(*, context_sentence: str | None, context_tokens: list[str] | N
 def _split(sentence: str | None, tokens: list[str] | None, max_tokens: int, sentence_field: str,
            tokens_field: str) -> list[Token]:
     if tokens is not None:
-        if not tokens:
-            what = tokens_field.removesuffix("tokens").replace("_", " ")  # "" or "context "
-            raise EmptyInputError(f"the {what}token list is empty: give at least one token", field=tokens_field,
-                                  code="empty_tokens")
-        check_token_count(len(tokens), max_tokens, field=tokens_field)
+        check_token_list(tokens, max_tokens, field=tokens_field)
         for i, t in enumerate(tokens):
             check_token_text(i, t, field=tokens_field)
         return tokens_from_list(tokens)
@@ -306,11 +385,14 @@ def given_input(x: Any, n: int, d_model: int, name: str = "input") -> np.ndarray
 
 
 def check_trace_size(count: int, limit: int, *, n: int, d_model: int, num_heads: int,
-                     n_context: int | None = None) -> None:
-    """A trace may hold at most ``limit`` numbers: checked before any array exists."""
+                     n_context: int | None = None, decode_values: int = 0) -> None:
+    """A trace may hold at most ``limit`` numbers: checked before any array exists. ``count`` includes the
+    ``decode_values`` numbers of KV-cache decoding's steps, which the message then names."""
     if count > limit:
         tokens = f"{n} tokens" if n_context is None else f"{n} tokens, {n_context} context tokens"
+        decoding = f"; {decode_values} of them in the decoding steps" if decode_values else ""
         raise TraceTooLargeError(
-            f"this trace would return {count} numbers ({tokens}, d_model {d_model}, {num_heads} heads), above "
-            f"the limit of {limit}; use fewer tokens, a smaller d_model or fewer heads"
+            f"this trace would return {count} numbers ({tokens}, d_model {d_model}, {num_heads} heads{decoding}), "
+            f"above the limit of {limit}; use fewer tokens, a smaller d_model or fewer heads"
+            + (", or drop decode" if decode_values else "")
         )

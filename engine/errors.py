@@ -27,14 +27,31 @@ class EngineError(ValueError):
         if code is not None:
             self.code = code
 
+    #: the other problems found with this one (engine.errors.raise_all), in the order they were found
+    also: tuple[EngineError, ...] = ()
+
     @property
     def message(self) -> str:
         return str(self.args[0])
 
     @property
+    def errors(self) -> tuple[EngineError, ...]:
+        """This problem and every other one found with it."""
+        return (self, *self.also)
+
+    @property
     def pointer(self) -> str:
         """RFC 6901 pointer to the field ("" for the whole request)."""
         return "/" + self.field if self.field else ""
+
+
+def raise_all(problems: list[EngineError]) -> None:
+    """Raise the first of ``problems`` carrying the others (``also``), so that a request hears of every
+    conflict at once instead of one per attempt; nothing when the list is empty."""
+    if problems:
+        first = problems[0]
+        first.also = tuple(problems[1:])
+        raise first
 
 
 class HeadDivisionError(EngineError):

@@ -35,8 +35,17 @@ from typing import Any, Callable, Literal
 import numpy as np
 
 from . import attention as A
-from .checks import check_choice, check_rope, check_rope_base, check_seed, check_window, head_dim, kv_heads
-from .errors import InvalidSizeError, StageUnavailableError
+from .checks import (
+    check_choice,
+    check_rope_base,
+    check_seed,
+    check_window_size,
+    head_dim,
+    kv_heads,
+    rope_conflicts,
+    window_conflicts,
+)
+from .errors import EngineError, InvalidSizeError, StageUnavailableError, raise_all
 from .params import token_embeddings
 
 PositionalEncoding = Literal["sinusoidal", "none", "rope"]
@@ -176,9 +185,10 @@ class TraceConfig:
         check_choice("positional_encoding", self.positional_encoding, POSITIONAL_ENCODING_CHOICES)
         check_choice("rope_pairing", self.rope_pairing, tuple(ROPE_PAIRINGS))
         check_rope_base(self.rope_base)
-        if self.positional_encoding == "rope":
-            check_rope(self.d_model, self.num_heads)
-        check_window(self.window, self.causal)
+        check_window_size(self.window)
+        # Both conflicts a configuration can have on its own, reported together (a context's come in trace()).
+        raise_all([*(rope_conflicts(self.d_model, self.num_heads) if self.positional_encoding == "rope" else []),
+                   *window_conflicts(self.window, self.causal)])
         if self.max_tokens < 1:
             raise InvalidSizeError(f"max_tokens must be at least 1, got {self.max_tokens}", field="max_tokens")
 
@@ -515,14 +525,21 @@ VARIANT_STAGE_IDS: tuple[str, ...] = tuple(sid for sid in ALL_STAGE_IDS if sid n
 STAGE_INFO: dict[str, StageInfo] = {s.id: s for s in STAGES}
 
 _NOT_CAUSAL = "the masked_scores stage exists only with causal: true; add it or drop the stage"
-_NOT_COMPUTED = ("token_embedding and positional_encoding are not computed when you give your own input; "
-                 "drop them from the submission")
 _NOT_ROPE = ("the q_rotated and k_rotated stages exist only with positional_encoding: \"rope\"; use RoPE or drop "
              "them")
 _ROPE_HAS_NO_PE = ("with positional_encoding: \"rope\" no positional encoding is added to x (q and k are rotated "
                    "instead), so there is no positional_encoding stage; drop it")
 _NOT_CROSS = ("the context stages exist only in cross-attention, with context_sentence or context_tokens; give a "
               "context or drop them")
+#: the stages your own x (input, context_input) replaces: what makes x is not computed then
+_GIVEN_INPUT_SKIPS = {"token_embedding": "input", "positional_encoding": "input",
+                      "context_token_embedding": "context_input", "context_positional_encoding": "context_input"}
+
+
+def _not_computed(sid: str, field: str) -> str:
+    given = _GIVEN_INPUT_SKIPS[sid]
+    return (f"{sid} is not computed when you give your own {given}: x is taken as given, not made from "
+            f"embeddings and positional encodings; drop it from {field}")
 
 
 def stage_ids(config: TraceConfig, *, explicit_input: bool = False, cross: bool = False) -> tuple[str, ...]:
@@ -553,21 +570,24 @@ def check_stages(wanted: list[str], config: TraceConfig, *, explicit_input: bool
     ``field`` is where they were asked for; ``keyed`` when it is an object keyed
     by stage id (a /check submission), so the pointer can name the stage.
     """
-    if "masked_scores" in wanted and not config.causal:
-        raise StageUnavailableError(_NOT_CAUSAL, field=f"{field}/masked_scores" if keyed else field,
-                                    code="stage_needs_causal")
-    if explicit_input and {"token_embedding", "positional_encoding", "context_token_embedding",
-                           "context_positional_encoding"} & set(wanted):
-        raise StageUnavailableError(_NOT_COMPUTED, field=field, code="stage_not_computed")
-    for sid in wanted:
-        if sid in _ROPE_STAGES and not config.rope:
-            raise StageUnavailableError(_NOT_ROPE, field=f"{field}/{sid}" if keyed else field, code="stage_needs_rope")
-        if sid in ("positional_encoding", "context_positional_encoding") and config.rope:
-            raise StageUnavailableError(_ROPE_HAS_NO_PE, field=f"{field}/{sid}" if keyed else field,
-                                        code="stage_not_computed")
-        if sid in _CONTEXT_STAGES and not cross:
-            raise StageUnavailableError(_NOT_CROSS, field=f"{field}/{sid}" if keyed else field,
-                                        code="stage_needs_context")
+    at = (lambda sid: f"{field}/{sid}") if keyed else (lambda sid: field)
+    asked = set(wanted)
+    problems: list[EngineError] = []  # every stage this configuration does not compute, in walkthrough order
+    for sid in ALL_STAGE_IDS:
+        if sid not in asked:
+            continue
+        if sid == "masked_scores" and not config.causal:
+            problems.append(StageUnavailableError(_NOT_CAUSAL, field=at(sid), code="stage_needs_causal"))
+        elif sid in _ROPE_STAGES and not config.rope:
+            problems.append(StageUnavailableError(_NOT_ROPE, field=at(sid), code="stage_needs_rope"))
+        elif sid in _CONTEXT_STAGES and not cross:
+            problems.append(StageUnavailableError(_NOT_CROSS, field=at(sid), code="stage_needs_context"))
+        elif sid in ("positional_encoding", "context_positional_encoding") and config.rope:
+            problems.append(StageUnavailableError(_ROPE_HAS_NO_PE, field=at(sid), code="stage_not_computed"))
+        elif sid in _GIVEN_INPUT_SKIPS and explicit_input:
+            problems.append(StageUnavailableError(_not_computed(sid, field), field=at(sid),
+                                                  code="stage_not_computed"))
+    raise_all(problems)
 
 
 def stage_axes(sid: str, config: TraceConfig, *, cross: bool = False) -> tuple[tuple[str, ...], tuple[str | None, ...]]:

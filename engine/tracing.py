@@ -33,14 +33,14 @@ import numpy as np
 from . import attention as A
 from .bugs import Bug, check_bug
 from .checks import (
-    check_cross_attention,
-    check_explicit_context,
     check_parameter_shapes,
+    cross_attention_conflicts,
+    explicit_context_conflicts,
     given_input,
     split_context,
     split_tokens,
 )
-from .errors import BugNotApplicableError, NonFiniteInputError, NumericOverflowError
+from .errors import BugNotApplicableError, NonFiniteInputError, NumericOverflowError, raise_all
 from .layer import (
     STAGE_INFO,
     Rerun,
@@ -148,10 +148,10 @@ def trace(
     ctx = context_split if context_split is not None else split_context(
         context_sentence=context_sentence, context_tokens=context_tokens, max_tokens=config.max_tokens)
     cross = ctx is not None
-    if cross:
-        check_cross_attention(causal=config.causal, window=config.window,
-                              positional_encoding=config.positional_encoding)
-    check_explicit_context(input_given=input is not None, context_input_given=context_input is not None, cross=cross)
+    raise_all([*(cross_attention_conflicts(causal=config.causal, window=config.window,
+                                           positional_encoding=config.positional_encoding) if cross else []),
+               *explicit_context_conflicts(input_given=input is not None,
+                                           context_input_given=context_input is not None, cross=cross)])
     n_context = None if ctx is None else len(ctx)
     wrong = (check_bug(bug, config, len(toks), explicit_input=input is not None, n_context=n_context)
              if bug is not None else None)

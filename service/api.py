@@ -50,14 +50,18 @@ def read_body() -> bytes:
     return body
 
 
-def read_json_body() -> bytes:
-    """Check the content type, then read the bounded body."""
+def read_json_body(*, npz_too: bool = False) -> bytes:
+    """Check the content type, then read the bounded body. ``npz_too``: /check, which also takes an
+    ``application/x-npz`` submission (service/npz.py)."""
     mimetype = request.mimetype
-    if not (mimetype in _JSON_TYPES or (mimetype.startswith("application/") and mimetype.endswith("+json"))):
+    if not (mimetype in _JSON_TYPES or (mimetype.startswith("application/") and mimetype.endswith("+json"))
+            or (npz_too and mimetype == npz.MEDIA_TYPE)):
         got = f"'{request.content_type}'" if request.content_type else "no Content-Type"
+        also = f" or as an npz archive with 'Content-Type: {npz.MEDIA_TYPE}'" if npz_too else ""
         raise ProblemError(415, "Unsupported Media Type",
-                           f"Send the body as JSON with 'Content-Type: application/json' (got {got}).",
-                           kind="unsupported-media-type", headers={"Accept-Post": "application/json"})
+                           f"Send the body as JSON with 'Content-Type: application/json'{also} (got {got}).",
+                           kind="unsupported-media-type",
+                           headers={"Accept-Post": "application/json" + (f", {npz.MEDIA_TYPE}" if npz_too else "")})
     coding = request.headers.get("Content-Encoding", "").strip().lower()
     if coding not in ("", "identity"):  # bodies are never decoded: a coded one would be parsed as garbage
         raise ProblemError(415, "Unsupported Media Type",
@@ -159,7 +163,9 @@ def post_trace_json(raw: bytes) -> Response:
 
 @bp.post("/check")
 def post_check() -> Response:
-    raw = read_json_body()
+    raw = read_json_body(npz_too=True)
+    if request.mimetype == npz.MEDIA_TYPE:  # the stages as exact arrays: any size the trace limit allows
+        return json_response(core.check_document(core.check_request_npz(raw, settings())))
     bound_json_values(raw)
     return json_response(core.check_document(parse_body(CheckRequest, raw)))
 

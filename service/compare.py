@@ -222,6 +222,18 @@ def _to_float(v: Any) -> float:
         return math.inf if v > 0 else -math.inf
 
 
+def received_npz(values: np.ndarray, mask: np.ndarray | None) -> Received:
+    """A stage sent as an npz member (service/npz.py): its array as float64, null where ``mask`` is true
+    (the answers' layout: NaN there, or anything), and NaN or ±inf elsewhere as sent."""
+    a = values if values.dtype == np.float64 and values.dtype.isnative else values.astype(np.float64)
+    if mask is None:
+        null = np.zeros(a.shape, dtype=bool)
+    else:
+        null = np.asarray(mask, dtype=bool)
+        a = np.where(null, 0.0, a)  # as read() fills a JSON null
+    return Received(a.shape, a, null, plain=not null.any() and bool(np.isfinite(a).all()))
+
+
 def received_array(values: Any) -> Received:
     """A numpy array or nested lists (not yet scanned) as a Received stage: for scripts and tests."""
     if isinstance(values, np.ndarray):

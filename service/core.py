@@ -81,7 +81,7 @@ class Submission:
     def __init__(self, req: CheckRequest) -> None:
         self.raw = req.submission
         self.shapes = req.shapes
-        self._read: dict[str, compare.Received] = {}
+        self._read: dict[str, compare.Received] = dict(req.arrays)  # an npz body's stages are arrays already
 
     def received(self, sid: str) -> compare.Received:
         if sid not in self._read:
@@ -119,6 +119,18 @@ def compare_stages(order: list[str], t: engine.Trace, sub: Submission, tol: comp
     return results
 
 
+#: most characters of a token an answer repeats (a submitted token may be as long as the request)
+TOKEN_SHOWN_CHARS = 64
+
+
+def _token_cut(text: str) -> str:
+    return text if len(text) <= TOKEN_SHOWN_CHARS else text[:TOKEN_SHOWN_CHARS] + "…"
+
+
+def _token_shown(text: str) -> str:
+    return repr(_token_cut(text))
+
+
 def _unmatched_shape(sid: str, expected: engine.Stage, sub: Submission) -> dict[str, Any] | None:
     """The entry of the token stage, or of a stage whose shape is wrong; None for one to compare by value."""
     exp_shape = list(expected.shape)
@@ -133,12 +145,18 @@ def _unmatched_shape(sid: str, expected: engine.Stage, sub: Submission) -> dict[
         bad = [i for i, (w, r) in enumerate(zip(want, received)) if w != r]
         first = bad[0] if bad else None
         mism = len(bad) + abs(len(received) - len(want))
+        # Summarised, never echoed: the answer stays small whatever the submission holds.
+        parts = []
+        if bad:
+            parts.append(f"{len(bad)} of {min(len(want), len(received))} differ, the first at index {first}: "
+                         f"expected {_token_shown(want[first])}, got {_token_shown(received[first])}")
+        if not shape_ok:
+            parts.append(f"expected {len(want)} {what}, got {len(received)}")
         return {**base, "passed": shape_ok and not bad, "shape_ok": shape_ok, "received_shape": [len(received)],
                 "n_values": len(want), "mismatches": mism, "max_abs_error": None, "max_rel_error": None, **none,
-                "first_mismatch": None if first is None else {"index": [first], "expected": want[first],
-                                                              "received": received[first]},
-                "message": f"the {what} match" if shape_ok and not bad else
-                f"the {what} differ: expected {want}, got {received}"}
+                "first_mismatch": None if first is None else {"index": [first], "expected": _token_cut(want[first]),
+                                                              "received": _token_cut(received[first])},
+                "message": f"the {what} match" if shape_ok and not bad else f"the {what} differ: " + "; ".join(parts)}
 
     got_shape = sub.shapes[sid]
     if got_shape is None or list(got_shape) != exp_shape:
@@ -281,6 +299,26 @@ def check_document(req: CheckRequest) -> dict[str, Any]:
                       "message": diag_msg, "hints": hint_list},
         "message": message,
     }
+
+
+def check_request_npz(body: bytes, limits: Settings) -> CheckRequest:
+    """The /check request an ``application/x-npz`` body holds (service/npz.py), validated as a JSON body
+    is; the archive is refused (400, 413, 422) before anything in it is used if it is out of bounds."""
+    try:
+        meta, arrays = npz.read_submission(body, max_unpacked=limits.max_check_body_bytes,
+                                           max_metadata_values=limits.max_check_json_values,
+                                           token_stages=TOKEN_STAGE_IDS)
+    except npz.NpzBodyError as e:
+        if e.status == 422:
+            raise ProblemError(422, "Invalid request", f"{e.pointer or 'body'}: {e}", kind="validation-error",
+                               errors=[{"pointer": e.pointer or "", "message": str(e), "type": e.type}]) from None
+        kind, title = {400: ("malformed-npz", "Malformed npz"),
+                       413: ("payload-too-large", "Request Entity Too Large")}[e.status]
+        raise ProblemError(e.status, title, f"The npz body: {e}.", kind=kind) from None
+    try:
+        return CheckRequest.model_validate(meta, context={"settings": limits, "npz_submission": arrays})
+    except ValidationError as e:
+        raise validation_problem(e) from None
 
 
 # ------------------------------------------------------------------ batches and /version

@@ -27,7 +27,7 @@ from engine.explain import STEP_IDS, check_cell, check_explainable, explain_cell
 from . import budget, compression, serialize
 from .api import json_response, parse_body, read_json_body
 from .core import run_trace
-from .models import ConfigOut, StageId, TraceRequest, engine_rules
+from .models import ConfigOut, StageId, TraceRequest, engine_rules, omitted
 
 bp = Blueprint("explain", __name__)
 
@@ -78,31 +78,31 @@ class ExplainStep(BaseModel):
     value: float | None = Field(description="The step's number, equal to the trace's where it is a stage entry. "
                                             "null for the vector steps, products and contributions (their numbers "
                                             "are in `values` and `vector`).")
-    values: list[float | list[float] | None] | None = Field(
-        default=None, description="products: the d_k products; denominator: every key's exponential (0 for a "
-        "masked key); contributions: weight_j·v_j per key (null for a masked key).")
+    values: list[float | list[float] | None] | None = omitted(
+        "products: the d_k products; denominator: every key's exponential (0 for a masked key); contributions: "
+        "weight_j·v_j per key (null for a masked key).")
     index: list[int] = Field(description="Where `value` (or the vector step's row) is in `stage`'s values.")
     note: str
-    recomputed: float | list[float] | None = Field(
-        default=None, description="The step recomputed here from the numbers shown (products added in order, "
-        "score / divisor, exp of one number, terms added in order, exp / denominator, contributions added in "
-        "order); null where there is nothing to recompute.")
-    exact: bool | None = Field(default=None, description="Whether `recomputed` equals the trace's number bit for "
-                                                         "bit (a BLAS product may sum in another order).")
-    q: list[float] | None = Field(default=None, description="products: the query vector (q, or q_rotated).")
-    k: list[float] | None = Field(default=None, description="products: the key vector (k, or k_rotated).")
-    k_stage: StageId | None = Field(default=None, description="products: the stage of `k`.")
-    k_index: list[int] | None = Field(default=None, description="products: [kv_head, key] in `k_stage`.")
-    divisor: float | None = Field(default=None, description="scaled: the trace's scale factor (√d_k, or 1).")
-    key: int | None = Field(default=None, description="row_max: the key holding the row's maximum.")
-    key_token: str | None = Field(default=None, description="row_max: that key's token.")
-    exponent: float | None = Field(default=None, description="exp: scaled − row_max (null for a masked cell).")
-    weights: list[float] | None = Field(default=None, description="contributions: the query row's weights.")
-    v: list[list[float]] | None = Field(default=None, description="contributions: every key's value vector.")
-    v_stage: StageId | None = Field(default=None, description="contributions: the stage of `v`.")
-    v_index: list[int] | None = Field(default=None, description="contributions: [kv_head] in `v_stage`.")
-    vector: list[float] | None = Field(default=None, description="contributions: the trace's context[head, query].")
-    max_abs_difference: float | None = Field(default=None, description="contributions: max |recomputed − vector|.")
+    recomputed: float | list[float] | None = omitted(
+        "The step recomputed here from the numbers shown (products added in order, score / divisor, exp of one "
+        "number, terms added in order, exp / denominator, contributions added in order); null where there is "
+        "nothing to recompute.", nullable=True)
+    exact: bool | None = omitted("Whether `recomputed` equals the trace's number bit for bit (a BLAS product may "
+                                 "sum in another order); null where nothing was recomputed.", nullable=True)
+    q: list[float] | None = omitted("products: the query vector (q, or q_rotated).")
+    k: list[float] | None = omitted("products: the key vector (k, or k_rotated).")
+    k_stage: StageId | None = omitted("products: the stage of `k`.")
+    k_index: list[int] | None = omitted("products: [kv_head, key] in `k_stage`.")
+    divisor: float | None = omitted("scaled: the trace's scale factor (√d_k, or 1).")
+    key: int | None = omitted("row_max: the key holding the row's maximum.")
+    key_token: str | None = omitted("row_max: that key's token.")
+    exponent: float | None = omitted("exp: scaled − row_max (null for a masked cell).", nullable=True)
+    weights: list[float] | None = omitted("contributions: the query row's weights.")
+    v: list[list[float]] | None = omitted("contributions: every key's value vector.")
+    v_stage: StageId | None = omitted("contributions: the stage of `v`.")
+    v_index: list[int] | None = omitted("contributions: [kv_head] in `v_stage`.")
+    vector: list[float] | None = omitted("contributions: the trace's context[head, query].")
+    max_abs_difference: float | None = omitted("contributions: max |recomputed − vector|.")
 
 
 class ExplainDecode(BaseModel):
@@ -141,7 +141,7 @@ class ExplainResponse(BaseModel):
     masked_keys: list[int] = Field(description="The keys the mask hides from this query row.")
     steps: list[ExplainStep] = Field(description="products, score, scaled, row_max, exp, denominator, weight, "
                                                  "contributions, in this order.")
-    decode: ExplainDecode | None = Field(default=None, description="Only with decode: the query's KV-cache step.")
+    decode: ExplainDecode | None = omitted("Only with decode: the query's KV-cache step.")
 
 
 #: the models whose schemas /explain publishes inline (openapi_path)

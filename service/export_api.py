@@ -26,7 +26,7 @@ from engine.export import EXPORT_FORMATS, TE_SUFFIXES, check_export, export, exp
 
 from . import budget, compression, core, serialize
 from .api import json_response, parse_body, settings
-from .models import ConfigOut, InjectedBug, TokenOut, TraceRequest, engine_rules
+from .models import ConfigOut, InjectedBug, TokenOut, TraceRequest, engine_rules, omitted
 from .problems import ProblemError
 
 bp = Blueprint("export", __name__)
@@ -144,12 +144,11 @@ class ExportResponse(BaseModel):
     config: ConfigOut
     tokens: list[TokenOut]
     parameters_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
-    context_tokens: list[TokenOut] | None = Field(default=None, description="Cross-attention only.")
+    context_tokens: list[TokenOut] | None = omitted("Cross-attention only.")
     data: BertvizSelf | BertvizCross | CircuitsVisHeads | dict[_ExplainerKey, ExplainerMatrix] = Field(
         description="The viewer's input: head_view's keyword arguments (bertviz), AttentionHeads' props "
         "(circuitsvis), or Transformer Explainer's `outputs` (transformer-explainer).")
-    injected_bug: InjectedBug | None = Field(
-        default=None, description="Only with inject_bug: the numbers are deliberately wrong in this way.")
+    injected_bug: InjectedBug | None = omitted("Only with inject_bug: the numbers are deliberately wrong in this way.")
 
 
 # ----------------------------------------------------------------- the endpoint

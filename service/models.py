@@ -22,17 +22,23 @@ from engine import BUG_NAMES, BUGS, EngineError, Token, TraceConfig, check_bug
 from engine.decoding import decode_value_count
 from engine.checks import (
     MAX_EXPLICIT_VALUE,
+    ROPE_BASE_MAX,
     SEED_MAX,
-    check_cross_attention,
-    check_decodable,
-    check_explicit_context,
+    check_choice,
     check_input_shape,
+    check_kv_heads_value,
+    check_one_context,
     check_one_source,
     check_parameter_shapes,
+    check_rope_base,
     check_sentence,
-    check_token_count,
+    check_token_list,
     check_token_text,
     check_trace_size,
+    check_variants,
+    check_window_size,
+    head_dim,
+    kv_heads,
     split_context,
     split_tokens,
 )
@@ -48,11 +54,14 @@ from engine.layer import (
 
 from . import compare
 from .hints import HINT_CODES
+from .problems import problem_entry
 from .settings import Settings
 
 StageId = Literal[ALL_STAGE_IDS]  # type: ignore[valid-type]
 
 _SENTENCE_HARD_MAX = 1_000_000  # schema ceiling; the configured max_sentence_chars is lower
+_TOKENS_HARD_MAX = 100_000  # schema ceilings of a token list and of one token; the configured max_tokens is lower
+_TOKEN_HARD_MAX = 1024
 
 
 # Unicode's Cc (C0 and C1 controls, but tab, newline and carriage return are fine) and Cs (lone
@@ -89,8 +98,10 @@ class _EngineRules:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> bool:
         if isinstance(error, EngineError):
-            raise PydanticCustomError(error.code, "{message}",
-                                      {"message": error.message, "pointer": error.pointer}) from None
+            ctx: dict[str, Any] = {"message": error.message, "pointer": error.pointer}
+            if error.also:  # every other problem found with it: problems.validation_problem lists them too
+                ctx["also"] = [problem_entry(e) for e in error.also]
+            raise PydanticCustomError(error.code, "{message}", ctx) from None
         return False
 
 
@@ -109,8 +120,8 @@ class ParametersIn(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     W_Q: _Matrix3 = Field(description="[head, d_k, d_model]")
-    W_K: _Matrix3 = Field(description="[head, d_k, d_model]")
-    W_V: _Matrix3 = Field(description="[head, d_k, d_model]")
+    W_K: _Matrix3 = Field(description="[kv head, d_k, d_model]: kv heads = num_kv_heads, or num_heads")
+    W_V: _Matrix3 = Field(description="[kv head, d_k, d_model]: kv heads = num_kv_heads, or num_heads")
     W_O: list[list[_Num]] = Field(description="[d_model, num_heads·d_k]")
 
 
@@ -133,10 +144,10 @@ class TraceSpec(BaseModel):
         description="Text to split into tokens: a word is a token, each punctuation mark is its own token. "
         "Give exactly one of `sentence` or `tokens`.",
     )
-    tokens: list[Annotated[str, Field(min_length=1, max_length=1024)]] | None = Field(
+    tokens: list[Annotated[str, Field(min_length=1, max_length=_TOKEN_HARD_MAX)]] | None = Field(
         default=None,
         min_length=1,
-        max_length=100_000,
+        max_length=_TOKENS_HARD_MAX,
         description="Pre-split tokens, used as given. Give exactly one of `sentence` or `tokens`.",
     )
     d_model: int = Field(default=24, ge=1, description="Model width; must be divisible by num_heads.")
@@ -150,14 +161,16 @@ class TraceSpec(BaseModel):
         "rotated per head by their position (the q_rotated and k_rotated stages; d_k must be even).",
     )
     rope_base: float = Field(
-        default=DEFAULT_ROPE_BASE, gt=1, le=1e12,
+        default=DEFAULT_ROPE_BASE, gt=1, le=ROPE_BASE_MAX,
         description="RoPE's frequency base (10000 in RoFormer and Llama 2, 500000 in Llama 3); used with "
-        "positional_encoding rope.",
+        "positional_encoding rope, and checked with any encoding (a wrong value is a 422 `invalid_size` even "
+        "where it would not be used).",
     )
     rope_pairing: RopePairingName = Field(
         default="rotate_half",
         description="Which coordinates RoPE rotates together: rotate_half pairs j and j + d_k/2 (GPT-NeoX, Llama, "
-        "Hugging Face's rotate_half); interleaved pairs 2j and 2j + 1 (RoFormer, the paper).",
+        "Hugging Face's rotate_half); interleaved pairs 2j and 2j + 1 (RoFormer, the paper). Used with "
+        "positional_encoding rope, and checked with any encoding (`invalid_size`).",
     )
     num_kv_heads: int | None = Field(
         default=None, ge=1,
@@ -174,8 +187,8 @@ class TraceSpec(BaseModel):
         description="Cross-attention: the queries come from the sentence, the keys and values from this context "
         "(an encoder's sentence), with its own embeddings and positions. No causal mask, window or RoPE.",
     )
-    context_tokens: list[Annotated[str, Field(min_length=1, max_length=1024)]] | None = Field(
-        default=None, min_length=1, max_length=100_000,
+    context_tokens: list[Annotated[str, Field(min_length=1, max_length=_TOKEN_HARD_MAX)]] | None = Field(
+        default=None, min_length=1, max_length=_TOKENS_HARD_MAX,
         description="Cross-attention's context, pre-split. Give at most one of context_sentence or context_tokens.",
     )
     context_input: list[list[_Num]] | None = Field(
@@ -195,38 +208,77 @@ class TraceSpec(BaseModel):
         "[kv head, d_k, d_model] (kv heads = num_kv_heads, or num_heads) and W_O [d_model, num_heads·d_k].",
     )
 
-    @field_validator("sentence")
+    # The variants' own fields are checked by the engine's rules before the schema's, so that HTTP and
+    # the engine refuse them alike: type invalid_size, the engine's message (docs/engine.md, "Errors of
+    # the variants"). The schema keeps its bounds, which document the same ranges.
+    @field_validator("num_kv_heads", mode="before")
     @classmethod
-    def _sentence_text(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is None:
+    def _kv_heads_value(cls, v: Any) -> Any:
+        with engine_rules():
+            check_kv_heads_value(v)
+        return v
+
+    @field_validator("rope_base", mode="before")
+    @classmethod
+    def _rope_base_value(cls, v: Any) -> Any:
+        with engine_rules():
+            check_rope_base(v)
+        return v
+
+    @field_validator("rope_pairing", mode="before")
+    @classmethod
+    def _rope_pairing_value(cls, v: Any) -> Any:
+        with engine_rules():
+            check_choice("rope_pairing", v, tuple(ROPE_PAIRINGS))
+        return v
+
+    @field_validator("window", mode="before")
+    @classmethod
+    def _window_value(cls, v: Any) -> Any:
+        with engine_rules():
+            check_window_size(v)
+        return v
+
+    # Before the schema's own checks, so that an empty or blank text gets the engine's type and message
+    # (empty_sentence, empty_tokens, blank_token), as the engine gives them; text the schema refuses
+    # anyway (not a string, over the schema's ceilings) is left to it.
+    @field_validator("sentence", "context_sentence", mode="before")
+    @classmethod
+    def _sentence_text(cls, v: Any, info: ValidationInfo) -> Any:
+        if not isinstance(v, str) or len(v) > _SENTENCE_HARD_MAX:
             return v
+        field = info.field_name
+        what = field.replace("_", " ")
         limit = _settings(info).max_sentence_chars
         if len(v) > limit:
             raise PydanticCustomError(
                 "sentence_too_long",
-                "the sentence has {length} characters; the limit is {limit}",
-                {"length": len(v), "limit": limit},
+                "the {what} has {length} characters; the limit is {limit}",
+                {"what": what, "length": len(v), "limit": limit},
             )
         bad = _bad_characters(v)
         if bad:
-            raise PydanticCustomError("bad_character", "the sentence contains {what}", {"what": bad})
+            raise PydanticCustomError("bad_character", "the {field} contains {what}", {"field": what, "what": bad})
         with engine_rules():
-            check_sentence(v)
+            check_sentence(v, field=field)
         return v
 
-    @field_validator("tokens")
+    @field_validator("tokens", "context_tokens", mode="before")
     @classmethod
-    def _token_texts(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
-        if v is None:
+    def _token_texts(cls, v: Any, info: ValidationInfo) -> Any:
+        if not isinstance(v, list) or len(v) > _TOKENS_HARD_MAX or not all(
+                isinstance(t, str) and len(t) <= _TOKEN_HARD_MAX for t in v):
             return v
+        field = info.field_name
         with engine_rules():
-            check_token_count(len(v), _settings(info).max_tokens)
+            check_token_list(v, _settings(info).max_tokens, field=field)
         for i, t in enumerate(v):
             bad = _bad_characters(t)
             if bad:
-                raise PydanticCustomError("bad_character", "tokens[{i}] contains {what}", {"i": i, "what": bad})
+                raise PydanticCustomError("bad_character", "{field}[{i}] contains {what}",
+                                          {"field": field, "i": i, "what": bad})
             with engine_rules():
-                check_token_text(i, t)
+                check_token_text(i, t, field=field)
         return v
 
     @field_validator("d_model")
@@ -252,8 +304,17 @@ class TraceSpec(BaseModel):
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> TraceSpec:
         settings = _settings(info)
+        cross = self.context_sentence is not None or self.context_tokens is not None
         with engine_rules():
             check_one_source(self.sentence, self.tokens)
+            check_one_context(self.context_sentence, self.context_tokens)
+            head_dim(self.d_model, self.num_heads)
+            kv_heads(self.num_heads, self.num_kv_heads)
+            # Every conflict between the variants' settings at once (then the configuration builds).
+            check_variants(d_model=self.d_model, num_heads=self.num_heads, causal=self.causal, window=self.window,
+                           positional_encoding=self.positional_encoding, cross=cross,
+                           input_given=self.input is not None, context_input_given=self.context_input is not None,
+                           decode=getattr(self, "decode", False), bug=getattr(self, "inject_bug", None))
             config = TraceConfig(d_model=self.d_model, num_heads=self.num_heads, seed=self.seed, scale=self.scale,
                                  causal=self.causal, positional_encoding=self.positional_encoding,
                                  max_tokens=settings.max_tokens, num_kv_heads=self.num_kv_heads,
@@ -264,11 +325,6 @@ class TraceSpec(BaseModel):
             context = split_context(context_sentence=self.context_sentence, context_tokens=self.context_tokens,
                                     max_tokens=settings.max_tokens)
             n, m = len(tokens), None if context is None else len(context)
-            if context is not None:
-                check_cross_attention(causal=self.causal, window=self.window,
-                                      positional_encoding=self.positional_encoding)
-            check_explicit_context(input_given=self.input is not None,
-                                   context_input_given=self.context_input is not None, cross=context is not None)
             if self.input is not None:
                 check_input_shape(self.input, n, self.d_model)
             if self.context_input is not None and m is not None:
@@ -277,11 +333,10 @@ class TraceSpec(BaseModel):
                 check_parameter_shapes(dict(self.parameters), self.d_model, self.num_heads, self.num_kv_heads)
             count = trace_value_count(config, n, with_parameters=getattr(self, "include_parameters", False),
                                       n_context=m)
-            if getattr(self, "decode", False):
-                check_decodable(causal=self.causal, cross=context is not None, bug=getattr(self, "inject_bug", None))
-                count += decode_value_count(config, n)
+            decoding = decode_value_count(config, n) if getattr(self, "decode", False) else 0
+            count += decoding
             check_trace_size(count, settings.max_trace_values, n=n, d_model=self.d_model, num_heads=self.num_heads,
-                             n_context=m)
+                             n_context=m, decode_values=decoding)
         self._config, self._tokens, self._context, self._value_count = config, tokens, context, count
         return self
 
@@ -317,7 +372,8 @@ class TraceRequest(TraceSpec):
     )
 
     include_parameters: bool = Field(
-        default=False, description="Also return W_Q, W_K, W_V [head, d_k, d_model] and W_O [d_model, h·d_k]."
+        default=False, description="Also return W_Q [head, d_k, d_model], W_K and W_V [kv head, d_k, d_model] "
+        "(kv heads = num_kv_heads, or num_heads) and W_O [d_model, h·d_k]."
     )
     parameters_layout: Literal["per_head", "torch"] = Field(
         default="per_head",
@@ -331,7 +387,11 @@ class TraceRequest(TraceSpec):
         min_length=1,
         max_length=len(ALL_STAGE_IDS),
         description="Return only these stages (by id); default: every stage. A grader that only needs "
-        "`weights` gets only `weights`. `masked_scores` exists only with `causal: true`.",
+        "`weights` gets only `weights`. A stage this configuration does not compute is a 422, each one listed: "
+        "`masked_scores` without `causal: true`, `q_rotated`/`k_rotated` without RoPE, `positional_encoding` "
+        "under RoPE, the context stages without a context, `token_embedding` and `positional_encoding` (and the "
+        "context's) with your own input. It filters what is returned, not the decoding steps, and not what "
+        "max_trace_values counts.",
     )
     precision: int | None = Field(
         default=None,
@@ -344,7 +404,8 @@ class TraceRequest(TraceSpec):
     decode: bool = Field(
         default=False,
         description="Also return `decode`: the layer re-run one token at a time with a KV cache, as a model "
-        "generates text (causal self-attention only). Step t's rows equal the full trace's row t.",
+        "generates text (causal self-attention only). Step t's rows equal the full trace's row t. `precision` "
+        "rounds it, `stages` does not filter it, and its numbers count towards max_trace_values.",
     )
 
     inject_bug: BugName | None = Field(
@@ -359,18 +420,24 @@ class TraceRequest(TraceSpec):
     @model_validator(mode="after")
     def _options(self) -> TraceRequest:
         if self.parameters_layout == "torch":
+            layout = []  # both problems at once, as every conflict
             if not self.include_parameters:
-                raise PydanticCustomError("layout_needs_parameters", "parameters_layout chooses how the weights are "
-                                          "returned: add include_parameters: true, or drop parameters_layout",
-                                          {"pointer": "/parameters_layout"})
+                layout.append({"type": "layout_needs_parameters", "pointer": "/parameters_layout",
+                               "message": "parameters_layout chooses how the weights are returned: add "
+                                          "include_parameters: true, or drop parameters_layout"})
             if self.trace_config.grouped:
-                raise PydanticCustomError("layout_needs_all_kv_heads", "torch.nn.MultiheadAttention has a K and V "
-                                          "head per query head; drop num_kv_heads or use parameters_layout per_head",
-                                          {"pointer": "/parameters_layout"})
+                layout.append({"type": "layout_needs_all_kv_heads", "pointer": "/parameters_layout",
+                               "message": "torch.nn.MultiheadAttention has a K and V head per query head; drop "
+                                          "num_kv_heads or use parameters_layout per_head"})
+            if layout:
+                first = layout[0]
+                raise PydanticCustomError(first["type"], "{message}", {"message": first["message"],
+                                                                       "pointer": first["pointer"],
+                                                                       "also": layout[1:]})
         with engine_rules():
             if self.stages is not None:
-                # A filter: stages that an explicit input skips are just absent from the answer.
-                check_stages(self.stages, self.trace_config, explicit_input=False, field="stages",
+                # As /check's submission: a stage your own input skips is refused, not silently left out.
+                check_stages(self.stages, self.trace_config, explicit_input=self.input is not None, field="stages",
                              cross=self._context is not None)
             if self.inject_bug is not None:
                 check_bug(self.inject_bug, self.trace_config, len(self._tokens), explicit_input=self.input is not None,
@@ -403,6 +470,8 @@ class CheckRequest(TraceSpec):
 
     #: the submitted stages' shapes, found while checking their values (None: ragged)
     _shapes: dict[str, tuple[int, ...] | None] = PrivateAttr(default_factory=dict)
+    #: the stages an npz body sent as arrays (service/npz.py), read once
+    _arrays: dict[str, compare.Received] = PrivateAttr(default_factory=dict)
 
     submission: dict[StageId, list[Any]] = Field(
         min_length=1,
@@ -445,13 +514,25 @@ class CheckRequest(TraceSpec):
         return v
 
     @model_validator(mode="after")
-    def _stages_exist(self) -> CheckRequest:
+    def _stages_exist(self, info: ValidationInfo) -> CheckRequest:
         with engine_rules():
             check_stages(list(self.submission), self.trace_config, explicit_input=self.input is not None,
                          field="submission", keyed=True, cross=self._context is not None)
+        arrays = (info.context or {}).get("npz_submission") or {}  # sid -> (values, mask) from an npz body
         # Every value's type, and each stage's shape, in one pass over the rows (compare.scan).
         for sid, values in self.submission.items():
             if sid in TOKEN_STAGE_IDS:  # token texts: compared as strings (service/core.py)
+                continue
+            if sid in arrays:
+                a, mask = arrays[sid]
+                if not 1 <= a.ndim <= compare.MAX_DEPTH:
+                    raise PydanticCustomError(
+                        "submission_type", "submission.{sid}: {problem}",
+                        {"sid": sid, "pointer": f"/submission/{sid}", "problem": (
+                            "a single number, not an array" if a.ndim == 0 else
+                            f"{a.ndim} dimensions, deeper than any stage ({compare.MAX_DEPTH})")})
+                self._arrays[sid] = compare.received_npz(a, mask)
+                self._shapes[sid] = a.shape
                 continue
             try:
                 self._shapes[sid] = compare.scan(values)
@@ -485,6 +566,11 @@ class CheckRequest(TraceSpec):
         """Each submitted numeric stage's shape (None when ragged), found during validation."""
         return self._shapes
 
+    @property
+    def arrays(self) -> dict[str, compare.Received]:
+        """The stages an npz body sent as arrays, already read (service/npz.py)."""
+        return self._arrays
+
 
 class BatchRequest(BaseModel):
     """Several requests answered independently, in order."""
@@ -517,6 +603,23 @@ def _settings(info: ValidationInfo) -> Settings:
 # ----------------------------------------------------------------- responses
 
 
+def omitted(description: str, *, nullable: bool = False) -> Any:
+    """An output field the service leaves out of an answer where it does not apply: not required, and
+    no ``default`` in the schema (generated clients, openapi-typescript's for one, read a default as
+    "always present"); null only when ``nullable`` (sent as null in some answers)."""
+
+    def schema(s: dict[str, Any]) -> None:
+        s.pop("default", None)
+        if not nullable and "anyOf" in s:
+            branches = [b for b in s.pop("anyOf") if b != {"type": "null"}]
+            if len(branches) == 1:
+                s.update(branches[0])
+            else:
+                s["anyOf"] = branches
+
+    return Field(default=None, description=description, json_schema_extra=schema)
+
+
 class TokenOut(BaseModel):
     index: int = Field(description="Position in the sequence, from 0.")
     text: str
@@ -534,11 +637,9 @@ class StageOut(BaseModel):
         description="Nested arrays in `axes` order. Numbers are float64, written so they round-trip exactly; "
         "masked entries of masked_scores are null. The tokens stage holds strings."
     )
-    axis_tokens: list[Literal["tokens", "context_tokens"] | None] | None = Field(
-        default=None,
-        description="Cross-attention only: for each axis, the token list it indexes (`tokens`, the queries' "
-        "sentence, or `context_tokens`, the keys' context), or null for a non-token axis.",
-    )
+    axis_tokens: list[Literal["tokens", "context_tokens"] | None] | None = omitted(
+        "Cross-attention only: for each axis, the token list it indexes (`tokens`, the queries' "
+        "sentence, or `context_tokens`, the keys' context), or null for a non-token axis.")
 
 
 class KVCacheBytes(BaseModel):
@@ -564,18 +665,18 @@ class ConfigOut(BaseModel):
                                             "(2·d_model² + 2·num_kv_heads·d_k·d_model with shared K/V heads).")
     n_matrices: int = Field(description="3·num_heads + 1 (num_heads + 2·num_kv_heads + 1 with shared K/V heads).")
     # The variants' settings appear only when the variant is used, so engine 1.0 answers keep their shape.
-    rope_base: float | None = Field(default=None, description="positional_encoding rope only.")
-    rope_pairing: RopePairingName | None = Field(default=None, description="positional_encoding rope only.")
-    num_kv_heads: int | None = Field(default=None, description="Only when num_kv_heads was given.")
-    query_heads_of_kv_head: list[list[int]] | None = Field(
-        default=None, description="Only with num_kv_heads: for each K/V head, the query heads that share it.")
-    kv_cache_bytes_per_token: KVCacheBytes | None = Field(
-        default=None, description="Only with num_kv_heads: a KV cache's bytes per token for this layer, "
-        "2·num_kv_heads·d_k numbers at each float width.")
-    window: int | None = Field(default=None, description="Sliding window only.")
-    n_context_tokens: int | None = Field(default=None, description="Cross-attention only.")
-    decode: bool | None = Field(default=None, description="Only when decode was asked for.")
-    parameters_layout: Literal["torch"] | None = Field(default=None, description="Only when not per_head.")
+    rope_base: float | None = omitted("positional_encoding rope only.")
+    rope_pairing: RopePairingName | None = omitted("positional_encoding rope only.")
+    num_kv_heads: int | None = omitted("Only when num_kv_heads was given.")
+    query_heads_of_kv_head: list[list[int]] | None = omitted(
+        "Only with num_kv_heads: for each K/V head, the query heads that share it.")
+    kv_cache_bytes_per_token: KVCacheBytes | None = omitted(
+        "Only with num_kv_heads: a KV cache's bytes per token for this layer, 2·num_kv_heads·d_k numbers at "
+        "each float width.")
+    window: int | None = omitted("Sliding window only.")
+    n_context_tokens: int | None = omitted("Cross-attention only.")
+    decode: bool | None = omitted("Only when decode was asked for (then true).")
+    parameters_layout: Literal["torch"] | None = omitted("Only when not per_head.")
 
 
 class StatsOut(BaseModel):
@@ -586,8 +687,10 @@ class StatsOut(BaseModel):
 
 class ParametersOut(BaseModel):
     W_Q: list[list[list[float]]] = Field(description="[head, d_k, d_model]")
-    W_K: list[list[list[float]]] = Field(description="[head, d_k, d_model]")
-    W_V: list[list[list[float]]] = Field(description="[head, d_k, d_model]")
+    W_K: list[list[list[float]]] = Field(description="[kv head, d_k, d_model]: kv heads = num_kv_heads, or "
+                                                     "num_heads")
+    W_V: list[list[list[float]]] = Field(description="[kv head, d_k, d_model]: kv heads = num_kv_heads, or "
+                                                     "num_heads")
     W_O: list[list[_Num]] = Field(description="[d_model, num_heads·d_k]")
 
 
@@ -605,11 +708,14 @@ class DecodeStepOut(BaseModel):
     token: str
     cache_positions: list[int] = Field(description="The positions whose keys and values are cached after this "
                                                    "step, oldest first (the last `window` with a sliding window).")
-    q: list[list[float]] = Field(description="[head, d_k]")
-    k: list[list[float]] = Field(description="[kv head, d_k]: appended to the key cache (rotated first under RoPE)")
-    v: list[list[float]] = Field(description="[kv head, d_k]")
-    q_rotated: list[list[float]] | None = Field(description="[head, d_k], RoPE only.")
-    k_rotated: list[list[float]] | None = Field(description="[kv head, d_k], RoPE only.")
+    q: list[list[float]] = Field(description="[head, d_k]: x_t·W_Qᵀ, unrotated.")
+    k: list[list[float]] = Field(description="[kv head, d_k]: x_t·W_Kᵀ, the unrotated key. Without RoPE it is the "
+                                             "row appended to the key cache; under RoPE the cache holds k_rotated.")
+    v: list[list[float]] = Field(description="[kv head, d_k]: x_t·W_Vᵀ, the row appended to the value cache.")
+    q_rotated: list[list[float]] | None = Field(description="[head, d_k]: q turned by position t (RoPE); null "
+                                                            "without RoPE.")
+    k_rotated: list[list[float]] | None = Field(description="[kv head, d_k]: k turned by position t, the row "
+                                                            "appended to the key cache (RoPE); null without RoPE.")
     k_cache: list[list[list[float]]] = Field(description="[kv head, cached, d_k]")
     v_cache: list[list[list[float]]] = Field(description="[kv head, cached, d_k]")
     scores: list[list[float]] = Field(description="[head, cached]")
@@ -635,14 +741,12 @@ class TraceResponse(BaseModel):
     )
     stages: dict[StageId, StageOut] = Field(description="Every stage, keyed by stage id, in walkthrough order.")
     stats: StatsOut
-    parameters: ParametersOut | TorchParametersOut | None = Field(
-        default=None, description="Only when include_parameters is true, in parameters_layout.")
-    context_tokens: list[TokenOut] | None = Field(
-        default=None, description="Cross-attention only: the context's tokens (offsets into context_sentence).")
-    decode: list[DecodeStepOut] | None = Field(default=None, description="Only with decode: one entry per token.")
-    injected_bug: InjectedBug | None = Field(
-        default=None, description="Only with inject_bug: the numbers are deliberately wrong in this way."
-    )
+    parameters: ParametersOut | TorchParametersOut | None = omitted(
+        "Only when include_parameters is true, in parameters_layout.")
+    context_tokens: list[TokenOut] | None = omitted(
+        "Cross-attention only: the context's tokens (offsets into context_sentence).")
+    decode: list[DecodeStepOut] | None = omitted("Only with decode: one entry per token.")
+    injected_bug: InjectedBug | None = omitted("Only with inject_bug: the numbers are deliberately wrong in this way.")
 
 
 class Mismatch(BaseModel):
@@ -743,8 +847,8 @@ class Problem(BaseModel):
     title: str
     status: int
     detail: str
-    instance: str | None = None
-    errors: list[ValidationErrorItem] | None = None
+    instance: str = Field(description="The request's path.")
+    errors: list[ValidationErrorItem] | None = omitted("422 only: every problem with the request.")
 
 
 class Health(BaseModel):

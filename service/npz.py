@@ -22,11 +22,15 @@ equal bit for bit (tests/test_npz.py). The Python client reads it back with
 from __future__ import annotations
 
 import io
+import math
+import struct
 import zipfile
+import zlib
 from typing import Any
 
 import numpy as np
 import orjson
+import pydantic_core
 
 MEDIA_TYPE = "application/x-npz"
 METADATA = "metadata.json"
@@ -71,3 +75,190 @@ def dumps(doc: Any) -> bytes:
                 np.lib.format.write_array(f, np.ascontiguousarray(a), allow_pickle=False)
     return buf.getvalue()
 
+
+
+# --------------------------------------------------------------- submissions (POST /check)
+#
+# A /check body may be the same kind of archive: ``metadata.json`` is the /check request, in which a
+# submitted stage may be ``{"npz": KEY}`` (optionally with ``"mask": {"npz": MASK_KEY}``, a boolean
+# array true where the stage is masked, as the answers carry it), and KEY.npy holds its array.
+# The archive is read only within bounds set before any work: the zip's own directory is checked
+# first (member count, directory size), then the members' declared sizes (what they unpack to),
+# then each member's .npy header (dtype, shape, exact data size) before its data is used.
+
+#: most members: metadata.json plus every stage and a mask (there are 20 stage ids)
+MAX_MEMBERS = 64
+#: largest zip central directory: MAX_MEMBERS entries with names of a few hundred bytes
+MAX_DIRECTORY_BYTES = 64 * 1024
+#: the end-of-central-directory record and its zip64 forms (APPNOTE 4.3.14-16)
+_EOCD = b"PK\x05\x06"
+_ZIP64_LOCATOR = b"PK\x06\x07"
+_ZIP64_EOCD = b"PK\x06\x06"
+
+
+class NpzBodyError(ValueError):
+    """An npz body that cannot be read, or that unpacks beyond its bounds: ``status`` 400 or 413;
+    ``pointer`` and ``type`` for a 422 about the request it holds."""
+
+    def __init__(self, status: int, message: str, *, pointer: str | None = None, type: str = "npz") -> None:
+        super().__init__(message)
+        self.status, self.pointer, self.type = status, pointer, type
+
+
+def _directory(body: bytes) -> tuple[int, int]:
+    """(members, central directory bytes) from the end record, read before zipfile parses anything: a
+    forged directory could otherwise hold hundreds of thousands of entries in a few megabytes."""
+    at = body.rfind(_EOCD, max(0, len(body) - 22 - 65535))  # the record, then at most a 64 KiB comment
+    if at < 0 or len(body) - at < 22:
+        raise NpzBodyError(400, "the body is not a zip archive (no end of central directory): send what "
+                                "np.savez writes")
+    _, _, _, _, entries, size, _, _ = struct.unpack("<4sHHHHIIH", body[at:at + 22])
+    locator = at - 20
+    if locator >= 0 and body[locator:locator + 4] == _ZIP64_LOCATOR:
+        (offset,) = struct.unpack("<Q", body[locator + 8:locator + 16])
+        if offset + 56 > len(body) or body[offset:offset + 4] != _ZIP64_EOCD:
+            raise NpzBodyError(400, "the zip64 end of central directory is missing or damaged")
+        entries, size = struct.unpack("<QQ", body[offset + 32:offset + 48])
+    return entries, size
+
+
+def _member_name(key: Any) -> str:
+    return f"{key}.npy"
+
+
+def _array(data: bytes, what: str, pointer: str) -> np.ndarray:
+    """A .npy member's array, read-only over ``data``, after its header (format 1.0 or 2.0, no pickles)
+    and its exact size are checked."""
+    f = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(f)
+        header = {(1, 0): np.lib.format.read_array_header_1_0,
+                  (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if header is None:
+            raise ValueError(f"npy format {version[0]}.{version[1]}; np.save writes 1.0")
+        shape, fortran, dtype = header(f)
+    except ValueError as e:
+        raise NpzBodyError(400, f"{what} is not a readable .npy array: {e}") from None
+    if dtype.hasobject or dtype.kind not in "fiub" or dtype.fields is not None or dtype.itemsize > 8:
+        raise NpzBodyError(422, f"{what} holds {dtype}, not real numbers: send float64 (float32 and integers "
+                                "are read as float64 too)", pointer=pointer, type="npz_dtype")
+    count = math.prod(shape)
+    if len(data) - f.tell() != count * dtype.itemsize:
+        raise NpzBodyError(400, f"{what} holds {len(data) - f.tell()} bytes of data where its header says "
+                                f"{count * dtype.itemsize}")
+    a = np.frombuffer(data, dtype=dtype, count=count, offset=f.tell())
+    return a.reshape(shape, order="F" if fortran else "C")
+
+
+def read_submission(body: bytes, *, max_unpacked: int, max_metadata_values: int,
+                    token_stages: frozenset[str]) -> tuple[Any, dict[str, tuple[np.ndarray, np.ndarray | None]]]:
+    """The /check request an npz body holds: metadata.json's document, each submitted stage that is an
+    npz reference replaced by ``[]``, and those stages' arrays (values as sent, mask or None).
+
+    ``max_unpacked``: most bytes the members may unpack to together; ``max_metadata_values``: most JSON
+    values metadata.json may hold (counted before it is parsed, as a JSON body's are). Raises NpzBodyError.
+    """
+    members, directory = _directory(body)
+    if members > MAX_MEMBERS or directory > MAX_DIRECTORY_BYTES:
+        raise NpzBodyError(413, f"the archive has {members} members in a {directory}-byte directory; at most "
+                                f"{MAX_MEMBERS} members (metadata.json and the stages) in {MAX_DIRECTORY_BYTES} bytes")
+    try:
+        zf = zipfile.ZipFile(io.BytesIO(body))
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, struct.error) as e:
+        raise NpzBodyError(400, f"the body is not a readable zip archive: {e}") from None
+    with zf:
+        infos = zf.infolist()
+        names = [i.filename for i in infos]
+        if len(infos) > MAX_MEMBERS or len(set(names)) != len(names):
+            raise NpzBodyError(400, "the archive names a member twice" if len(infos) <= MAX_MEMBERS else
+                                    f"the archive has more than {MAX_MEMBERS} members")
+        for info in infos:
+            if info.flag_bits & 0x1:
+                raise NpzBodyError(400, f"{_cut(info.filename)} is encrypted")
+            if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                raise NpzBodyError(400, f"{_cut(info.filename)} is compressed with method {info.compress_type}; "
+                                        "send np.savez (stored) or np.savez_compressed (deflated) archives")
+        unpacked = sum(i.file_size for i in infos)
+        if unpacked > max_unpacked:  # before inflating anything: a deflated member may say 1 GB
+            raise NpzBodyError(413, f"the archive's members unpack to {unpacked} bytes, above the limit of "
+                                    f"{max_unpacked}")
+        if METADATA not in names:
+            raise NpzBodyError(400, f"the archive has no {METADATA}: it holds the /check request")
+
+        def read(name: str) -> bytes:
+            info = zf.getinfo(name)
+            try:
+                with zf.open(info) as f:
+                    # At most the declared size (inflated in steps of that size, never the whole stream
+                    # at once, as zf.read would); a member that holds more fails its CRC check there.
+                    data = f.read(info.file_size + 1)
+            except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, struct.error) as e:
+                raise NpzBodyError(400, f"{_cut(name)} cannot be read: {e}") from None
+            if len(data) != info.file_size:
+                raise NpzBodyError(400, f"{_cut(name)} holds {len(data)} bytes where the archive says "
+                                        f"{info.file_size}")
+            return data
+
+        raw_meta = read(METADATA)
+        values = raw_meta.count(b",") + raw_meta.count(b"[") + raw_meta.count(b"{") + 1  # as api.bound_json_values
+        if values > max_metadata_values:
+            raise NpzBodyError(413, f"{METADATA} holds more than {max_metadata_values} JSON values; submit the "
+                                    "stages as members")
+        try:  # the parser JSON bodies go through: NaN and Infinity literals are read as in a JSON submission
+            meta = pydantic_core.from_json(raw_meta, allow_inf_nan=True)
+        except ValueError as e:
+            raise NpzBodyError(400, f"{METADATA} is not valid JSON: {e}") from None
+        if not isinstance(meta, dict):
+            return meta, {}  # the model says the request must be an object
+        for field in ("input", "context_input", "parameters"):
+            node = meta.get(field)
+            if isinstance(node, dict) and ("npz" in node or any(isinstance(v, dict) and "npz" in v
+                                                                for v in node.values())):
+                raise NpzBodyError(422, f"only submitted stages may be npz members; send {field} as JSON in "
+                                        f"{METADATA}", pointer=f"/{field}", type="npz_reference")
+        submission = meta.get("submission")
+        arrays: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+        used = {METADATA}
+        if isinstance(submission, dict):
+            for sid, node in list(submission.items()):
+                if not (isinstance(node, dict) and "npz" in node):
+                    continue
+                where = f"/submission/{_escape(str(sid))[:64]}"
+                if sid in token_stages:
+                    raise NpzBodyError(422, f"submission.{sid} is a list of strings: send it as JSON in {METADATA}",
+                                       pointer=where, type="npz_reference")
+                mask_ref = node.get("mask")
+                if set(node) - {"npz", "mask"} or not isinstance(node["npz"], str) or not (
+                        mask_ref is None or (isinstance(mask_ref, dict) and set(mask_ref) == {"npz"}
+                                             and isinstance(mask_ref["npz"], str))):
+                    raise NpzBodyError(422, 'an npz reference is {"npz": KEY}, with at most "mask": {"npz": KEY}',
+                                       pointer=where, type="npz_reference")
+                refs = [node["npz"]] + ([mask_ref["npz"]] if mask_ref is not None else [])
+                for key in refs:
+                    if _member_name(key) not in names:
+                        raise NpzBodyError(422, f"the archive has no member {_cut(_member_name(key))}",
+                                           pointer=where, type="npz_member_missing")
+                    used.add(_member_name(key))
+                values_a = _array(read(_member_name(refs[0])), f"submission.{sid}", where)
+                if values_a.dtype.kind == "b":
+                    raise NpzBodyError(422, f"submission.{sid} holds booleans, not numbers", pointer=where,
+                                       type="npz_dtype")
+                mask_a = None
+                if mask_ref is not None:
+                    mask_a = _array(read(_member_name(refs[1])), f"submission.{sid}'s mask", where)
+                    if mask_a.dtype.kind != "b" or mask_a.shape != values_a.shape:
+                        raise NpzBodyError(422, f"submission.{sid}'s mask must be booleans of the stage's shape "
+                                                f"{list(values_a.shape)}, got {mask_a.dtype} {list(mask_a.shape)}",
+                                           pointer=where, type="npz_mask")
+                arrays[sid] = (values_a, mask_a)
+                submission[sid] = []  # what the model validates; the arrays come with it
+        unused = sorted(set(names) - used)
+        if unused:
+            raise NpzBodyError(422, f"the archive's member {_cut(unused[0])} is not referenced by {METADATA}"
+                               + (f" (and {len(unused) - 1} more)" if len(unused) > 1 else ""),
+                               pointer="", type="npz_member_unused")
+    return meta, arrays
+
+
+def _cut(name: str) -> str:
+    return repr(name if len(name) <= 64 else name[:64] + "…")

@@ -20,6 +20,7 @@ from .explain_api import openapi_path as explain_openapi_path
 from .export_api import ExportRequest, ExportResponse
 from .export_api import openapi_operation as export_openapi_operation
 from .models import SCHEMA_MODELS
+from .npz import MAX_MEMBERS
 
 from .serialize import SCHEMA_VERSION
 from .settings import Settings
@@ -70,11 +71,13 @@ def build_spec() -> dict[str, Any]:
     stage_list = ", ".join(f"`{s}`" for s in STAGE_IDS)
     tag = {"name": "trace", "description": "Attention traces"}
     problems = {
-        "400": _problem("The body is not valid JSON.", {
+        "400": _problem("The body is not valid JSON (at /check, or not a readable npz archive: "
+                        "urn:attention-trace:problem:malformed-npz).", {
             "type": "urn:attention-trace:problem:malformed-json", "title": "Malformed JSON", "status": 400,
             "detail": "The request body is not valid JSON: Invalid JSON: EOF while parsing a value at line 1 column 0.",
             "instance": "/trace"}),
-        "413": _problem("The body is larger than the configured limit.", {
+        "413": _problem("The body is larger than the configured limit (at /check, or holds more JSON values, or "
+                        "an npz archive has more members or unpacks to more bytes, than the limits allow).", {
             "type": "urn:attention-trace:problem:payload-too-large", "title": "Request Entity Too Large",
             "status": 413, "detail": f"The request body is larger than the limit of {limits.max_body_bytes} bytes.",
             "instance": "/trace"}),
@@ -125,12 +128,28 @@ def build_spec() -> dict[str, Any]:
                                   "and a masked stage gains `mask` (boolean, true where the JSON has null). "
                                   "Every number equals the JSON answer's bit for bit."}}}
 
+    # /check also takes the submission as an npz archive (service/npz.py, read_submission).
+    npz_submission = {"application/x-npz": {
+        "schema": {"type": "string", "contentMediaType": "application/x-npz",
+                   "description": "The same request as an archive np.load reads (what np.savez or "
+                                  "np.savez_compressed writes), for submissions too large for JSON: "
+                                  "`metadata.json` is the CheckRequest, in which any submitted numeric stage may "
+                                  "be {\"npz\": KEY} and the member KEY.npy holds its array (float64; float32 and "
+                                  "integers are read as float64), as the npz answers lay them out. Masked entries "
+                                  "of masked_scores: -Infinity or ≤ -1e9, or {\"npz\": KEY, \"mask\": {\"npz\": "
+                                  "MASK_KEY}} with a boolean array true where masked. Other fields, and the token "
+                                  "stages, stay JSON in metadata.json. Bounds, checked before anything is read: "
+                                  f"the body and what its members unpack to at most {limits.max_check_body_bytes} "
+                                  f"bytes each, at most {MAX_MEMBERS} members, metadata.json at most "
+                                  f"{limits.max_check_json_values} JSON values; every member is referenced by "
+                                  "metadata.json. The answer is the same JSON as for the JSON body."}}}
+
     def post_op(op_id: str, tag_name: str, summary: str, description: str, req_schema: str, resp_schema: str,
-                example: Any, npz: bool = False) -> dict[str, Any]:
+                example: Any, npz: bool = False, npz_request: bool = False) -> dict[str, Any]:
         return {"post": {
             "operationId": op_id, "tags": [tag_name], "summary": summary, "description": description,
             "requestBody": {"required": True, "content": {"application/json": {
-                "schema": {"$ref": REF.format(model=req_schema)}}}},
+                "schema": {"$ref": REF.format(model=req_schema)}}, **(npz_submission if npz_request else {})}},
             "responses": {
                 "200": {"description": "OK", "headers": request_id, "content": {"application/json": {
                     "schema": {"$ref": REF.format(model=resp_schema)}, "example": example},
@@ -205,9 +224,11 @@ def build_spec() -> dict[str, Any]:
                 "in a submitted stage fails that stage (200, with the indices); in masked_scores, -Infinity or "
                 "a value ≤ -1e9 where the reference masks counts as masked. The body may be as large as "
                 f"{limits.max_check_body_bytes} bytes with at most {limits.max_check_json_values} JSON values "
-                "(413 above either). The response is deterministic and its messages are written to be shown "
-                "to a student.",
-                "CheckRequest", "CheckResponse", _example_check()),
+                "(413 above either); a submission too large for JSON (every stage of the largest trace is "
+                "47 MiB of JSON) goes as an application/x-npz body. The answer summarises the submission, never "
+                "repeats it (token texts are cut to 64 characters), so it stays small whatever the body holds. "
+                "The response is deterministic and its messages are written to be shown to a student.",
+                "CheckRequest", "CheckResponse", _example_check(), npz_request=True),
             "/trace/batch": post_op(
                 "traceBatch", "trace", "Several traces in one request",
                 "Each item is a /trace request body, answered independently and in order: a bad item gets "

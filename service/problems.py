@@ -83,7 +83,16 @@ def validation_problem(exc: ValidationError) -> ProblemError:
         elif e["type"] == "model_type" and not loc:
             message = "the request body must be a JSON object"
         items.append({"pointer": pointer, "message": message, "type": e["type"]})
-    return _invalid(items, total)
+        also = ctx.get("also") or []  # the other conflicts found with this one (models.engine_rules)
+        items += [{"pointer": a["pointer"], "message": a["message"], "type": a["type"]}
+                  for a in also[:max(0, MAX_ERRORS - len(items))]]
+        total += len(also)
+    return _invalid(items[:MAX_ERRORS], total)
+
+
+def problem_entry(e: EngineError) -> dict[str, str]:
+    """One entry of a 422's ``errors`` for an engine refusal."""
+    return {"pointer": e.pointer, "message": e.message, "type": e.code}
 
 
 def _invalid(items: list[dict[str, str]], total: int) -> ProblemError:
@@ -94,8 +103,9 @@ def _invalid(items: list[dict[str, str]], total: int) -> ProblemError:
 
 
 def engine_problem(e: EngineError) -> ProblemError:
-    """The 422 for anything the engine refuses: the same shape as a validation error."""
-    return _invalid([{"pointer": e.pointer, "message": e.message, "type": e.code}], 1)
+    """The 422 for anything the engine refuses (and every problem found with it): the same shape as a
+    validation error."""
+    return _invalid([problem_entry(x) for x in e.errors[:MAX_ERRORS]], len(e.errors))
 
 
 def register_error_handlers(app: Flask) -> None:

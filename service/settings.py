@@ -30,8 +30,10 @@ class Settings:
     max_body_bytes: int = 4 * 1024 * 1024
     #: largest /check and /check/batch body in bytes (413 above it): a submission of
     #: every stage at d_model 512, 64 tokens, 8 heads is ~7.5 MiB as compact JSON and
-    #: ~7.9 MiB with ", " separators (docs/checking.md)
-    max_check_body_bytes: int = 16 * 1024 * 1024
+    #: ~7.9 MiB with ", " separators; every stage of the largest trace the limits allow
+    #: (d_model 512, 240 tokens, 8 heads) is ~19 MiB as an npz body (docs/checking.md).
+    #: An npz body may also unpack to at most this much.
+    max_check_body_bytes: int = 24 * 1024 * 1024
     #: most JSON values (numbers, nulls, strings, lists, objects) a /check or
     #: /check/batch body may hold, counted from its commas and brackets before it is
     #: parsed (413 above it): parsing costs up to ~140 bytes of memory per value, so

@@ -18,12 +18,14 @@ import orjson
 import pytest
 import requests
 
-from attention_trace.client import LocalClient, encode_json
+from attention_trace.client import LocalClient, encode_json, encode_npz_check
 from conftest import ROOT
 from service.settings import Settings
 
 DEFAULTS = Settings()
 LARGEST = {"tokens": [f"w{i}" for i in range(64)], "d_model": 512, "num_heads": 8, "causal": True, "seed": 1}
+#: the largest trace the default limits allow with every stage (2 492 160 numbers): 47 MiB of JSON, ~19 MiB of npz
+LARGEST_TRACE = {"tokens": [f"w{i}" for i in range(240)], "d_model": 512, "num_heads": 8, "seed": 1}
 #: documented bounds (docs/checking.md; measured: the largest submission ~0.2 s and +38 MiB over an idle
 #: process, the worst hostile body the limits allow ~0.5 s and +133 MiB). Margins absorb a loaded CI machine.
 LARGEST_WALL_S = 10.0
@@ -35,6 +37,14 @@ def largest_body() -> bytes:
     return encode_json({**LARGEST, "submission": {sid: st.values for sid, st in t.stages.items()}})
 
 
+def largest_npz_body(wrong: str | None = None) -> bytes:
+    """Every stage of LARGEST_TRACE as an npz /check body (what Client.check sends for it); ``wrong``: that
+    stage 1 % off, so that the diagnosis tries every known bug."""
+    t = LocalClient().trace(LARGEST_TRACE, arrays=True)
+    sub = {sid: st.values * 1.01 if sid == wrong else st.values for sid, st in t.stages.items()}
+    return encode_npz_check({**LARGEST_TRACE, "submission": sub})
+
+
 def test_limits_are_settings_reported_by_version(app_factory, monkeypatch):
     doc = app_factory(max_check_body_bytes=12345, max_check_json_values=678).test_client().get("/version").get_json()
     assert doc["limits"]["max_check_body_bytes"] == 12345 and doc["limits"]["max_check_json_values"] == 678
@@ -44,7 +54,7 @@ def test_limits_are_settings_reported_by_version(app_factory, monkeypatch):
     assert (s.max_check_body_bytes, s.max_check_json_values) == (9999, 4242)
     with pytest.raises(ValueError, match="MAX_CHECK_BODY_BYTES"):
         Settings.from_env({"ATTENTION_TRACE_MAX_CHECK_BODY_BYTES": "lots"})
-    assert DEFAULTS.max_check_body_bytes == 16 * 2**20 and DEFAULTS.max_check_json_values == 1_000_000
+    assert DEFAULTS.max_check_body_bytes == 24 * 2**20 and DEFAULTS.max_check_json_values == 1_000_000
 
 
 def test_check_has_its_own_body_limit_and_trace_keeps_its_own(app_factory):
@@ -119,7 +129,7 @@ client = create_app().test_client()
 client.get("/health")
 idle = vm("VmRSS")
 start = time.perf_counter()
-resp = client.post("/check", data=body, content_type="application/json")
+resp = client.post("/check", data=body, content_type=sys.argv[1])
 data = resp.get_data()
 wall = time.perf_counter() - start
 doc = json.loads(data)
@@ -128,10 +138,10 @@ print(json.dumps({"status": resp.status_code, "wall_s": wall, "over_idle_mib": (
 """
 
 
-def _measure(body: bytes) -> dict:
+def _measure(body: bytes, content_type: str = "application/json") -> dict:
     """A fresh process, so that its peak is this request's."""
-    out = subprocess.run([sys.executable, "-c", _CHILD], input=body, capture_output=True, cwd=ROOT, timeout=120,
-                         check=True)
+    out = subprocess.run([sys.executable, "-c", _CHILD, content_type], input=body, capture_output=True, cwd=ROOT,
+                         timeout=120, check=True)
     return json.loads(out.stdout)
 
 
@@ -142,18 +152,21 @@ def _hostile(unit: bytes) -> bytes:
     return head + b",".join([unit] * ((DEFAULTS.max_check_json_values - 10) // per_unit)) + tail
 
 
-@pytest.mark.parametrize("which", ["largest-submission", "hostile-nested-rows", "hostile-strings"])
+@pytest.mark.parametrize("which", ["largest-submission", "hostile-nested-rows", "hostile-strings",
+                                   "largest-trace-npz", "largest-trace-npz-wrong-weights"])
 def test_every_check_within_the_limits_has_a_bounded_cost(which):
-    """The largest legitimate submission, and the bodies that cost the most memory per byte of all
-    those the limits let through (measured by scripts/measure-check), stay within the documented bound."""
+    """The largest legitimate submissions (JSON, and every stage of the largest trace as npz), and the
+    bodies that cost the most memory per byte of all those the limits let through (measured by
+    scripts/measure-check), stay within the documented bound."""
     body = {"largest-submission": largest_body, "hostile-nested-rows": lambda: _hostile(b"[[0]]"),
-            "hostile-strings": lambda: _hostile(b'"-Infinity"')}[which]()
+            "hostile-strings": lambda: _hostile(b'"-Infinity"'), "largest-trace-npz": largest_npz_body,
+            "largest-trace-npz-wrong-weights": lambda: largest_npz_body(wrong="weights")}[which]()
     assert len(body) <= DEFAULTS.max_check_body_bytes
-    m = _measure(body)
+    m = _measure(body, "application/x-npz" if "npz" in which else "application/json")
     assert m["status"] == 200, m
     assert m["wall_s"] < LARGEST_WALL_S, m
     assert m["over_idle_mib"] < PEAK_OVER_IDLE_MIB, m
-    if which == "largest-submission":
+    if which in ("largest-submission", "largest-trace-npz"):
         assert m["passed"] is True
 
 
@@ -169,3 +182,20 @@ def test_largest_submission_over_real_gunicorn(gunicorn_server):
     trace = requests.post(gunicorn_server.url + "/trace", data=raw, headers={"Content-Type": "application/json"},
                           timeout=60)
     assert trace.status_code == 413  # /trace's limit stays 4 MiB
+
+
+def test_the_largest_trace_is_checkable_over_real_gunicorn(gunicorn_server):
+    """Every stage at d_model 512, 240 tokens, 8 heads: a 413 as JSON (47 MiB), checked as npz (19 MiB),
+    which the client chooses by itself."""
+    from attention_trace.client import Client
+
+    body = largest_npz_body()
+    assert len(body) < DEFAULTS.max_check_body_bytes < 47 * 2**20
+    resp = requests.post(gunicorn_server.url + "/check", data=body, headers={"Content-Type": "application/x-npz"},
+                         timeout=60)
+    assert resp.status_code == 200, resp.text[:300]
+    assert resp.json()["passed"] is True and len(resp.content) < 64 * 1024
+    t = LocalClient().trace(LARGEST_TRACE, arrays=True)
+    with Client(gunicorn_server.url, timeout=(3.05, 60)) as client:
+        r = client.check(LARGEST_TRACE, submission={sid: st.values for sid, st in t.stages.items()})
+    assert r.passed and len(r.stages) == 13

@@ -93,9 +93,9 @@ def test_empty_token_list():
     assert exc.value.field == "tokens"
 
 
-@pytest.mark.parametrize("bad", ["", "  "])
-def test_token_list_with_an_empty_or_blank_string(bad):
-    with pytest.raises(EmptyInputError, match=r"tokens\[1\] is only whitespace") as exc:
+@pytest.mark.parametrize("bad, what", [("", "empty"), ("  ", "only whitespace")])
+def test_token_list_with_an_empty_or_blank_string(bad, what):
+    with pytest.raises(EmptyInputError, match=rf"tokens\[1\] is {what}") as exc:
         engine.trace(TraceConfig(), tokens=["the", bad, "cat"])
     assert exc.value.field == "tokens/1"
 

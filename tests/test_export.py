@@ -213,7 +213,7 @@ def _problem(resp, status: int = 422) -> dict:
 @pytest.mark.parametrize("body, pointer, kind", [
     ({"format": "png"}, "/format", "literal_error"),
     ({}, "/format", "missing"),
-    ({"format": "bertviz", "sentence": ""}, "/sentence", "string_too_short"),
+    ({"format": "bertviz", "sentence": ""}, "/sentence", "empty_sentence"),
     ({"format": "bertviz", "sentence": "a\x00b"}, "/sentence", "bad_character"),
     ({"format": "bertviz", "num_heads": 5}, "/num_heads", "head_division"),
     ({"format": "bertviz", "stages": ["weights"]}, "/stages", "not_exported"),

@@ -171,7 +171,7 @@ BODY_CASES: list[Case] = [
     Case("whitespace-only", _sentence(" \t\n\r "), 422, "validation-error", error_type="empty_sentence"),
     Case("unicode-whitespace-only", _sentence("\u3000\u00a0\u2003\u2028"), 422, "validation-error",
          error_type="empty_sentence"),
-    Case("empty-sentence", _sentence(""), 422, "validation-error", error_type="string_too_short"),
+    Case("empty-sentence", _sentence(""), 422, "validation-error", error_type="empty_sentence"),
     Case("blank-token", b'{"tokens":["a"," "]}', 422, "validation-error", error_type="blank_token"),
     Case("punctuation-only", _sentence("?!.,;:…"), 200, check=_token_texts(list("?!.,;:…"))),
     Case("punctuation-only-too-many", _sentence("!" * 300), 422, "validation-error", error_type="too_many_tokens"),

@@ -65,3 +65,73 @@ def test_undocumented_statuses_are_caught(spec_checker, spec):
     with pytest.raises(AssertionError, match="breaks the spec"):
         spec_checker.check("/health", "get", 200, "application/json", b'{"status": "bad"}')
     assert document_differences(spec, yaml.safe_load(render())) == []
+
+
+def _observed(spec, docs) -> tuple[dict[str, list[set[str]]], dict[str, set[str]]]:
+    """For each named response schema, the key sets of every object the answers hold under it, and the
+    keys sent as null."""
+    from jsonschema import Draft202012Validator
+
+    components = spec["components"]["schemas"]
+    seen: dict[str, list[set[str]]] = {}
+    nulls: dict[str, set[str]] = {}
+
+    def walk(schema: dict, doc, name: str | None = None) -> None:
+        if "$ref" in schema:
+            ref = schema["$ref"].rsplit("/", 1)[1]
+            return walk(components[ref], doc, ref)
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                for branch in schema[key]:  # the first branch the value is valid against
+                    if Draft202012Validator({**branch, "components": spec["components"]}).is_valid(doc):
+                        return walk(branch, doc, None)
+                raise AssertionError(f"no branch of {name} matches")
+        if isinstance(doc, dict):
+            if name is not None and "properties" in schema:
+                seen.setdefault(name, []).append(set(doc))
+                nulls.setdefault(name, set()).update(k for k, v in doc.items() if v is None)
+            props = schema.get("properties", {})
+            extra = schema.get("additionalProperties")
+            for k, v in doc.items():
+                if k in props:
+                    walk(props[k], v)
+                elif isinstance(extra, dict):
+                    walk(extra, v)
+        elif isinstance(doc, list) and isinstance(schema.get("items"), dict):
+            for v in doc:
+                walk(schema["items"], v)
+
+    for path, method, status, mime, body in docs:
+        op = spec["paths"].get(path, {}).get(method) or spec["paths"]["/trace"]["post"]
+        walk(op["responses"][str(status)]["content"][mime]["schema"], body)
+    return seen, nulls
+
+
+def test_response_schemas_require_exactly_the_fields_every_answer_sends_and_have_no_defaults(client, spec):
+    """A field the service leaves out when it does not apply is optional and has no `default` (generated
+    clients read a default as "always present": openapi-typescript typed parameters, context_tokens,
+    decode, config's variant fields … as always there, and tsc refused every real answer); a field every
+    answer sends is required. Checked over real answers of every endpoint (tests/contract_answers.py)."""
+    from contract_answers import answers
+
+    docs = [(path, method, status, mime, body) for _, path, method, status, mime, body in answers(client)]
+    seen, nulls = _observed(spec, docs)
+    schemas = spec["components"]["schemas"]
+    problems = []
+    for name, key_sets in sorted(seen.items()):
+        schema = schemas[name]
+        always = set.intersection(*key_sets)
+        ever = set.union(*key_sets)
+        required = set(schema.get("required", []))
+        if required != always:
+            problems.append(f"{name}: required {sorted(required - always)} not always sent; "
+                            f"always sent but optional {sorted(always - required)}")
+        for prop, sub in schema["properties"].items():
+            if "default" in sub:
+                problems.append(f"{name}.{prop} has a default")
+            if prop not in ever:
+                problems.append(f"{name}.{prop} is in no answer here: add one that sends it")
+            elif prop not in required and {"type": "null"} in sub.get("anyOf", []) and prop not in nulls[name]:
+                problems.append(f"{name}.{prop} is left out where it does not apply, never sent as null, "
+                                "but its schema admits null")
+    assert not problems, "\n".join(problems)

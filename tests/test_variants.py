@@ -541,7 +541,8 @@ RULES = [
      "RoPE rotates the coordinates of each head in pairs, so d_k must be even, but d_k = d_model / num_heads = "
      "5 / 1 = 5; choose an even d_model, or use positional_encoding \"sinusoidal\""),
     (lambda: TraceConfig(rope_base=1.0), engine.InvalidSizeError, "invalid_size", "rope_base",
-     "rope_base must be a finite number greater than 1 (10000 in RoFormer and Llama 2, 500000 in Llama 3), got 1.0"),
+     "rope_base must be a finite number greater than 1 and at most 1e+12 (10000 in RoFormer and Llama 2, "
+     "500000 in Llama 3), got 1.0"),
     (lambda: TraceConfig(rope_base=float("inf")), engine.InvalidSizeError, "invalid_size", "rope_base", None),
     (lambda: TraceConfig(rope_pairing="neox"), engine.InvalidSizeError, "invalid_size", "rope_pairing",
      "rope_pairing must be \"rotate_half\" or \"interleaved\", got 'neox'"),

@@ -132,7 +132,7 @@ def test_decode_steps_equal_the_full_traces_rows(client):
     ({"stages": ["q_rotated"]}, "/stages", "stage_needs_rope"),
     ({"context_sentence": CONTEXT, "context_tokens": ["a"]}, "", "context_sentence_xor_tokens"),
     ({"context_input": [[0.0] * 24]}, "/context_input", "context_input_without_context"),
-    ({"rope_base": 1}, "/rope_base", "greater_than"),
+    ({"rope_base": 1}, "/rope_base", "invalid_size"),
 ])
 def test_variant_conflicts_are_422s_that_say_what_to_fix(client, body, pointer, code):
     resp = client.post("/trace", json={"sentence": SENTENCE, **body})

@@ -1,0 +1,37 @@
+"""Every shipped course file grades the cases where mistakes hide: one head (d_k = d_model, where
+scale_by_d_model and average_heads change nothing and a per-head mistake can show alone), a d_k
+different from the token count (so a transposed [n, d_k] cannot pass for [d_k, n]), and both a causal
+and a non-causal configuration. The single-function course had no one-head configuration, so a student
+whose mistake shows only at h = 1 lost nothing there."""
+
+from __future__ import annotations
+
+import pytest
+from grading_support import GRADING
+
+from engine.tokenize import tokenize
+from grading import config
+
+COURSES = sorted(GRADING.glob("*.toml"))
+
+
+def test_the_shipped_course_files_are_found():
+    assert {p.name for p in COURSES} >= {"course.toml", "course-single-function.toml"}
+
+
+@pytest.mark.parametrize("path", COURSES, ids=lambda p: p.name)
+def test_a_course_file_grades_one_head_a_d_k_other_than_n_causal_and_not(path):
+    course = config.load(path)
+    graded = [course.configurations[name] for name in sorted({n for t in course.tests for n in t.configurations})]
+
+    def n_tokens(c: config.Configuration) -> int:
+        return len(c.tokens) if c.tokens is not None else len(tokenize(c.sentence))
+
+    assert [c.name for c in graded if c.num_heads == 1], f"{path.name}: no graded configuration has one head"
+    assert [c.name for c in graded if c.d_k != n_tokens(c)], f"{path.name}: d_k equals n in every configuration"
+    assert {c.causal for c in graded} == {True, False}, f"{path.name}: grades only causal={graded[0].causal}"
+    # ... and the one-head case is graded by every function that runs the whole layer on it
+    one_head = {c.name for c in graded if c.num_heads == 1}
+    for function in {t.function for t in course.tests}:
+        tests = [t for t in course.tests if t.function == function]
+        assert any(one_head & set(t.configurations) for t in tests), f"{path.name}: {function} never sees h = 1"
