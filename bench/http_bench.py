@@ -65,8 +65,9 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.label = label
-        self.log = ROOT / "artifacts" / f"bench-gunicorn-{self.port}.log"
-        self.log.parent.mkdir(exist_ok=True)
+        # artifacts/ by default; the test suite points ATTENTION_TRACE_ARTIFACTS outside the tree
+        self.log = Path(os.environ.get("ATTENTION_TRACE_ARTIFACTS") or ROOT / "artifacts") / f"bench-gunicorn-{self.port}.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
         # service.worker.server_env: the glibc tunables production starts with (Dockerfile, make run)
         full_env = server_env({**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port),
                                "BENCH_STATIC_DIR": str(static_dir), **(env or {})})

@@ -29,8 +29,11 @@ ROOT = Path(__file__).resolve().parent.parent
 #: subprocess whose answer a test compares byte for byte with this process's must run with the same ones
 BLAS_ENV = {k: v for k, v in os.environ.items() if k.startswith(("OPENBLAS_", "OMP_", "MKL_", "GOTO_"))}
 #: where tests put logs, screenshots and figures: never the tree (a test run leaves the checkout as it was).
-#: TEST_ARTIFACTS moves it, e.g. to keep a CI run's logs.
-ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS") or Path(tempfile.gettempdir()) / "attention-trace-test-artifacts")
+#: ATTENTION_TRACE_ARTIFACTS moves it, e.g. to keep a CI run's logs; the tools the tests start (scripts/loadtest,
+#: bench/) inherit it, so they write there too.
+ARTIFACTS = Path(os.environ.get("ATTENTION_TRACE_ARTIFACTS")
+                 or Path(tempfile.gettempdir()) / "attention-trace-test-artifacts")
+os.environ["ATTENTION_TRACE_ARTIFACTS"] = str(ARTIFACTS)
 
 # Hypothesis keeps a cache of constants in .hypothesis/ under the working directory: outside the tree instead.
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(ARTIFACTS / "hypothesis"))
