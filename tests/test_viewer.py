@@ -18,7 +18,7 @@ import yaml
 
 from service import API_CSP
 from service.standalone import viewer_scripts
-from service.viewer import STATIC_DIR, VIEWER_CSP
+from service.viewer import STATIC_DIR, VIEWER_CSP, VIEWER_FILES
 
 ROOT = Path(__file__).resolve().parent.parent
 STATIC_FILES = sorted(p.name for p in STATIC_DIR.iterdir())
@@ -198,6 +198,19 @@ def test_static_folder_is_flat_for_packaging():
     assert {"index.html", "style.css", "favicon.svg", *SCRIPTS} <= set(STATIC_FILES)
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     assert "static/*" in pyproject["tool"]["setuptools"]["package-data"]["service"]
+
+
+def test_the_static_folder_holds_what_the_page_loads_and_nothing_more(web):
+    """/static/ serves the files index.html refers to (its scripts, style sheet and icon) and the page itself; the
+    folder holds nothing else, and a file put there later is not served."""
+    html = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
+    referenced = set(re.findall(r'(?:src|href)="static/([^"]+)"', html))
+    assert referenced == {"style.css", "favicon.svg", *SCRIPTS}
+    assert VIEWER_FILES == referenced | {"index.html"} == set(STATIC_FILES)
+    for name in ("app.min.js", "style.css.map", "README.md"):
+        assert name not in VIEWER_FILES
+        resp = web.get(f"/static/{name}", buffered=True)
+        assert resp.status_code == 404 and resp.mimetype == "application/problem+json", name
 
 
 def test_each_script_uses_only_the_scripts_loaded_before_it():
