@@ -100,9 +100,12 @@
     };
   }
 
-  /** The comparison request: the same with scale flipped (and without decoding: it needs the weights only). */
+  /**
+   * The comparison request: the same with scale flipped (and without decoding: it needs the weights only). A request
+   * without `scale` is scaled (the service's default), so its comparison is not (service/standalone.py alike).
+   */
   function comparisonBody(body) {
-    const alt = { ...body, scale: !body.scale };
+    const alt = { ...body, scale: 'scale' in body ? !body.scale : false };
     delete alt.decode;
     return alt;
   }
