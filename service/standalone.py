@@ -2,19 +2,23 @@
 
 ``render_html(trace_document, request_body)`` returns a single HTML document
 that draws the trace exactly as the viewer at ``GET /`` does (it *is* the
-viewer: ``service/static/index.html``, ``style.css`` and ``app.js``), but
-read-only and without the service:
+viewer: ``service/static/index.html``, ``style.css`` and the scripts
+index.html loads, ``format.js`` … ``app.js``), but read-only and without the
+service:
 
 - the trace is embedded as ``<script type="application/json">`` data (the
   service's exact JSON bytes, so "Download trace JSON" still saves them), with
   the request and, when given, the scale-flipped comparison trace;
-- the style sheet and the script are inlined, the icon is a ``data:`` URI, and
-  nothing refers to another file: no request ever leaves the page;
-- its own Content-Security-Policy, in a ``<meta>``, allows exactly the inline
-  script and style by their SHA-256 hashes (no ``'unsafe-inline'``), ``data:``
-  images, and nothing else (``default-src 'none'``: no fetch, font or frame).
+- the style sheet and the scripts are inlined (each script file verbatim in
+  its own ``<script>``, in the order index.html loads them, after the data), the
+  icon is a ``data:`` URI, and nothing refers to another file: no request ever
+  leaves the page;
+- its own Content-Security-Policy, in a ``<meta>``, allows exactly those inline
+  scripts and the style by their SHA-256 hashes (no ``'unsafe-inline'``),
+  ``data:`` images, and nothing else (``default-src 'none'``: no fetch, font or
+  frame).
 
-``app.js`` sees the embedded trace and draws it: the inputs show the
+The scripts see the embedded trace and draw it: the inputs show the
 configuration, disabled; the query token, head and decoding step can still be
 picked, the maps read and downloaded as SVG; what needs the service (another
 trace, explaining a cell, this export) is hidden.
@@ -30,11 +34,14 @@ import base64
 import hashlib
 import html
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+#: how index.html loads each of the viewer's scripts, in order (classic scripts, deferred)
+SCRIPT_TAG = re.compile(r'<script src="static/([a-z0-9-]+\.js)" defer></script>\n')
 
 #: the stages the page reads for any trace (a variant's own stages are read when present)
 DRAWN_STAGES = ("input", "token_embedding", "q", "k", "v", "scores", "scaled_scores", "weights", "context", "concat",
@@ -50,7 +57,7 @@ def comparison_request(request_body: Mapping[str, Any]) -> dict[str, Any]:
 
 def export_filename(trace_document: Mapping[str, Any], request_body: Mapping[str, Any], ext: str = "html") -> str:
     """``attention-trace_<sentence>_d<d_model>_h<heads>_seed<seed>[_unscaled][_causal][variants].<ext>``,
-    as the viewer names its downloads (app.js, exportName)."""
+    as the viewer names its downloads (trace.js, exportName)."""
     cfg = trace_document["config"]
     text = request_body.get("sentence")
     if not isinstance(text, str):
@@ -69,7 +76,7 @@ def export_filename(trace_document: Mapping[str, Any], request_body: Mapping[str
 
 def _json_for_script(data: bytes) -> str:
     """JSON text safe inside <script>: every "<" escaped as \\u003c, so no "</script>" or "<!--" can occur.
-    (The service's JSON writer never escapes "<" itself, so app.js can undo exactly these.)"""
+    (The service's JSON writer never escapes "<" itself, so the page (api.js) can undo exactly these.)"""
     return data.decode("utf-8").replace("<", "\\u003c")
 
 
@@ -83,9 +90,22 @@ def _replace_once(page: str, old: str, new: str) -> str:
     return page.replace(old, new)
 
 
-def csp_for(script: str, style: str) -> str:
-    """The saved page's policy: its one inline script and one inline style, data: images, nothing else."""
-    return (f"default-src 'none'; script-src '{_sha256(script)}'; style-src '{_sha256(style)}'; img-src data:; "
+def viewer_scripts(page: str | None = None) -> list[str]:
+    """The viewer's script files, in the order index.html (or ``page``, its text) loads them."""
+    if page is None:
+        page = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
+    names = SCRIPT_TAG.findall(page)
+    if not names or names[-1] != "app.js" or len(set(names)) != len(names):
+        raise RuntimeError(f"service/static/index.html changed: expected its scripts, app.js last, found {names}")
+    return names
+
+
+def csp_for(scripts: Sequence[str], style: str) -> str:
+    """The saved page's policy: its inline scripts and its one style, each by hash; data: images; nothing else."""
+    if isinstance(scripts, str):
+        scripts = [scripts]
+    sources = " ".join(f"'{_sha256(script)}'" for script in scripts)
+    return (f"default-src 'none'; script-src {sources}; style-src '{_sha256(style)}'; img-src data:; "
             "base-uri 'none'; form-action 'none'")
 
 
@@ -107,8 +127,9 @@ def render_html(trace_document: Mapping[str, Any], request_body: Mapping[str, An
 
     page = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
     style = (STATIC_DIR / "style.css").read_text(encoding="utf-8")
-    script = (STATIC_DIR / "app.js").read_text(encoding="utf-8")
-    for name, text, end in (("style.css", style, "</style"), ("app.js", script, "</script")):
+    names = viewer_scripts(page)
+    scripts = [(STATIC_DIR / name).read_text(encoding="utf-8") for name in names]
+    for name, text, end in (("style.css", style, "</style"), *((n, s, "</script") for n, s in zip(names, scripts))):
         if end in text.lower() or "<!--" in text:
             raise RuntimeError(f"{name} cannot be inlined: it contains {end!r} or '<!--'")
     icon = base64.b64encode((STATIC_DIR / "favicon.svg").read_bytes()).decode("ascii")
@@ -120,16 +141,19 @@ def render_html(trace_document: Mapping[str, Any], request_body: Mapping[str, An
 
     page = _replace_once(page, '<meta charset="utf-8">',
                          '<meta charset="utf-8">\n<meta http-equiv="Content-Security-Policy" content="'
-                         + csp_for(script, style) + '">')
+                         + csp_for(scripts, style) + '">')
     page = re.sub(r"<title>[^<]*</title>", lambda _: f"<title>{html.escape(title)}</title>", page, count=1)
     page = _replace_once(page, '<link rel="icon" href="static/favicon.svg" type="image/svg+xml">',
                          f'<link rel="icon" href="data:image/svg+xml;base64,{icon}" type="image/svg+xml">')
     page = _replace_once(page, '<link rel="stylesheet" href="static/style.css">', "<style>" + style + "</style>")
-    page = _replace_once(page, '<script src="static/app.js" defer></script>\n', "")
+    for name in names:
+        page = _replace_once(page, f'<script src="static/{name}" defer></script>\n', "")
+    if "<script" in page:
+        raise RuntimeError("service/static/index.html changed: a script it loads is not one the page can inline")
     # Links to the service's other pages lead nowhere from a file: plain text (their paragraphs are hidden anyway).
     page = re.sub(r'(<a\b[^>]*?)\s+href="(?!#)[^"]*"', r"\1", page)
     page = _replace_once(page, "</body>",
                          '<script type="application/json" id="trace-data">' + meta_json + "</script>\n"
                          + '<script type="application/json" id="trace-json">' + trace_json + "</script>\n"
-                         + "<script>" + script + "</script>\n</body>")
+                         + "".join("<script>" + script + "</script>\n" for script in scripts) + "</body>")
     return page

@@ -2,7 +2,9 @@
 
 It is a plain client of the public JSON API (it only ``fetch``es ``/trace``,
 ``/explain``, ``/trace/html`` and ``/version``), served from
-``service/static/`` with no build step and nothing from another origin. Its
+``service/static/`` with no build step and nothing from another origin: the
+page, its style sheet, its icon and its scripts (plain scripts loaded in order
+with ``defer``, format.js … app.js), and no other file (``VIEWER_FILES``). Its
 responses carry their own Content-Security-Policy, which allows this origin's
 script, style and fetches and nothing else (no inline script or style, no
 framing); the API keeps its stricter policy (``API_CSP`` in
@@ -14,11 +16,18 @@ trace as one offline file (service/standalone.py), as a download.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from flask import Blueprint, Response, current_app, g, send_from_directory
+from werkzeug.exceptions import NotFound
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+#: what /static/ serves: the files the page refers to (its scripts, style sheet and icon), and the page itself
+VIEWER_FILES = frozenset(
+    re.findall(r'(?:src|href)="static/([^"]+)"', (STATIC_DIR / "index.html").read_text(encoding="utf-8"))
+) | {"index.html"}
 
 VIEWER_CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -45,7 +54,10 @@ def index() -> Response:
 
 @bp.get("/static/<path:filename>")
 def static(filename: str) -> Response:
-    # send_from_directory refuses paths outside STATIC_DIR (404, as problem+json).
+    # Only the viewer's own files (404, as problem+json, for any other name: send_from_directory would also refuse
+    # paths outside STATIC_DIR).
+    if filename not in VIEWER_FILES:
+        raise NotFound()
     return _with_viewer_headers(send_from_directory(STATIC_DIR, filename))
 
 

@@ -1,7 +1,7 @@
 """service/standalone.py: one trace as one offline HTML file (POST /trace/html, attention-trace --html).
 
 The file itself (through the Flask test client, every response checked against
-openapi.yaml): one document, its script and style inlined and allowed by hash in
+openapi.yaml): one document, its scripts and style inlined and allowed by hash in
 its own CSP, nothing referenced, the service's exact bytes embedded; the route
 and the command line write the same bytes. Then the file opened from disk in
 headless Chromium with the network off (a proxy that refuses, no name
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from service.standalone import comparison_request, csp_for, export_filename, render_html
+from service.standalone import comparison_request, csp_for, export_filename, render_html, viewer_scripts
 from service.viewer import STATIC_DIR
 from test_viewer_browser import (  # the viewer's own helpers: the page's rounding and its maps
     MINUS, WAIT, WebDriverWait, as_cells, chromium, clear_downloads, fixed, heatmap_labels, heatmap_values, pct,
@@ -78,7 +78,7 @@ def parse(page: str) -> Parsed:
 
 
 def restore(embedded: str) -> str:
-    """What app.js does to the embedded JSON: \\u003c back to "<" where the escape is not itself escaped."""
+    """What the page (api.js) does to the embedded JSON: \\u003c back to "<" where the escape is not itself escaped."""
     return re.sub(r"(\\*)\\u003c", lambda m: m.group(1) + "<" if len(m.group(1)) % 2 == 0 else m.group(0), embedded)
 
 
@@ -98,17 +98,22 @@ def test_one_self_contained_file_with_a_hash_only_csp(client):
     styles = [text for tag, _, text in p.blocks if tag == "style"]
     code = [text for t, text in scripts if t is None]
     data = {attrs["id"]: attrs.get("type") for tag, attrs in p.tags if tag == "script" and attrs.get("id")}
-    assert code == [(STATIC_DIR / "app.js").read_text(encoding="utf-8")]  # the viewer's own script, inlined
+    # The viewer's own scripts, each inlined verbatim, in the order index.html loads them, after the data.
+    names = viewer_scripts()
+    assert names[0] == "format.js" and names[-1] == "app.js"
+    assert code == [(STATIC_DIR / name).read_text(encoding="utf-8") for name in names]
     assert styles == [(STATIC_DIR / "style.css").read_text(encoding="utf-8")]
     assert data == {"trace-data": "application/json", "trace-json": "application/json"}
-    assert len(scripts) == 3
+    assert len(scripts) == 2 + len(names)
+    assert [t for t, _ in scripts] == ["application/json"] * 2 + [None] * len(names)
 
     metas = [a for tag, a in p.tags if tag == "meta" and a.get("http-equiv") == "Content-Security-Policy"]
     assert len(metas) == 1
     csp = dict((d.split()[0], d.split()[1:]) for d in metas[0]["content"].split("; "))
-    assert csp == {"default-src": ["'none'"], "script-src": [sha256(code[0])], "style-src": [sha256(styles[0])],
+    # Each inline script by its hash, and nothing else: no 'unsafe-inline', no 'self', no host.
+    assert csp == {"default-src": ["'none'"], "script-src": [sha256(c) for c in code], "style-src": [sha256(styles[0])],
                    "img-src": ["data:"], "base-uri": ["'none'"], "form-action": ["'none'"]}
-    assert metas[0]["content"] == csp_for(code[0], styles[0])
+    assert metas[0]["content"] == csp_for(code, styles[0])
     assert "unsafe" not in metas[0]["content"]
     # The policy comes before anything it governs.
     assert page.index('http-equiv="Content-Security-Policy"') < page.index("<style>") < page.index("<script")
@@ -119,7 +124,7 @@ def test_one_self_contained_file_with_a_hash_only_csp(client):
         href = attrs.get("href")
         assert href is None or href.startswith(("data:", "#")), (tag, href)
         assert not [a for a in attrs if a.startswith("on")], tag
-    text = page.replace("'http://www.w3.org/2000/svg'", "")  # an XML namespace name in app.js, never fetched
+    text = page.replace("'http://www.w3.org/2000/svg'", "")  # an XML namespace name in svg.js, never fetched
     assert not re.search(r"https?:|//[a-z0-9.-]+\.[a-z]{2,}/", text, re.I)
 
     # The service's exact bytes are embedded: the page's "Download trace JSON" saves them.
@@ -143,8 +148,9 @@ def test_no_token_can_end_the_script_early(client):
     assert resp.status_code == 200
     page = resp.data.decode("utf-8")
     p = parse(page)
-    assert [tag for tag, _ in p.tags].count("script") == 3
-    assert page.lower().count("</script") == 3
+    n = 2 + len(viewer_scripts())  # the two data blocks and the viewer's scripts
+    assert [tag for tag, _ in p.tags].count("script") == n
+    assert page.lower().count("</script") == n
     embedded = [text for tag, t, text in p.blocks if tag == "script" and t == "application/json"]
     assert restore(embedded[1]).encode("utf-8") == post(client, "/trace", body).data
     assert json.loads(embedded[0])["request"] == body

@@ -17,10 +17,18 @@ import pytest
 import yaml
 
 from service import API_CSP
-from service.viewer import STATIC_DIR, VIEWER_CSP
+from service.standalone import viewer_scripts
+from service.viewer import STATIC_DIR, VIEWER_CSP, VIEWER_FILES
 
 ROOT = Path(__file__).resolve().parent.parent
 STATIC_FILES = sorted(p.name for p in STATIC_DIR.iterdir())
+#: the viewer's scripts, in the order index.html loads them (format.js … app.js)
+SCRIPTS = viewer_scripts()
+
+
+def all_js() -> str:
+    """Every script of the viewer, in load order."""
+    return "\n".join((STATIC_DIR / name).read_text(encoding="utf-8") for name in SCRIPTS)
 MIME = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
 
 
@@ -68,7 +76,9 @@ def test_index_is_served_with_the_viewer_csp(web):
     assert resp.headers["X-Content-Type-Options"] == "nosniff"
     assert resp.headers["X-Frame-Options"] == "DENY"
     assert resp.headers["Referrer-Policy"] == "no-referrer"
-    assert b'<script src="static/app.js" defer></script>' in resp.data
+    tags = "".join(f'<script src="static/{name}" defer></script>\n' for name in SCRIPTS)
+    assert tags.encode() in resp.data  # in this order: each script uses only the ones before it
+    assert SCRIPTS[0] == "format.js" and SCRIPTS[-1] == "app.js"
 
 
 @pytest.mark.parametrize("name", STATIC_FILES)
@@ -146,14 +156,14 @@ def test_every_reference_is_same_origin_and_exists(web, page):
 @pytest.mark.parametrize("name", STATIC_FILES)
 def test_static_files_load_nothing_from_another_origin(name):
     text = (STATIC_DIR / name).read_text(encoding="utf-8")
-    # The SVG namespace is an XML namespace name (favicon.svg, and app.js's SVG downloads), never fetched.
+    # The SVG namespace is an XML namespace name (favicon.svg, and svg.js's SVG downloads), never fetched.
     text = text.replace('xmlns="http://www.w3.org/2000/svg"', "").replace("'http://www.w3.org/2000/svg'", "")
     assert not re.search(r"https?:|//[a-z0-9.-]+\.[a-z]{2,}", text, re.I)
     assert "@import" not in text
 
 
 def test_the_script_uses_only_the_public_api():
-    js = (STATIC_DIR / "app.js").read_text(encoding="utf-8")
+    js = all_js()
     spec = yaml.safe_load((ROOT / "openapi.yaml").read_text(encoding="utf-8"))
     fetched = set(re.findall(r"fetch\('([^']+)'", js))
     assert fetched == {"trace", "version", "explain", "trace/html"}
@@ -161,10 +171,12 @@ def test_the_script_uses_only_the_public_api():
     assert "post" in spec["paths"]["/explain"] and "post" in spec["paths"]["/trace/html"]
     assert len(re.findall(r"\bfetch\(", js)) == len(re.findall(r"fetch\('([^']+)'", js)), "every fetch names its path"
     assert not re.search(r"XMLHttpRequest|WebSocket|EventSource|sendBeacon|importScripts|\bimport\(", js)
+    # One file talks to the network: api.js.
+    assert [name for name in SCRIPTS if "fetch(" in (STATIC_DIR / name).read_text(encoding="utf-8")] == ["api.js"]
 
 
 def test_the_script_never_parses_html_or_evaluates_strings():
-    js = (STATIC_DIR / "app.js").read_text(encoding="utf-8")
+    js = all_js()
     for banned in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function",
                    "setAttribute('style'", "cssText"):
         assert banned not in js, banned
@@ -183,9 +195,37 @@ def test_every_control_has_a_label(page):
 def test_static_folder_is_flat_for_packaging():
     # pyproject.toml ships service/static/* (one level): no subfolders may hide files from the wheel.
     assert all((STATIC_DIR / name).is_file() for name in STATIC_FILES)
-    assert {"index.html", "app.js", "style.css", "favicon.svg"} <= set(STATIC_FILES)
+    assert {"index.html", "style.css", "favicon.svg", *SCRIPTS} <= set(STATIC_FILES)
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     assert "static/*" in pyproject["tool"]["setuptools"]["package-data"]["service"]
+
+
+def test_the_static_folder_holds_what_the_page_loads_and_nothing_more(web):
+    """/static/ serves the files index.html refers to (its scripts, style sheet and icon) and the page itself; the
+    folder holds nothing else, and a file put there later is not served."""
+    html = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
+    referenced = set(re.findall(r'(?:src|href)="static/([^"]+)"', html))
+    assert referenced == {"style.css", "favicon.svg", *SCRIPTS}
+    assert VIEWER_FILES == referenced | {"index.html"} == set(STATIC_FILES)
+    for name in ("app.min.js", "style.css.map", "README.md"):
+        assert name not in VIEWER_FILES
+        resp = web.get(f"/static/{name}", buffered=True)
+        assert resp.status_code == 404 and resp.mimetype == "application/problem+json", name
+
+
+def test_each_script_uses_only_the_scripts_loaded_before_it():
+    """Classic scripts sharing one namespace: each adds its part (globalThis.AttentionTrace.<part> = …) and reads
+    only the parts of the scripts index.html loads before it."""
+    added: list[str] = []
+    for name in SCRIPTS:
+        js = (STATIC_DIR / name).read_text(encoding="utf-8")
+        assert not re.search(r"^\s*(import|export)\b", js, re.M), f"{name} is a classic script, not a module"
+        assert js.startswith("/*") and "'use strict';" in js[:js.index("(() => {")], name
+        writes = re.findall(r"globalThis\.AttentionTrace\.(\w+) = ", js)
+        reads = set(re.findall(r"(?:globalThis\.AttentionTrace|\bAT)\.(\w+)\b(?! = )", js))
+        assert reads <= set(added), f"{name} reads {sorted(reads - set(added))} before they are loaded"
+        assert name == "app.js" or len(writes) == 1, f"{name} adds one part to the namespace: {writes}"
+        added += writes
 
 
 def test_blueprint_serves_static_files_without_the_apps_static_route():
@@ -220,8 +260,8 @@ def test_the_variants_have_labelled_controls_and_inline_error_slots(page):
 def test_the_script_sends_an_invalid_request_once():
     """The scale-flipped comparison is requested only after the request as set came back valid (the browser test
     test_invalid_kv_heads_are_explained_by_the_service_and_sent_once counts the requests)."""
+    assert "Promise.allSettled" not in all_js() and "Promise.all(" not in all_js()
     js = (STATIC_DIR / "app.js").read_text(encoding="utf-8")
-    assert "Promise.allSettled" not in js and "Promise.all(" not in js
     main = js.index("main = await postJson(ENDPOINTS.trace, body, controller.signal)")
     failed = js.index("showError(err);", main)
     drawn = js.index("showTrace(main);", main)

@@ -1,0 +1,771 @@
+/*
+ * attention-trace viewer: drawing a trace into the page, section by section.
+ *
+ * The status line and the footer, the walkthrough (one query token, one head, stage by stage), the attention maps
+ * and every head's thumbnail, the shared K/V heads, KV-cache decoding, the scaled/unscaled comparison, concat vs
+ * average, and the query token and head pickers. The DOM is built with createElement/textContent only (h below:
+ * no HTML string is ever parsed, so a sentence cannot inject markup), and cells are coloured through CSS custom
+ * properties set with the CSSOM.
+ *
+ * app.js calls create(view) once with what the sections read and call: view.state (the trace on screen and the
+ * selection), view.ui (the page's elements), view.saved (a saved page) and view.actions (select, explainCell,
+ * downloadSvg, which belong to app.js and explain.js). The stateless builders (h, vec …) are shared with them.
+ *
+ * Adds `render` to globalThis.AttentionTrace (after format.js, trace.js and svg.js).
+ */
+'use strict';
+
+(() => {
+  const { fmt, pct, int, quoted, fmtBase, extent, unit, norm, ON_DARK_AT } = globalThis.AttentionTrace.format;
+  const { HEATMAP_MAX_TOKENS, CELL_NUMBERS_MAX_TOKENS, keyTokensOf, isCross, kvHeadOf, exportName } = globalThis.AttentionTrace.trace;
+  const { heatmapSvg } = globalThis.AttentionTrace.svg;
+
+  const THUMBS_MAX_CELLS = 30000;
+  const VECTOR_NUMBERS_MAX = 96;
+  const KEY_VECTORS_MAX = 12; // context keys listed with their vectors in the walkthrough
+
+  // ------------------------------------------------------------------ stateless builders
+
+  /** createElement with properties; never parses HTML. */
+  function h(tag, props, ...kids) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(props || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === 'class') node.className = v;
+      else if (k === 'text') node.textContent = v;
+      else if (k === 'data') Object.assign(node.dataset, v);
+      else if (k === 'vars') for (const [name, val] of Object.entries(v)) node.style.setProperty(name, val);
+      else if (k.startsWith('on') && typeof v === 'function') node.addEventListener(k.slice(2), v);
+      else node.setAttribute(k, v === true ? '' : String(v));
+    }
+    for (const kid of kids.flat(Infinity)) {
+      if (kid === null || kid === undefined || kid === false) continue;
+      node.append(kid instanceof Node ? kid : String(kid));
+    }
+    return node;
+  }
+
+  /** Shown as `visual` (with <sub>), read as `text`: screen readers would run "d<sub>model</sub>" into "dmodel". */
+  const spoken = (visual, text) => [h('span', { 'aria-hidden': 'true' }, visual), h('span', { class: 'visually-hidden', text })];
+  /** base with a subscript, read as "base_sub". */
+  const sub = (text, base = 'd') => h('span', {}, spoken([base, h('sub', { text })], `${base}_${text}`));
+
+  /** A cell coloured on the sequential scale: --t in [0, 1], dark ink flips to light. */
+  function shade(node, t) {
+    node.style.setProperty('--t', t.toFixed(4));
+    node.classList.toggle('on-dark', t > ON_DARK_AT); // where white and black ink have equal contrast (4.6:1)
+    return node;
+  }
+
+  /** A vector's first `limit` numbers in brackets; a longer one unfolds to all of them. */
+  function vec(values, digits = 3, limit = 8) {
+    const shown = values.slice(0, limit).map((v, i) => h('span', { class: 'num', data: { i } }, fmt(v, digits)));
+    const wrap = h('span', { class: 'vec', 'aria-label': `${values.length} values` },
+      h('span', { class: 'bracket', text: '[' }), shown.slice(0, -1),
+      h('span', { class: 'vec-end' }, shown.slice(-1), values.length > limit ? h('span', { class: 'ellipsis', text: ' …' }) : null,
+        h('span', { class: 'bracket', text: ' ]' })));
+    if (values.length <= limit) return wrap;
+    return h('span', { class: 'vec-wrap' }, wrap, h('details', { class: 'vec-more' },
+      h('summary', { text: `all ${values.length} values` }),
+      h('span', { class: 'vec vec-all' }, values.map((v, i) => h('span', { class: 'num', data: { i } }, fmt(v, digits))))));
+  }
+
+  function keyList(stage, tokens, values, show) {
+    return h('ul', { class: 'keys', data: { stage } }, tokens.map((t, j) => {
+      const v = values[j];
+      const masked = v === null;
+      return h('li', { class: masked ? 'key is-masked' : 'key', data: { key: j } },
+        h('span', { class: 'tok', text: t.text }), h('span', { class: 'arrow', 'aria-hidden': 'true', text: '→' }),
+        show(v, masked));
+    }));
+  }
+
+  function stageRow(stage, name, op, result) {
+    return h('tr', { data: { stage } },
+      h('th', { scope: 'row', class: 'wt-stage' }, name),
+      h('td', { class: 'wt-op' }, op),
+      h('td', { class: 'wt-result' }, result));
+  }
+
+  function vecLine(part, name, values, className = 'vec-line') {
+    return h('div', { class: className, data: { part } }, h('span', { class: 'vec-name', text: name }), vec(values));
+  }
+
+  /** One vector per context token (cross-attention's keys, values and inputs), capped for long contexts. */
+  function tokenVectors(part, label, ctxTokens, rows) {
+    const shown = ctxTokens.slice(0, KEY_VECTORS_MAX);
+    // Open for a short context; a longer one folds away behind its summary (arrow keys reach it, Enter opens it).
+    return h('details', { class: 'ctx-vectors', open: ctxTokens.length <= 3 },
+      h('summary', { text: `${label} for each of the ${ctxTokens.length} context token${ctxTokens.length === 1 ? '' : 's'}` }),
+      h('div', { class: 'stack' },
+        shown.map((t, j) => vecLine(`${part}:${j}`, `${label}_${t.text} =`, rows[j])),
+        ctxTokens.length > shown.length
+          ? h('p', { class: 'hint', text: `… and ${ctxTokens.length - shown.length} more: download the JSON for all of them.` }) : null));
+  }
+
+  // ------------------------------------------------------------------ the sections
+
+  function create(view) {
+    const { state, ui, actions } = view;
+
+    /** The line above the results: what was traced, and how long it took (or that it is a saved trace). */
+    function renderStatus() {
+      const doc = state.main.doc;
+      const tokens = doc.tokens;
+      const cfg = doc.config;
+      const extras = [];
+      if (cfg.positional_encoding === 'rope') extras.push(`RoPE ${cfg.rope_pairing === 'interleaved' ? 'interleaved' : 'rotate-half'}`);
+      if (cfg.num_kv_heads !== undefined) extras.push(`${cfg.num_kv_heads} K/V head${cfg.num_kv_heads === 1 ? '' : 's'}`);
+      if (cfg.window !== undefined) extras.push(`window ${cfg.window}`);
+      if (isCross(doc)) extras.push(`cross-attention to ${cfg.n_context_tokens} context token${cfg.n_context_tokens === 1 ? '' : 's'}`);
+      if (cfg.decode) extras.push('KV-cache decoding');
+      ui.traceStatus.textContent = `${tokens.length} token${tokens.length === 1 ? '' : 's'} · d_model ${cfg.d_model} · `
+        + `${cfg.num_heads} head${cfg.num_heads === 1 ? '' : 's'} of d_k ${cfg.d_k}${extras.map((e) => ` · ${e}`).join('')}`
+        + (state.main.ms === null ? ' · a saved trace' : ` · traced in ${Math.round(state.main.ms)} ms`);
+    }
+
+    /** The footer: the service's version, and the trace's engine, schema and weights. */
+    function renderFooter() {
+      const parts = [`attention-trace ${state.serviceVersion || ''}`.trim()];
+      const doc = state.main?.doc;
+      if (doc) {
+        parts.push(`engine ${doc.engine_version}`, `schema ${doc.schema_version}`,
+          `weights ${doc.parameters_digest.slice(0, 'sha256:'.length + 12)}…`);
+      }
+      ui.footer.textContent = parts.join(' · ');
+    }
+
+    /** Everything that depends on the chosen query token and head. */
+    function renderSelection() {
+      renderWalkthrough();
+      renderMaps();
+      renderKv();
+      renderDecode();
+      renderSaturation();
+      renderMultihead();
+    }
+
+    function renderPickers() {
+      const doc = state.main.doc;
+      ui.tokenOptions.replaceChildren(...doc.tokens.map((t) => {
+        const input = h('input', {
+          type: 'radio', name: 'query', value: t.index, id: `query-${t.index}`, class: 'chip-input',
+          'aria-label': `${t.text} (token ${t.index})`,
+          onchange: () => actions.select(t.index, null),
+        });
+        return h('label', { class: 'chip', for: `query-${t.index}`, data: { index: t.index } },
+          input, h('span', { class: 'chip-text', text: t.text }), h('span', { class: 'chip-index', text: t.index }));
+      }));
+      const heads = doc.config.num_heads;
+      ui.headOptions.replaceChildren(...Array.from({ length: heads }, (_, i) => {
+        const input = h('input', {
+          type: 'radio', name: 'head', value: i, id: `head-${i}`, class: 'chip-input',
+          'aria-label': `head ${i} of ${heads}`,
+          onchange: () => actions.select(null, i),
+        });
+        return h('label', { class: 'chip chip-head', for: `head-${i}` }, input, h('span', { class: 'chip-text', text: `${i}` }));
+      }));
+      syncPickers();
+    }
+
+    function syncPickers() {
+      for (const input of ui.tokenOptions.querySelectorAll('input')) input.checked = Number(input.value) === state.query;
+      for (const input of ui.headOptions.querySelectorAll('input')) input.checked = Number(input.value) === state.head;
+    }
+
+    // -- walkthrough
+
+    function renderWalkthrough() {
+      const { doc } = state.main;
+      const S = doc.stages;
+      const cfg = doc.config;
+      const q = state.query;
+      const hd = state.head;
+      const tokens = doc.tokens;
+      const keyTokens = keyTokensOf(doc);
+      const cross = isCross(doc);
+      const rope = cfg.positional_encoding === 'rope';
+      const gqa = cfg.num_kv_heads !== undefined && cfg.num_kv_heads !== cfg.num_heads;
+      const kvh = kvHeadOf(cfg, hd);
+      const tok = tokens[q].text;
+      const headName = cfg.num_heads > 1 ? ` · head ${hd} of ${cfg.num_heads}` : '';
+      ui.walkthroughTitle.replaceChildren(`Walkthrough: attention for ${quoted(tok)}${headName}`);
+
+      const masked = S.masked_scores ? S.masked_scores.values[hd][q] : null;
+      const scores = S.scores.values[hd][q];
+      const scaled = S.scaled_scores.values[hd][q];
+      const weights = S.weights.values[hd][q];
+      const context = S.context.values[hd][q];
+      const sum = weights.reduce((a, b) => a + b, 0);
+      const entropy = doc.stats.entropy[hd][q];
+      const maxW = doc.stats.max_weight[hd][q];
+      const pe = S.positional_encoding;
+      const peOn = cfg.positional_encoding === 'sinusoidal';
+
+      const embedNote = rope ? ` one ${cfg.d_model}-dim vector with no position added: RoPE rotates q and k below instead`
+        : ` one ${cfg.d_model}-dim ${peOn ? 'position-aware' : 'context-free, position-blind'} vector`;
+      const rows = [
+        stageRow('input', cross ? 'Embed the sentence' : 'Embed',
+          [h('code', { text: peOn ? `E[${tok}] + PE(${q})` : `E[${tok}]` }), h('span', { class: 'op-note', text: embedNote })],
+          h('div', { class: 'stack' },
+            vecLine('x', 'x =', S.input.values[q]),
+            vecLine('E', 'E =', S.token_embedding.values[q], 'vec-line muted-line'),
+            peOn && pe ? vecLine('PE', 'PE =', pe.values[q], 'vec-line muted-line') : null)),
+      ];
+      if (cross && S.context_input) {
+        rows.push(stageRow('context_input', 'Embed the context',
+          [h('code', { text: peOn ? 'x_ctx = E[c] + PE(c)' : 'x_ctx = E[c]' }),
+            h('span', { class: 'op-note', text: ` the keys and values come from these ${keyTokens.length} tokens, with their own positions` })],
+          tokenVectors('x_ctx', 'x_ctx', keyTokens, S.context_input.values)));
+      }
+      const kvNote = gqa
+        ? `, with head ${hd}'s own W_Q; K and V from K/V head ${kvh}, shared by query heads `
+          + `${cfg.query_heads_of_kv_head[kvh].join(', ')}`
+        : cfg.num_heads > 1 ? `, with head ${hd}'s own matrices` : '';
+      rows.push(stageRow('project', 'Project',
+        [h('code', { text: cross ? 'Q = x·W_Qᵀ, K = x_ctx·W_Kᵀ, V = x_ctx·W_Vᵀ' : 'Q = x·W_Qᵀ, K = x·W_Kᵀ, V = x·W_Vᵀ' }),
+          h('span', { class: 'op-note', text: ` each ${cfg.d_k}-dim${kvNote}` })],
+        cross
+          ? h('div', { class: 'stack' },
+            vecLine('q', `Q_${tok} =`, S.q.values[hd][q]),
+            tokenVectors('k', 'K', keyTokens, S.k.values[kvh]),
+            tokenVectors('v', 'V', keyTokens, S.v.values[kvh]))
+          : h('div', { class: 'stack' },
+            vecLine('q', `Q_${tok} =`, S.q.values[hd][q]),
+            vecLine('k', `K_${tok} =`, S.k.values[kvh][q]),
+            vecLine('v', `V_${tok} =`, S.v.values[kvh][q]))));
+      if (rope && S.q_rotated && S.k_rotated) {
+        const pairing = cfg.rope_pairing === 'interleaved'
+          ? 'interleaved: pairs (2j, 2j + 1), as in RoFormer' : 'rotate-half: pairs (j, j + d_k/2), as in Llama and GPT-NeoX';
+        rows.push(stageRow('rotate', h('span', {}, 'Rotate ', h('abbr', { title: 'rotary position embedding', text: 'RoPE' })),
+          h('span', {}, 'turn each pair of coordinates by ', h('code', { text: `θⱼ = ${q}·${fmtBase(cfg.rope_base)}^(−2j/${cfg.d_k})` }),
+            h('span', { class: 'op-note', text: ` (position ${q}; ${pairing}). V is not rotated.` })),
+          h('div', { class: 'stack' },
+            vecLine('q_before', `Q_${tok} =`, S.q.values[hd][q], 'vec-line muted-line'),
+            vecLine('q_rotated', `RoPE(Q_${tok}) =`, S.q_rotated.values[hd][q]),
+            vecLine('k_before', `K_${tok} =`, S.k.values[kvh][q], 'vec-line muted-line'),
+            vecLine('k_rotated', `RoPE(K_${tok}) =`, S.k_rotated.values[kvh][q]),
+            h('p', { class: 'hint', text: 'A rotation keeps each vector\'s length; the score of a rotated query and key depends '
+              + 'on their positions only through the offset between them.' }))));
+      }
+      const qName = rope ? `RoPE(Q)_${tok}` : `Q_${tok}`;
+      const kName = rope ? 'RoPE(K)_j' : 'K_j';
+      rows.push(
+        stageRow('scores', h('span', {}, 'Score ', h('code', { text: 'QKᵀ' })),
+          h('code', { text: `${qName} · ${kName} for each ${cross ? 'context ' : ''}key j` }),
+          keyList('scores', keyTokens, scores, (v) => h('span', { class: 'num', text: fmt(v, 4) }))),
+        stageRow('scaled_scores', h('span', {}, 'Scale ', h('code', { text: cfg.scale ? `/√${cfg.d_k}` : '/1' })),
+          cfg.scale
+            ? h('span', {}, 'divide each by ', h('code', { text: `√${cfg.d_k}` }), ` = ${fmt(cfg.scale_factor, 4)}`)
+            : h('span', {}, 'scaling off: divide by 1 (the raw scores go to softmax)'),
+          keyList('scaled_scores', keyTokens, scaled, (v) => h('span', { class: 'num', text: fmt(v, 4) }))),
+      );
+      if (masked) {
+        const what = cfg.window !== undefined
+          ? h('span', {}, `keys after ${quoted(tok)}, and keys ${cfg.window} or more positions before it, are set to `,
+            h('code', { text: '−∞' }), `: a sliding window of ${cfg.window}, so a token sees itself and at most `
+              + `${cfg.window - 1} earlier token${cfg.window - 1 === 1 ? '' : 's'}`)
+          : h('span', {}, `keys after ${quoted(tok)} are set to `, h('code', { text: '−∞' }), ': a token sees only itself and earlier tokens');
+        rows.push(stageRow('masked_scores', 'Mask', what,
+          keyList('masked_scores', keyTokens, masked, (v, m) => h('span', { class: 'num', text: m ? 'masked (−∞)' : fmt(v, 4) }))));
+      }
+      rows.push(
+        stageRow('weights', 'Softmax %',
+          h('span', {}, h('code', { text: 'exp(s_j) / Σ exp(s)' }), ' over the row'),
+          h('div', { class: 'stack' },
+            keyList('weights', keyTokens, weights.map((v, j) => (masked && masked[j] === null ? null : v)),
+              (v, m) => (m
+                ? h('span', { class: 'num', text: 'masked (0%)' })
+                : h('span', { class: 'num' }, h('span', { class: 'pct', text: pct(v) }),
+                  h('span', { class: 'frac', text: ` (${fmt(v, 4)})` })))),
+            h('p', { class: 'wt-check' },
+              h('span', { data: { check: 'sum' } }, `Σ = ${fmt(sum, 4)}`), ' · ',
+              h('span', { data: { check: 'entropy' } }, `entropy ${fmt(entropy, 3)} nats`), ' · ',
+              h('span', { data: { check: 'max' } }, `max ${pct(maxW)}`)))),
+        stageRow('context', 'Weight V',
+          h('span', {}, h('code', { text: 'Σ_j w_j · V_j' }), cross ? ' the blend of the context\'s value vectors' : ' the blend of value vectors'),
+          h('div', { class: 'vec-line', data: { part: 'context' } }, h('span', { class: 'vec-name', text: 'context ≈' }), vec(context))),
+        stageRow('concat', 'Concat',
+          h('span', {}, h('code', { text: `[head₀ | … | head_${cfg.num_heads - 1}]` }), ` ${cfg.num_heads} × ${cfg.d_k} = ${cfg.num_heads * cfg.d_k} values`),
+          h('div', { class: 'vec-line', data: { part: 'concat' } }, vec(S.concat.values[q]))),
+        stageRow('output', h('span', {}, sub('O', 'W')),
+          h('span', {}, h('code', { text: 'concat · W_Oᵀ' }), ` mixes the heads back into d_model = ${cfg.d_model}`),
+          h('div', { class: 'vec-line', data: { part: 'output' } }, h('span', { class: 'vec-name', text: 'output =' }), vec(S.output.values[q]))),
+      );
+
+      const table = h('table', { class: 'walkthrough-table' },
+        h('caption', { class: 'visually-hidden', text: `Stages of attention for query ${quoted(tok)}` }),
+        h('thead', {}, h('tr', {},
+          h('th', { scope: 'col', text: 'Stage' }), h('th', { scope: 'col', text: 'Operation' }),
+          h('th', { scope: 'col', text: `Result for query ${quoted(tok)}` }))),
+        h('tbody', {}, rows));
+      ui.walkthrough.replaceChildren(h('div', { class: 'table-scroll' }, table),
+        explainWeights(tokens, keyTokens, q, weights, masked, cross));
+    }
+
+    function explainWeights(tokens, keyTokens, q, weights, masked, cross) {
+      const order = weights.map((w, j) => j).filter((j) => !(masked && masked[j] === null)).sort((a, b) => weights[b] - weights[a]);
+      const top = order[0];
+      const parts = [];
+      if (cross) {
+        parts.push(`${quoted(tokens[q].text)} takes the most, ${pct(weights[top])}, from the context's ${quoted(keyTokens[top].text)}`);
+        const rest = order.filter((j) => j !== top);
+        if (rest.length && rest.length <= 4) {
+          parts.push(`; it mixes in ${rest.map((j) => `${pct(weights[j])} of ${quoted(keyTokens[j].text)}`).join(', ')}`);
+        }
+      } else {
+        parts.push(`${quoted(tokens[q].text)} keeps `);
+        if (top === q) {
+          parts.push(`${pct(weights[q])} of its own value`);
+        } else {
+          parts.push(`${pct(weights[q])} of its own value and takes the most, ${pct(weights[top])}, from ${quoted(tokens[top].text)}`);
+        }
+        const rest = order.filter((j) => j !== q && j !== top);
+        if (rest.length && rest.length <= 4) {
+          parts.push(`; it mixes in ${rest.map((j) => `${pct(weights[j])} of ${quoted(tokens[j].text)}`).join(', ')}`);
+        }
+      }
+      parts.push('. With random, untrained weights this pattern is an artefact of the initialisation, not understanding.');
+      return h('p', { class: 'explain' }, parts.join(''));
+    }
+
+    // -- heatmaps
+
+    function heatmap(spec) {
+      const { stage, title, formula, matrix, tokens, range, kind, maskRow } = spec;
+      const keyTokens = spec.keyTokens || tokens;
+      const n = Math.min(matrix.length, HEATMAP_MAX_TOKENS);
+      const m = Math.min(matrix[0]?.length ?? 0, HEATMAP_MAX_TOKENS);
+      const compact = Math.max(n, m) > CELL_NUMBERS_MAX_TOKENS;
+      const labels = tokens.slice(0, n).map((t) => t.text);
+      const keyLabels = keyTokens.slice(0, m).map((t) => t.text);
+      const keyWord = spec.keyTokens ? 'context key' : 'key';
+      const valueText = (v) => (kind === 'weight' ? `${fmt(v, 4)} (${pct(v, 2)})` : fmt(v, 4));
+      const head = h('tr', {}, h('th', { class: 'hm-corner', scope: 'col' }, h('span', { class: 'visually-hidden', text: `query \\ ${keyWord}` })),
+        keyLabels.map((l, j) => h('th', { scope: 'col', class: 'hm-col', title: `${keyWord} ${j}: ${l}` }, h('span', { class: 'hm-label', text: l }))));
+      const body = [];
+      const ex = state.explain && state.explain.head === state.head ? state.explain : null;
+      for (let i = 0; i < n; i += 1) {
+        const cells = [];
+        for (let j = 0; j < m; j += 1) {
+          const v = matrix[i][j];
+          const isMasked = v === null || (maskRow && maskRow(i, j));
+          const explained = ex !== null && ex.query === i && ex.key === j;
+          const label = (isMasked
+            ? `${title}: query ${quoted(labels[i])} → ${keyWord} ${quoted(keyLabels[j])}: masked${kind === 'weight' ? ' (weight 0)' : ' (−∞)'}`
+            : `${title}: query ${quoted(labels[i])} → ${keyWord} ${quoted(keyLabels[j])}: ${valueText(v)}`)
+            + (explained ? ' (explained below)' : '');
+          const td = h('td', {
+            class: `hm-cell${isMasked ? ' is-masked' : ''}${explained ? ' is-explained' : ''}`, tabindex: -1, title: label,
+            'aria-label': label,
+            data: { row: i, col: j, value: v === null ? 'null' : String(v) },
+          }, compact ? '' : (isMasked ? '—' : fmt(v, 2)));
+          if (!isMasked) shade(td, unit(v, range));
+          cells.push(td);
+        }
+        body.push(h('tr', { class: i === state.query ? 'is-query' : null, data: { row: i } },
+          h('th', { scope: 'row', class: 'hm-row', title: `query ${i}: ${labels[i]}` },
+            h('span', { class: 'hm-label', text: labels[i] })), cells));
+      }
+      const table = h('table', {
+        class: `hm-grid${compact ? ' is-compact' : ''}`, role: 'grid',
+        'aria-label': `${title}, head ${state.head}: rows are queries, columns are ${spec.keyTokens ? 'the context\'s keys' : 'keys'}`,
+        data: { stage },
+      }, h('thead', {}, head), h('tbody', {}, body));
+      // Roving tabindex: one tab stop per grid, arrows move inside it.
+      const start = table.querySelector(`td[data-row="${Math.min(state.query, n - 1)}"][data-col="0"]`);
+      if (start) start.tabIndex = 0;
+      table.addEventListener('keydown', gridKeys);
+      table.addEventListener('focusin', (e) => readCell(e.target));
+      table.addEventListener('mouseover', (e) => readCell(e.target));
+      table.addEventListener('click', (e) => {
+        const cell = e.target.closest('td.hm-cell, th.hm-row');
+        if (!cell) return;
+        const row = Number(cell.dataset.row ?? cell.parentElement.dataset.row);
+        if (cell.matches('td')) activateCell(stage, row, Number(cell.dataset.col));
+        else if (row !== state.query) actions.select(row, null, { focus: () => focusCell(stage, row, 0) });
+      });
+      return h('figure', { class: 'heatmap', data: { stage } },
+        h('figcaption', {}, h('span', { class: 'hm-title', text: title }), ' ', h('code', { class: 'hm-formula', text: formula })),
+        h('div', { class: 'hm-scroll' }, table),
+        h('div', { class: 'legend-row' }, legend(range, kind, spec.showMasked),
+          h('button', {
+            type: 'button', class: 'button button-small', data: { svg: stage },
+            'aria-label': `Download the ${title.toLowerCase()} map of head ${state.head} as SVG`,
+            onclick: () => actions.downloadSvg(heatmapSvg(spec, { doc: state.main.doc, head: state.head }),
+              `${exportName(state.main.doc, state.main.body)}_${stage}_head${state.head}.svg`),
+          }, 'Download SVG')));
+    }
+
+    /** A cell clicked, or Enter on it: its row's token becomes the query, and the service explains the cell. */
+    function activateCell(stage, row, col) {
+      actions.explainCell(state.head, row, col);
+      actions.select(row, null, { focus: () => focusCell(stage, row, col) });
+    }
+
+    function legend(range, kind, showMasked) {
+      const lo = kind === 'weight' ? '0%' : fmt(range[0], 2);
+      const hi = kind === 'weight' ? '100%' : fmt(range[1], 2);
+      return h('div', { class: 'legend' },
+        h('span', { class: 'legend-end', text: lo }),
+        h('span', { class: 'legend-bar', role: 'img', 'aria-label': `colour scale from ${lo} (light) to ${hi} (dark)` }),
+        h('span', { class: 'legend-end', text: hi }),
+        showMasked ? h('span', { class: 'legend-masked' }, h('span', { class: 'swatch is-masked', 'aria-hidden': 'true' }), 'masked') : null);
+    }
+
+    function readCell(target) {
+      const cell = target.closest && target.closest('td.hm-cell');
+      if (!cell) return;
+      ui.readout.textContent = cell.getAttribute('aria-label');
+    }
+
+    function focusCell(stage, row, col) {
+      const cell = ui.maps.querySelector(`table[data-stage="${stage}"] td[data-row="${row}"][data-col="${col}"]`);
+      if (cell) {
+        for (const c of cell.closest('table').querySelectorAll('td[tabindex="0"]')) c.tabIndex = -1;
+        cell.tabIndex = 0;
+        cell.focus();
+      }
+    }
+
+    function gridKeys(e) {
+      const cell = e.target.closest('td.hm-cell');
+      if (!cell) return;
+      const table = cell.closest('table');
+      const n = table.tBodies[0].rows.length;
+      const m = table.tBodies[0].rows[0].cells.length - 1; // minus the row label
+      let row = Number(cell.dataset.row);
+      let col = Number(cell.dataset.col);
+      switch (e.key) {
+        case 'ArrowRight': col = Math.min(m - 1, col + 1); break;
+        case 'ArrowLeft': col = Math.max(0, col - 1); break;
+        case 'ArrowDown': row = Math.min(n - 1, row + 1); break;
+        case 'ArrowUp': row = Math.max(0, row - 1); break;
+        case 'Home': col = 0; if (e.ctrlKey) row = 0; break;
+        case 'End': col = m - 1; if (e.ctrlKey) row = n - 1; break;
+        case 'Enter':
+        case ' ':
+          e.preventDefault();
+          activateCell(table.dataset.stage, row, col);
+          return;
+        default: return;
+      }
+      e.preventDefault();
+      focusCell(table.dataset.stage, row, col);
+    }
+
+    function renderMaps() {
+      const { doc } = state.main;
+      const S = doc.stages;
+      const cfg = doc.config;
+      const hd = state.head;
+      const tokens = doc.tokens;
+      // Cross-attention: the context's tokens label the key axis of every map.
+      const keyTokens = isCross(doc) ? doc.context_tokens : undefined;
+      const masked = S.masked_scores;
+      const isMasked = masked ? (i, j) => masked.values[hd][i][j] === null : null;
+      const rope = cfg.positional_encoding === 'rope';
+      const qk = rope ? 'RoPE(Q)RoPE(K)ᵀ' : 'QKᵀ';
+      const crossNote = keyTokens ? ' · keys: the context' : '';
+      ui.mapsTitle.replaceChildren(`Attention maps${cfg.num_heads > 1 ? ` · head ${hd} of ${cfg.num_heads}` : ''}${crossNote}`);
+      const maps = [
+        heatmap({ stage: 'scores', title: 'Scores', formula: qk, matrix: S.scores.values[hd], tokens, keyTokens,
+          range: extent(S.scores.values[hd]), kind: 'score' }),
+        heatmap({ stage: 'scaled_scores', title: 'Scaled scores', formula: cfg.scale ? `${qk}/√${cfg.d_k}` : `${qk}/1 (scaling off)`,
+          matrix: S.scaled_scores.values[hd], tokens, keyTokens, range: extent(S.scaled_scores.values[hd]), kind: 'score' }),
+      ];
+      if (masked) {
+        const formula = cfg.window !== undefined ? `future keys and keys ≥ ${cfg.window} back → −∞` : 'future keys → −∞';
+        maps.push(heatmap({ stage: 'masked_scores', title: cfg.window !== undefined ? 'Masked scores (sliding window)' : 'Masked scores',
+          formula, matrix: masked.values[hd], tokens, keyTokens, range: extent(masked.values[hd]), kind: 'score', showMasked: true }));
+      }
+      maps.push(heatmap({ stage: 'weights', title: 'Weights', formula: 'softmax: rows sum to 1', matrix: S.weights.values[hd],
+        tokens, keyTokens, range: [0, 1], kind: 'weight', maskRow: isMasked, showMasked: !!masked }));
+      const longest = Math.max(tokens.length, (keyTokens || tokens).length);
+      const note = longest > HEATMAP_MAX_TOKENS
+        ? h('p', { class: 'hint', text: `Showing the first ${HEATMAP_MAX_TOKENS} of ${longest} tokens; download the JSON for all of them.` })
+        : null;
+      // Columns as wide as one map needs: about 3.6em a cell plus the row labels.
+      const n = Math.min((keyTokens || tokens).length, HEATMAP_MAX_TOKENS);
+      const perCell = n > CELL_NUMBERS_MAX_TOKENS ? 1.05 : 2.8;
+      const grid = h('div', { class: 'heatmaps', vars: { '--hm-min': `${Math.max(14, n * perCell + 5).toFixed(2)}em` } }, maps);
+      ui.maps.replaceChildren(...[grid, note].filter(Boolean));
+      renderThumbs();
+    }
+
+    function renderThumbs() {
+      const { doc } = state.main;
+      const cfg = doc.config;
+      const W = doc.stages.weights.values;
+      const n = Math.min(doc.tokens.length, HEATMAP_MAX_TOKENS);
+      const keyTokens = keyTokensOf(doc);
+      const nk = Math.min(keyTokens.length, HEATMAP_MAX_TOKENS);
+      if (cfg.num_heads === 1) {
+        ui.thumbs.replaceChildren(h('p', { class: 'hint' },
+          'One head. Move the head slider (try 4 heads at d_model 24) to see each head attend differently.'));
+        return;
+      }
+      if (cfg.num_heads * n * nk > THUMBS_MAX_CELLS) {
+        ui.thumbs.replaceChildren(h('p', { class: 'hint', text: 'Too many heads × tokens to draw every head; pick a head above.' }));
+        return;
+      }
+      const masked = doc.stages.masked_scores;
+      const thumbs = W.map((m, hi) => {
+        const grid = h('span', { class: 'thumb-grid', vars: { '--n': String(nk) }, 'aria-hidden': 'true' });
+        for (let i = 0; i < n; i += 1) {
+          for (let j = 0; j < nk; j += 1) {
+            const off = masked && masked.values[hi][i][j] === null;
+            const c = h('span', { class: `thumb-cell${off ? ' is-masked' : ''}${i === state.query ? ' is-query' : ''}` });
+            if (!off) shade(c, m[i][j]);
+            grid.append(c);
+          }
+        }
+        const row = m[state.query];
+        const top = row.indexOf(Math.max(...row));
+        const kv = cfg.query_heads_of_kv_head ? ` · K/V ${kvHeadOf(cfg, hi)}` : '';
+        return h('button', {
+          type: 'button', class: 'thumb', 'aria-pressed': hi === state.head ? 'true' : 'false',
+          'aria-label': `Head ${hi}${kv ? ` (reads K/V head ${kvHeadOf(cfg, hi)})` : ''}: ${quoted(doc.tokens[state.query].text)} `
+            + `attends most to ${quoted(keyTokens[top].text)} (${pct(row[top])})`,
+          onclick: () => actions.select(null, hi),
+        }, grid, h('span', { class: 'thumb-caption' }, `head ${hi}${kv}`, h('span', { class: 'thumb-top', text: `${keyTokens[top].text} ${pct(row[top], 0)}` })));
+      });
+      ui.thumbs.replaceChildren(
+        h('h3', { class: 'subhead', text: 'Every head\'s weights' }),
+        h('p', { class: 'hint', text: 'Same sentence, different projections, different soft distributions. Pick a head to inspect it.' }),
+        h('div', { class: 'thumbs' }, thumbs));
+    }
+
+    // -- grouped-query attention
+
+    function renderKv() {
+      const cfg = state.main.doc.config;
+      if (cfg.num_kv_heads === undefined) {
+        ui.kvSection.hidden = true;
+        ui.kvBody.replaceChildren();
+        return;
+      }
+      ui.kvSection.hidden = false;
+      const groups = cfg.query_heads_of_kv_head;
+      const kvh = kvHeadOf(cfg, state.head);
+      const kind = cfg.num_kv_heads === 1 ? `Multi-query attention (MQA): all ${cfg.num_heads} query heads read one K/V head.`
+        : cfg.num_kv_heads === cfg.num_heads ? 'Multi-head attention: every query head has its own K/V head.'
+          : `Grouped-query attention (GQA): ${cfg.num_heads} query heads in ${cfg.num_kv_heads} groups of `
+            + `${cfg.num_heads / cfg.num_kv_heads}, one K/V head per group.`;
+      const table = h('table', { class: 'side-table kv-table' },
+        h('caption', { class: 'visually-hidden', text: 'Which query heads share each K/V head' }),
+        h('thead', {}, h('tr', {}, h('th', { scope: 'col', text: 'K/V head' }), h('th', { scope: 'col', text: 'read by query heads' }))),
+        h('tbody', {}, groups.map((heads, j) => h('tr', { data: { kvHead: j }, class: j === kvh ? 'is-query' : null },
+          h('th', { scope: 'row', text: `K/V ${j}` }),
+          h('td', { class: 'num', text: heads.join(', ') })))));
+      const bytes = cfg.kv_cache_bytes_per_token || {};
+      const ratio = cfg.num_heads / cfg.num_kv_heads;
+      const facts = h('dl', { class: 'facts kv-bytes' },
+        Object.entries(bytes).map(([dtype, b]) => h('div', { data: { dtype } },
+          h('dt', {}, `KV cache per token, ${dtype}`), h('dd', { text: `${int(b)} B` }))));
+      ui.kvBody.replaceChildren(
+        h('p', { class: 'explain kv-kind', text: kind }),
+        h('div', { class: 'saturation-layout' },
+          h('div', { class: 'table-scroll' }, table),
+          h('div', {},
+            facts,
+            h('p', { class: 'hint', text: `K and V for ${cfg.num_kv_heads} head${cfg.num_kv_heads === 1 ? '' : 's'} of d_k ${cfg.d_k}, `
+              + 'per token and per layer, from the service\'s config.'
+              + (ratio > 1 ? ` Multi-head attention would keep ${ratio}× as much.` : '') }))));
+    }
+
+    // -- KV-cache decoding
+
+    function renderDecode() {
+      const { doc } = state.main;
+      const cfg = doc.config;
+      const steps = Array.isArray(doc.decode) ? doc.decode : null;
+      if (!steps || !steps.length) {
+        ui.decodeSection.hidden = true;
+        ui.decodeBody.replaceChildren();
+        return;
+      }
+      ui.decodeSection.hidden = false;
+      const last = steps.length - 1;
+      const t = state.step === null ? last : Math.min(Math.max(state.step, 0), last);
+      const st = steps[t];
+      const hd = state.head;
+      const kvh = kvHeadOf(cfg, hd);
+      const cache = st.cache_positions;
+      const rope = Array.isArray(st.q_rotated);
+      ui.decodeStep.max = String(last);
+      ui.decodeStep.value = String(t);
+      ui.decodeStepValue.value = String(t);
+      ui.decodeStepValue.textContent = String(t);
+      ui.decodeStep.setAttribute('aria-valuetext',
+        `step ${t} of ${last}: ${quoted(st.token)}, ${cache.length} cached token${cache.length === 1 ? '' : 's'}`);
+
+      const roleText = { new: 'new', cached: 'cached', evicted: 'out of window', future: 'not yet' };
+      const strip = h('ol', { class: 'cache-strip', 'aria-label': `The sequence at step ${t}` }, doc.tokens.map((tk, i) => {
+        const role = i === st.position ? 'new' : cache.includes(i) ? 'cached' : i < st.position ? 'evicted' : 'future';
+        return h('li', { class: `cache-tok is-${role}`, data: { pos: i, role } },
+          h('span', { class: 'cache-text', text: tk.text }), h('span', { class: 'cache-role', text: roleText[role] }));
+      }));
+      const full = doc.stages.weights.values[hd][st.position];
+      const firstRow = Math.max(0, cache.length - HEATMAP_MAX_TOKENS); // long caches: the newest entries only
+      const diff = cache.reduce((mx, pos, r) => Math.max(mx, Math.abs(st.weights[hd][r] - full[pos])), 0);
+      const table = h('table', { class: 'side-table cache-table' },
+        h('caption', { class: 'visually-hidden', text: `The KV cache at step ${t}, read by head ${hd}` }),
+        h('thead', {}, h('tr', {},
+          h('th', { scope: 'col', text: 'cached token' }),
+          h('th', { scope: 'col' }, rope ? 'RoPE(k) in k_cache' : 'k_cache'),
+          h('th', { scope: 'col', text: 'v_cache' }),
+          h('th', { scope: 'col', text: 'scaled score' }),
+          h('th', { scope: 'col', text: 'weight' }))),
+        h('tbody', {}, cache.map((pos, r) => (r < firstRow ? null : h('tr', { data: { pos }, class: pos === st.position ? 'is-query' : null },
+          h('th', { scope: 'row' }, doc.tokens[pos].text, h('span', { class: 'row-note', text: `position ${pos}${pos === st.position ? ', new' : ''}` })),
+          h('td', { data: { col: 'k' } }, vec(st.k_cache[kvh][r], 3, 4)),
+          h('td', { data: { col: 'v' } }, vec(st.v_cache[kvh][r], 3, 4)),
+          h('td', { class: 'num', data: { col: 'score' }, text: fmt(st.scaled_scores[hd][r], 4) }),
+          h('td', { class: 'num', data: { col: 'weight' }, text: pct(st.weights[hd][r]) }))))));
+      const cut = firstRow > 0
+        ? h('p', { class: 'hint', text: `Showing the newest ${cache.length - firstRow} of ${cache.length} cache entries; download the JSON for all of them.` })
+        : null;
+      const bytes = cfg.kv_cache_bytes_per_token;
+      const kvName = cfg.num_kv_heads !== undefined ? ` (K/V head ${kvh})` : '';
+      ui.decodeBody.replaceChildren(
+        strip,
+        h('p', { class: 'explain decode-summary' },
+          `Step ${t}: ${quoted(st.token)} at position ${st.position}. Its q${rope ? ', rotated,' : ''} attends to the `
+          + `${cache.length} cached key${cache.length === 1 ? '' : 's'} and value${cache.length === 1 ? '' : 's'}${kvName}`
+          + `${cfg.window !== undefined && cache[0] > 0 ? `; the sliding window of ${cfg.window} has dropped positions before ${cache[0]}` : ''}.`
+          + (bytes ? ` The cache now holds ${cache.length} × ${int(bytes.float32)} B = ${int(cache.length * bytes.float32)} B in float32.` : '')),
+        h('div', { class: 'stack' },
+          vecLine('decode-q', rope ? `RoPE(q)_${st.token} =` : `q_${st.token} =`, rope ? st.q_rotated[hd] : st.q[hd]),
+          vecLine('decode-k', `${rope ? 'RoPE(k)' : 'k'}_${st.token} joins the cache:`, rope ? st.k_rotated[kvh] : st.k[kvh])),
+        h('div', { class: 'table-scroll' }, table),
+        cut,
+        h('div', { class: 'stack' },
+          vecLine('decode-context', 'context ≈', st.context[hd]),
+          vecLine('decode-output', 'output =', st.output)),
+        h('p', { class: 'hint', data: { check: 'decode' } },
+          `Same weights as row ${st.position} of the full causal trace above (largest difference ${diff.toExponential(1)}): `
+          + 'the cache changes the cost, not the numbers.'));
+    }
+
+    // -- saturation
+
+    function renderSaturation() {
+      const cfg = state.main.doc.config;
+      // While the comparison for this trace is on its way, the section keeps its content, marked busy (and dimmed
+      // only if that lasts: no flash), and it cannot be downloaded.
+      ui.saturationSection.classList.toggle('is-updating', state.altPending);
+      ui.saturationSection.setAttribute('aria-busy', String(state.altPending));
+      ui.saturationSvg.disabled = state.altPending || !state.alt;
+      if (state.altPending) return;
+      if (!state.alt) {
+        const msg = state.altError ? `The comparison trace failed: ${state.altError.message}`
+          : view.saved ? 'This saved trace holds no comparison trace.' : 'No comparison trace.';
+        ui.saturation.replaceChildren(h('p', { class: 'problem-inline', text: msg }));
+        return;
+      }
+      const scaled = cfg.scale ? state.main.doc : state.alt.doc;
+      const unscaled = cfg.scale ? state.alt.doc : state.main.doc;
+      const q = state.query;
+      const hd = state.head;
+      const tokens = scaled.tokens;
+      const keyTokens = keyTokensOf(scaled);
+      const variants = [
+        { id: 'scaled', doc: scaled, name: 'Scaled', note: `÷ √${scaled.config.d_k} = ${fmt(scaled.config.scale_factor, 3)}` },
+        { id: 'unscaled', doc: unscaled, name: 'Unscaled', note: '÷ 1' },
+      ].map((v) => ({ ...v, w: v.doc.stages.weights.values[hd][q],
+        m: v.doc.stages.masked_scores ? v.doc.stages.masked_scores.values[hd][q] : null }));
+      // Keys down the side, the two variants side by side: reads at any width and any length.
+      const weightCell = (v, j) => {
+        const off = v.m && v.m[j] === null;
+        const x = v.w[j];
+        return h('td', { class: `bar-cell${off ? ' is-masked' : ''}`, data: { variant: v.id, key: j }, title: off ? 'masked' : fmt(x, 6) },
+          h('span', { class: 'num', text: off ? 'masked' : pct(x) }),
+          h('span', { class: 'bar', vars: { '--w': off ? '0' : x.toFixed(4) }, 'aria-hidden': 'true' }));
+      };
+      const table = h('table', { class: 'compare-table' },
+        h('caption', { class: 'visually-hidden', text: `Weights of ${quoted(tokens[q].text)}, scaled and unscaled` }),
+        h('thead', {}, h('tr', {},
+          h('th', { scope: 'col' }, 'key', h('span', { class: 'row-note', text: `query ${quoted(tokens[q].text)}` })),
+          variants.map((v) => h('th', { scope: 'col', data: { variant: v.id } }, v.name, h('span', { class: 'row-note', text: v.note }))))),
+        h('tbody', {},
+          keyTokens.map((t, j) => h('tr', { data: { key: j }, class: j === q && !isCross(scaled) ? 'is-query' : null },
+            h('th', { scope: 'row', text: t.text }), variants.map((v) => weightCell(v, j)))),
+          h('tr', { class: 'stat-row', data: { stat: 'entropy' } },
+            h('th', { scope: 'row' }, 'entropy', h('span', { class: 'row-note', text: 'nats, from stats' })),
+            variants.map((v) => h('td', { class: 'num', data: { variant: v.id }, text: fmt(v.doc.stats.entropy[hd][q], 3) }))),
+          h('tr', { class: 'stat-row', data: { stat: 'max_weight' } },
+            h('th', { scope: 'row' }, 'max weight', h('span', { class: 'row-note', text: 'from stats' })),
+            variants.map((v) => h('td', { class: 'num', data: { variant: v.id }, text: pct(v.doc.stats.max_weight[hd][q]) })))));
+      const visible = (scaled.stages.masked_scores
+        ? scaled.stages.masked_scores.values[hd][q].filter((v) => v !== null).length : keyTokens.length);
+      const ms = scaled.stats.max_weight[hd][q];
+      const mu = unscaled.stats.max_weight[hd][q];
+      const es = scaled.stats.entropy[hd][q];
+      const eu = unscaled.stats.entropy[hd][q];
+      const text = visible <= 1
+        ? `${quoted(tokens[q].text)} can see only ${isCross(scaled) ? 'one key' : 'itself'} here, so its single weight is 100% either way.`
+        : scaled.config.d_k === 1 ? 'With d_k = 1, √d_k = 1: scaling changes nothing. Raise d_model or lower the head count.'
+        : `Without the √d_k divisor the largest weight goes from ${pct(ms)} to ${pct(mu)} and the entropy from ${fmt(es, 3)} to `
+          + `${fmt(eu, 3)} nats (a uniform row over ${visible} keys would be ln ${visible} = ${fmt(Math.log(visible), 3)}). `
+          + 'Large dot products saturate softmax towards one-hot, and the other tokens get almost no gradient; the wider d_k, '
+          + 'the larger the raw scores, which is why the divisor is √d_k.';
+      ui.saturation.replaceChildren(h('div', { class: 'saturation-layout' },
+        h('div', { class: 'table-scroll' }, table), h('p', { class: 'explain', text })));
+    }
+
+    // -- concat vs average
+
+    function strip(values, range, { digits = 3, label, group, className = '' } = {}) {
+      const compact = values.length > VECTOR_NUMBERS_MAX;
+      return h('span', { class: `strip${compact ? ' is-compact' : ''} ${className}`, role: 'list', 'aria-label': label },
+        values.map((v, i) => shade(h('span', {
+          class: 'strip-cell', role: 'listitem', title: `${label} [${i}] = ${fmt(v, 4)}`, data: { i, group },
+        }, compact ? '' : fmt(v, digits)), unit(v, range))));
+    }
+
+    function renderMultihead() {
+      const { doc } = state.main;
+      const cfg = doc.config;
+      const q = state.query;
+      const tok = doc.tokens[q].text;
+      const heads = doc.stages.context.values.map((m) => m[q]);
+      const concat = doc.stages.concat.values[q];
+      const output = doc.stages.output.values[q];
+      const avg = heads[0].map((_, d) => heads.reduce((s, hv) => s + hv[d], 0) / heads.length);
+      const range = extent([heads, concat, avg]);
+      const headRows = heads.map((hv, i) => h('div', { class: `mh-row${i === state.head ? ' is-selected' : ''}`, data: { head: i } },
+        h('span', { class: 'mh-label' }, `head ${i}`, h('span', { class: 'row-note', text: `length ${fmt(norm(hv), 2)}` })),
+        strip(hv, range, { label: `head ${i} output for ${tok}`, className: 'strip-head' })));
+      const concatGroups = heads.map((hv, i) => h('span', { class: 'concat-group', data: { head: i } },
+        h('span', { class: 'concat-group-label', text: `h${i}` }),
+        strip(concat.slice(i * cfg.d_k, (i + 1) * cfg.d_k), range, { label: `concat, head ${i}'s slots`, group: i })));
+      const meanNorm = heads.reduce((s, hv) => s + norm(hv), 0) / heads.length;
+      const kids = [
+        h('div', { class: 'mh-block' },
+          h('h3', { class: 'subhead' }, `Each head's output for ${quoted(tok)}`, h('span', { class: 'muted', text: ` (${cfg.num_heads} × d_k ${cfg.d_k})` })),
+          h('div', { class: 'mh-heads' }, headRows)),
+        h('div', { class: 'mh-block', data: { part: 'concat' } },
+          h('h3', { class: 'subhead' }, 'Concatenated', h('span', { class: 'muted', text: ` (${cfg.num_heads} × ${cfg.d_k} = ${concat.length} = d_model)` })),
+          h('div', { class: 'concat' }, concatGroups),
+          h('p', { class: 'hint', text: 'Nothing is lost: each head keeps its own slots.' })),
+        h('div', { class: 'mh-block mh-contrast', data: { part: 'average' } },
+          h('h3', { class: 'subhead' }, 'Averaged, for contrast', h('span', { class: 'muted', text: ` (only ${cfg.d_k} values)` })),
+          strip(avg, range, { label: `average of the heads for ${tok}` }),
+          h('p', { class: 'hint', text: cfg.num_heads === 1
+            ? 'With one head the average is that head: add heads to see them cancel.'
+            : `The average has length ${fmt(norm(avg), 2)}, against ${fmt(meanNorm, 2)} for a typical head: where heads `
+              + `disagree their signals cancel, and ${cfg.num_heads} perspectives are squeezed into one ${cfg.d_k}-value slot. `
+              + 'Transformers concatenate instead.' })),
+        h('div', { class: 'mh-block', data: { part: 'output' } },
+          h('h3', { class: 'subhead' }, 'Then ', sub('O', 'W'), h('span', { class: 'muted', text: ` mixes the heads: output = concat·W_Oᵀ (d_model ${cfg.d_model})` })),
+          strip(output, extent(output), { label: `output for ${tok}` })),
+      ];
+      ui.multihead.replaceChildren(...kids);
+    }
+
+    return { renderStatus, renderFooter, renderSelection, renderPickers, syncPickers, renderDecode, renderSaturation };
+  }
+
+  globalThis.AttentionTrace.render = Object.freeze({ h, spoken, sub, shade, vec, create });
+})();

@@ -1,0 +1,248 @@
+/*
+ * attention-trace viewer: the inputs as data. Pure: no DOM, no state.
+ *
+ * `fields` are the form's values as the controls hold them (text as typed, switches as booleans), keyed by the
+ * request's field names. From them: the /trace request they describe (and what JSON cannot carry), the counts the
+ * d_k card shows before the service answers, the request as a curl command; and the view in the address,
+ * both ways: `#sentence=the+cat+sat&d_model=24&num_heads=4&q=1&head=2&causal=1` (heads and tokens from 0, as in
+ * the API). A value the address cannot hold (not a whole number, an unknown option) falls back to the default.
+ *
+ * Adds `urlState` to globalThis.AttentionTrace (after format.js); tests/js/url-state.test.js runs it under Node.
+ */
+'use strict';
+
+(() => {
+  const { fmt, int, fmtBase, shellQuote } = globalThis.AttentionTrace.format;
+
+  const DEFAULTS = Object.freeze({
+    sentence: 'the cat sat', d_model: 24, num_heads: 1, seed: 0, scale: true, causal: false,
+    positional_encoding: 'sinusoidal', rope_base: 10000, rope_pairing: 'rotate_half',
+  });
+
+  /** The form as the page first shows it (index.html's values). */
+  const DEFAULT_FIELDS = Object.freeze({
+    sentence: DEFAULTS.sentence, d_model: String(DEFAULTS.d_model), num_heads: String(DEFAULTS.num_heads),
+    seed: String(DEFAULTS.seed), scale: true, causal: false, positional_encoding: 'sinusoidal',
+    rope_base: String(DEFAULTS.rope_base), rope_pairing: DEFAULTS.rope_pairing, num_kv_heads: '', window: '',
+    context_sentence: '', context_tokens: '', decode: false,
+  });
+
+  /** A whole number 0 or more as typed (spaces around it allowed), or null. */
+  function readInt(text) {
+    const raw = String(text).trim();
+    if (!/^\d+$/.test(raw)) return null;
+    const n = Number(raw);
+    return Number.isSafeInteger(n) ? n : null;
+  }
+
+  /** Pre-split tokens, one a line (a final line break is not an empty token). */
+  const splitLines = (text) => text.replace(/\n+$/, '').split('\n');
+
+  /**
+   * The /trace request the fields describe, and {pointer: message} for what JSON cannot carry (those fields are
+   * sent as null). The variants' fields are sent only when used, so a plain request stays plain.
+   */
+  function requestFrom(fields) {
+    const errors = {};
+    const dModel = readInt(fields.d_model);
+    const seed = readInt(fields.seed);
+    const heads = readInt(fields.num_heads);
+    if (dModel === null) errors['/d_model'] = 'enter a whole number, 1 or more';
+    if (seed === null) errors['/seed'] = 'enter a whole number, 0 or more';
+    const body = {
+      sentence: fields.sentence,
+      d_model: dModel,
+      num_heads: heads,
+      seed,
+      scale: fields.scale,
+      causal: fields.causal,
+      positional_encoding: fields.positional_encoding,
+    };
+    if (body.positional_encoding === 'rope') {
+      const raw = fields.rope_base.trim();
+      const base = raw === '' ? DEFAULTS.rope_base : Number(raw);
+      if (!Number.isFinite(base)) errors['/rope_base'] = 'enter a number greater than 1';
+      body.rope_base = Number.isFinite(base) ? base : null;
+      body.rope_pairing = fields.rope_pairing;
+    }
+    if (fields.num_kv_heads.trim() !== '') {
+      body.num_kv_heads = readInt(fields.num_kv_heads);
+      if (body.num_kv_heads === null) errors['/num_kv_heads'] = 'enter a whole number, 1 or more (or leave it empty)';
+    }
+    if (fields.window.trim() !== '') {
+      body.window = readInt(fields.window);
+      if (body.window === null) errors['/window'] = 'enter a whole number, 1 or more (or leave it empty)';
+    }
+    if (fields.context_sentence !== '') body.context_sentence = fields.context_sentence;
+    if (fields.context_tokens !== '') body.context_tokens = splitLines(fields.context_tokens);
+    if (fields.decode) body.decode = true;
+    return { body, errors };
+  }
+
+  /** The fields a trace was made with (a saved page shows them, disabled): its config, and its request's text. */
+  function fieldsFromTrace(request, doc) {
+    const cfg = doc.config;
+    return {
+      sentence: typeof request.sentence === 'string' ? request.sentence : doc.tokens.map((t) => t.text).join(' '),
+      d_model: String(cfg.d_model),
+      num_heads: String(cfg.num_heads),
+      seed: String(cfg.seed),
+      scale: cfg.scale,
+      causal: cfg.causal,
+      positional_encoding: cfg.positional_encoding,
+      rope_base: cfg.rope_base !== undefined ? fmtBase(cfg.rope_base) : DEFAULT_FIELDS.rope_base,
+      rope_pairing: cfg.rope_pairing !== undefined ? cfg.rope_pairing : DEFAULT_FIELDS.rope_pairing,
+      num_kv_heads: cfg.num_kv_heads !== undefined ? String(cfg.num_kv_heads) : '',
+      window: cfg.window !== undefined ? String(cfg.window) : '',
+      context_sentence: typeof request.context_sentence === 'string' ? request.context_sentence : '',
+      context_tokens: Array.isArray(request.context_tokens) ? request.context_tokens.join('\n') : '',
+      decode: cfg.decode === true,
+    };
+  }
+
+  /**
+   * The comparison request: the same with scale flipped (and without decoding: it needs the weights only). A request
+   * without `scale` is scaled (the service's default), so its comparison is not (service/standalone.py alike).
+   */
+  function comparisonBody(body) {
+    const alt = { ...body, scale: 'scale' in body ? !body.scale : false };
+    delete alt.decode;
+    return alt;
+  }
+
+  /** The head counts that divide d_model, up to the service's limit: the slider's ticks. */
+  function divisors(n, maxHeads) {
+    const out = [];
+    for (let i = 1; i <= Math.min(n, maxHeads); i += 1) if (n % i === 0) out.push(i);
+    return out;
+  }
+
+  /**
+   * The d_k card from the fields as typed, before the service answers: every number describes that one
+   * configuration, and a count it does not have is "—". `sliderMax`: the head slider spans 1 … d_model (never
+   * below the current value, so typing never clamps it); null while d_model is not a number.
+   */
+  function dkCard(fields, maxHeads) {
+    const dModel = readInt(fields.d_model);
+    const heads = readInt(fields.num_heads);
+    const gqa = fields.num_kv_heads.trim() !== '';
+    const kv = gqa ? readInt(fields.num_kv_heads) : null;
+    const dk = dModel !== null && heads ? dModel / heads : null;
+    const whole = dk !== null && Number.isInteger(dk);
+    const kvOk = !gqa || (kv !== null && kv >= 1 && heads !== null && heads % kv === 0);
+    return {
+      dModel, heads, gqa, dk, whole,
+      shown: {
+        dModel: dModel === null ? '?' : String(dModel),
+        heads: String(heads ?? '?'),
+        dk: dk === null ? '?' : whole ? String(dk) : String(Number(dk.toFixed(3))),
+        // GQA: W_Q and W_O stay d_model × d_model; W_K and W_V shrink to kv·d_k rows each.
+        matrices: heads && kvOk ? String(gqa ? heads + 2 * kv + 1 : 3 * heads + 1) : '—',
+        params: dModel === null || !kvOk || (gqa && !whole) ? '—'
+          : int(gqa ? 2 * dModel * dModel + 2 * kv * dk * dModel : 4 * dModel * dModel),
+        scale: !fields.scale ? fmt(1, 4) : whole ? fmt(Math.sqrt(dk), 4) : '—',
+      },
+      sliderMax: dModel === null ? null : Math.min(maxHeads, Math.max(dModel, heads || 1, 2)),
+    };
+  }
+
+  /**
+   * Where a service message about `pointer` goes: {field, text} with `field` one of `known` (the pointer itself,
+   * or the list it is an item of: /context_tokens/1 is line 2 of the context tokens), or null.
+   */
+  function fieldError(pointer, message, known) {
+    const field = known.includes(pointer) ? pointer : `/${pointer.split('/')[1] || ''}`;
+    if (!known.includes(field)) return null;
+    const rest = pointer.slice(field.length + 1);
+    const text = field === pointer ? message
+      : field === '/context_tokens' && /^\d+$/.test(rest) ? `line ${Number(rest) + 1} (token ${rest}): ${message}` : `${rest}: ${message}`;
+    return { field, text };
+  }
+
+  /** The request as a curl command: to this page's service, or, from a saved page, to $ATTENTION_TRACE_URL. */
+  function curlFor(body, { saved = false, href = '' } = {}) {
+    // A saved page does not know where the service runs: the shell fills it in.
+    const url = saved ? '"$ATTENTION_TRACE_URL/trace"' : shellQuote(new URL('trace', href).href);
+    return `curl -s ${url} -H 'content-type: application/json' -d ${shellQuote(JSON.stringify(body))}`;
+  }
+
+  // ---------------------------------------------------------------- the address
+
+  function params(hash) {
+    return new URLSearchParams(hash.startsWith('#') ? hash.slice(1) : hash);
+  }
+
+  /**
+   * The address's fragment for the view: the fields (null on a saved page, whose inputs are fixed: the selection
+   * only) and the selection {query, head, step} (step null: not in the address).
+   */
+  function hashFor(fields, selection) {
+    const p = new URLSearchParams();
+    if (fields !== null) {
+      const { body } = requestFrom(fields);
+      p.set('sentence', body.sentence);
+      for (const k of ['d_model', 'num_heads', 'seed']) if (body[k] !== null) p.set(k, String(body[k]));
+      p.set('scale', body.scale ? '1' : '0');
+      p.set('causal', body.causal ? '1' : '0');
+      if (body.positional_encoding !== 'sinusoidal') p.set('pe', body.positional_encoding);
+      if (body.positional_encoding === 'rope') {
+        if (fields.rope_base.trim() !== String(DEFAULTS.rope_base)) p.set('rope_base', fields.rope_base.trim());
+        if (body.rope_pairing !== DEFAULTS.rope_pairing) p.set('rope_pairing', body.rope_pairing);
+      }
+      if (fields.num_kv_heads.trim() !== '') p.set('kv', fields.num_kv_heads.trim());
+      if (fields.window.trim() !== '') p.set('window', fields.window.trim());
+      if ('context_sentence' in body) p.set('context', body.context_sentence);
+      for (const t of body.context_tokens || []) p.append('ctok', t);
+      if (body.decode) p.set('decode', '1');
+    }
+    if (selection.step !== null && selection.step !== undefined) p.set('step', String(selection.step));
+    p.set('q', String(selection.query));
+    p.set('head', String(selection.head)); // 0-based, as in the API
+    return `#${p.toString()}`;
+  }
+
+  /** The fields an address describes; what it leaves out, or cannot hold, is the default. */
+  function fieldsFromHash(hash) {
+    const p = params(hash);
+    const get = (k, d) => (p.has(k) ? p.get(k) : d);
+    const whole = (k, d) => (/^\d{1,10}$/.test(get(k, '')) ? get(k, '') : String(d));
+    const optional = (k) => (/^\d{1,10}$/.test(get(k, '')) ? get(k, '') : '');
+    const pe = get('pe', 'sinusoidal');
+    const base = get('rope_base', String(DEFAULTS.rope_base));
+    return {
+      sentence: get('sentence', DEFAULTS.sentence),
+      d_model: whole('d_model', DEFAULTS.d_model),
+      num_heads: whole('num_heads', DEFAULTS.num_heads),
+      seed: whole('seed', DEFAULTS.seed),
+      scale: get('scale', '1') !== '0',
+      causal: get('causal', '0') === '1',
+      positional_encoding: ['none', 'rope'].includes(pe) ? pe : 'sinusoidal',
+      rope_base: /^[0-9.eE+]{1,24}$/.test(base) ? base : String(DEFAULTS.rope_base),
+      rope_pairing: get('rope_pairing', DEFAULTS.rope_pairing) === 'interleaved' ? 'interleaved' : 'rotate_half',
+      num_kv_heads: optional('kv'),
+      window: optional('window'),
+      context_sentence: get('context', ''),
+      context_tokens: p.getAll('ctok').join('\n'),
+      decode: get('decode', '0') === '1',
+    };
+  }
+
+  /** The query token, head and decoding step an address selects (step null: the last one). */
+  function selectionFromHash(hash) {
+    const p = params(hash);
+    const get = (k, d) => (p.has(k) ? p.get(k) : d);
+    const step = Number(get('step', 'x'));
+    const q = Number(get('q', '1'));
+    const head = Number(get('head', '0'));
+    return {
+      step: Number.isInteger(step) && step >= 0 ? step : null,
+      query: Number.isInteger(q) && q >= 0 ? q : 1,
+      head: Number.isInteger(head) && head >= 0 ? head : 0,
+    };
+  }
+
+  globalThis.AttentionTrace.urlState = Object.freeze({
+    DEFAULTS, DEFAULT_FIELDS, readInt, splitLines, requestFrom, fieldsFromTrace, comparisonBody, divisors, dkCard, fieldError, curlFor,
+    hashFor, fieldsFromHash, selectionFromHash,
+  });
+})();

@@ -1,0 +1,196 @@
+/* url-state.js: the inputs as data: the request, the d_k card's counts, the address both ways. */
+'use strict';
+
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const { execFileSync } = require('node:child_process');
+const { load } = require('./load.js');
+
+const U = load('format.js', 'url-state.js').urlState;
+const fields = (extra = {}) => ({ ...U.DEFAULT_FIELDS, ...extra });
+
+test('the default fields are the plain request, in the order it is sent', () => {
+  const { body, errors } = U.requestFrom(U.DEFAULT_FIELDS);
+  assert.deepEqual(errors, {});
+  // The key order is part of what is sent (the curl command, and the saved page's embedded request).
+  assert.equal(JSON.stringify(body), '{"sentence":"the cat sat","d_model":24,"num_heads":1,"seed":0,"scale":true,'
+    + '"causal":false,"positional_encoding":"sinusoidal"}');
+});
+
+test('whole numbers as typed; what JSON cannot carry is an error on its field, sent as null', () => {
+  assert.equal(U.readInt(' 24 '), 24);
+  assert.equal(U.readInt('0'), 0);
+  for (const bad of ['', 'abc', '-1', '1e3', '2.0', '9007199254740993', '٣']) assert.equal(U.readInt(bad), null, bad);
+  const { body, errors } = U.requestFrom(fields({ d_model: '2 4', seed: '-1' }));
+  assert.equal(body.d_model, null);
+  assert.equal(body.seed, null);
+  assert.deepEqual(Object.keys(errors), ['/d_model', '/seed']);
+  assert.equal(errors['/d_model'], 'enter a whole number, 1 or more');
+  // The slider's value is a number; num_heads itself is the service's to judge (5 heads at d_model 24 is sent).
+  assert.equal(U.requestFrom(fields({ num_heads: '5' })).body.num_heads, 5);
+});
+
+test('the variants are sent only when used', () => {
+  const plain = U.requestFrom(fields({ rope_base: '500000', rope_pairing: 'interleaved' })).body;
+  assert.ok(!('rope_base' in plain) && !('rope_pairing' in plain), 'RoPE fields without RoPE');
+  const rope = U.requestFrom(fields({ positional_encoding: 'rope', rope_base: ' 500000 ', rope_pairing: 'interleaved' })).body;
+  assert.equal(rope.rope_base, 500000);
+  assert.equal(rope.rope_pairing, 'interleaved');
+  assert.equal(U.requestFrom(fields({ positional_encoding: 'rope', rope_base: '' })).body.rope_base, 10000);
+  const badBase = U.requestFrom(fields({ positional_encoding: 'rope', rope_base: 'ten' }));
+  assert.equal(badBase.body.rope_base, null);
+  assert.deepEqual(Object.keys(badBase.errors), ['/rope_base']);
+
+  const all = U.requestFrom(fields({ num_kv_heads: '2', window: ' 3', context_sentence: 'le chat',
+    context_tokens: 'le\nchat\n\n', decode: true, causal: true })).body;
+  assert.equal(JSON.stringify(all), '{"sentence":"the cat sat","d_model":24,"num_heads":1,"seed":0,"scale":true,'
+    + '"causal":true,"positional_encoding":"sinusoidal","num_kv_heads":2,"window":3,"context_sentence":"le chat",'
+    + '"context_tokens":["le","chat"],"decode":true}');
+  const bad = U.requestFrom(fields({ num_kv_heads: 'two', window: '-3' }));
+  assert.deepEqual(Object.keys(bad.errors), ['/num_kv_heads', '/window']);
+  assert.equal(bad.body.num_kv_heads, null);
+  assert.deepEqual(U.splitLines('a\n\nb\n'), ['a', '', 'b'], 'an empty line inside is an empty token');
+  assert.deepEqual(U.splitLines(' sub\n##word'), [' sub', '##word'], 'tokens are used as given');
+});
+
+test('the comparison request flips scale and drops decoding, leaving the request alone', () => {
+  const body = U.requestFrom(fields({ decode: true, causal: true })).body;
+  const alt = U.comparisonBody(body);
+  assert.equal(alt.scale, false);
+  assert.ok(!('decode' in alt));
+  assert.equal(body.decode, true);
+  assert.deepEqual(Object.keys(alt), Object.keys(body).filter((k) => k !== 'decode'), 'same key order');
+  // A request without scale is scaled (the service's default): its comparison is not. (A saved page's request is
+  // the one it was made with, which may leave scale out.)
+  assert.equal(JSON.stringify(U.comparisonBody({ sentence: 'x', decode: true })), '{"sentence":"x","scale":false}');
+});
+
+test('the d_k card from the fields as typed', () => {
+  assert.deepEqual(U.divisors(24, 64), [1, 2, 3, 4, 6, 8, 12, 24]);
+  assert.equal(U.divisors(128, 64).at(-1), 64);
+  assert.deepEqual(U.divisors(7, 64), [1, 7]);
+
+  const four = U.dkCard(fields({ num_heads: '4' }), 64);
+  assert.deepEqual(four.shown, { dModel: '24', heads: '4', dk: '6', matrices: '13', params: '2,304', scale: '2.4495' });
+  assert.equal(four.whole, true);
+  // 5 heads do not divide 24: d_k is a fraction, and no divisor follows from it.
+  const five = U.dkCard(fields({ num_heads: '5' }), 64);
+  assert.deepEqual(five.shown, { dModel: '24', heads: '5', dk: '4.8', matrices: '16', params: '2,304', scale: '—' });
+  assert.equal(U.dkCard(fields({ num_heads: '7' }), 64).shown.dk, '3.429');
+  // Grouped-query attention: W_K and W_V shrink to kv·d_k rows.
+  const gqa = U.dkCard(fields({ num_heads: '4', num_kv_heads: '2' }), 64);
+  assert.deepEqual([gqa.shown.matrices, gqa.shown.params], ['9', '1,728']);
+  const bad = U.dkCard(fields({ num_heads: '4', num_kv_heads: '3' }), 64);
+  assert.deepEqual([bad.shown.matrices, bad.shown.params], ['—', '—']);
+  assert.equal(U.dkCard(fields({ scale: false }), 64).shown.scale, '1.0000');
+  const none = U.dkCard(fields({ d_model: 'x' }), 64);
+  assert.deepEqual(none.shown, { dModel: '?', heads: '1', dk: '?', matrices: '4', params: '—', scale: '—' });
+  assert.equal(none.sliderMax, null);
+  assert.equal(U.dkCard(fields({ d_model: '512' }), 64).sliderMax, 64);
+  assert.equal(U.dkCard(fields({ d_model: '1' }), 64).sliderMax, 2);
+  assert.equal(U.dkCard(fields({ d_model: '8', num_heads: '12' }), 64).sliderMax, 12, 'never below the current value');
+});
+
+test('a service message goes to its field, an item\'s to its list', () => {
+  const known = ['/sentence', '/tokens', '/window', '/rope_base', '/context_tokens'];
+  assert.deepEqual(U.fieldError('/window', 'needs causal', known), { field: '/window', text: 'needs causal' });
+  assert.deepEqual(U.fieldError('/context_tokens/1', 'empty', known),
+    { field: '/context_tokens', text: 'line 2 (token 1): empty' });
+  assert.deepEqual(U.fieldError('/rope_base/x', 'm', known), { field: '/rope_base', text: 'x: m' });
+  assert.equal(U.fieldError('/nope', 'm', known), null);
+  assert.equal(U.fieldError('', 'm', known), null);
+});
+
+test('the request as curl: quoted for the shell, to this service or to $ATTENTION_TRACE_URL', () => {
+  const body = { sentence: "it's $HOME `x` \"q\"\nnext", d_model: 24 };
+  const live = U.curlFor(body, { href: 'http://127.0.0.1:8000/sub/?x=1#q=2' });
+  assert.ok(live.startsWith("curl -s 'http://127.0.0.1:8000/sub/trace' -H 'content-type: application/json' -d '"), live);
+  const saved = U.curlFor(body, { saved: true });
+  assert.ok(saved.startsWith(`curl -s "$ATTENTION_TRACE_URL/trace" -H`), saved);
+  // The shell hands curl the JSON exactly.
+  const words = execFileSync('/bin/sh', ['-c', `for w in ${live.slice('curl '.length)}; do printf '%s\\0' "$w"; done`],
+    { encoding: 'utf8' }).split('\0').slice(0, -1);
+  assert.deepEqual(words.slice(0, 2), ['-s', 'http://127.0.0.1:8000/sub/trace']);
+  assert.deepEqual(JSON.parse(words.at(-1)), body);
+});
+
+test('the address: the defaults, and the example in docs/viewer.md', () => {
+  assert.equal(U.hashFor(U.DEFAULT_FIELDS, { query: 1, head: 0, step: null }),
+    '#sentence=the+cat+sat&d_model=24&num_heads=1&seed=0&scale=1&causal=0&q=1&head=0');
+  assert.deepEqual(U.fieldsFromHash(''), U.DEFAULT_FIELDS);
+  assert.deepEqual(U.fieldsFromHash('#'), U.DEFAULT_FIELDS);
+  assert.deepEqual(U.selectionFromHash(''), { step: null, query: 1, head: 0 });
+  const hash = '#sentence=the+cat+sat&d_model=24&num_heads=4&q=1&head=2&causal=1';
+  assert.deepEqual(U.fieldsFromHash(hash), fields({ num_heads: '4', causal: true }));
+  assert.deepEqual(U.fieldsFromHash(hash.slice(1)), U.fieldsFromHash(hash), 'with or without the #');
+  assert.deepEqual(U.selectionFromHash(hash), { step: null, query: 1, head: 2 });
+  const variants = '#sentence=the+cat+sat+on+the+mat&d_model=24&num_heads=4&kv=2&causal=1&window=3&decode=1&step=4';
+  assert.deepEqual(U.fieldsFromHash(variants), fields({ sentence: 'the cat sat on the mat', num_heads: '4',
+    num_kv_heads: '2', causal: true, window: '3', decode: true }));
+  assert.deepEqual(U.selectionFromHash(variants), { step: 4, query: 1, head: 0 });
+});
+
+test('the address round trip: every field and the selection come back as they were', () => {
+  const cases = [
+    fields(),
+    fields({ sentence: 'a+b & c=d #e %f ?g', d_model: '48', num_heads: '6', seed: '4294967295', scale: false }),
+    fields({ positional_encoding: 'rope', rope_base: '500000', rope_pairing: 'interleaved', num_heads: '4' }),
+    fields({ positional_encoding: 'rope', rope_base: '1e4' }),
+    fields({ positional_encoding: 'none', num_kv_heads: '2', window: '3', causal: true, decode: true }),
+    fields({ context_sentence: 'le chat était assis' }),
+    fields({ context_tokens: 'le\nchat\n\n##ait\n“</script>”' }),
+  ];
+  const selections = [{ query: 0, head: 0, step: null }, { query: 5, head: 3, step: 2 }];
+  for (const f of cases) {
+    for (const sel of selections) {
+      const hash = U.hashFor(f, sel);
+      assert.match(hash, /^#[A-Za-z0-9_.~*+%=&-]*$/, 'one URL fragment, percent-encoded');
+      assert.deepEqual(U.fieldsFromHash(hash), f, hash);
+      assert.deepEqual(U.selectionFromHash(hash), sel, hash);
+    }
+  }
+});
+
+test('the address leaves out what a request does not use', () => {
+  // RoPE's base and pairing only with RoPE, and then only when not the defaults; variants only when set.
+  const hash = U.hashFor(fields({ rope_base: '500000', rope_pairing: 'interleaved' }), { query: 1, head: 0, step: null });
+  assert.ok(!/rope|pe=|kv=|window=|context=|ctok=|decode=|step=/.test(hash), hash);
+  const rope = U.hashFor(fields({ positional_encoding: 'rope' }), { query: 1, head: 0, step: null });
+  assert.ok(rope.includes('&pe=rope&') && !rope.includes('rope_base') && !rope.includes('rope_pairing'), rope);
+  // A saved page's inputs are fixed: the selection only.
+  assert.equal(U.hashFor(null, { query: 2, head: 3, step: 2 }), '#step=2&q=2&head=3');
+  assert.equal(U.hashFor(null, { query: 0, head: 0, step: null }), '#q=0&head=0');
+});
+
+test('the address rejects what it cannot hold: each such value falls back to its default', () => {
+  const f = U.fieldsFromHash('#d_model=abc&num_heads=-1&seed=1e3&pe=alibi&rope_base=1;alert(1)&rope_pairing=weird'
+    + '&kv=x&window=-2&causal=yes&decode=true&scale=no');
+  assert.deepEqual(f, fields({ scale: true }));
+  assert.equal(U.fieldsFromHash('#scale=0').scale, false, 'only scale=0 turns scaling off');
+  assert.equal(U.fieldsFromHash('#d_model=12345678901').d_model, '24', 'more than 10 digits');
+  assert.equal(U.fieldsFromHash('#d_model=1234567890').d_model, '1234567890', 'the service judges the size');
+  assert.equal(U.fieldsFromHash(`#rope_base=${'9'.repeat(25)}`).rope_base, '10000', 'more than 24 characters');
+  assert.equal(U.fieldsFromHash('#rope_base=5e5').rope_base, '5e5');
+  assert.equal(U.fieldsFromHash('#kv=%20%202').num_kv_heads, '', 'spaces are not digits');
+  assert.deepEqual(U.selectionFromHash('#q=-1&head=1.5&step=abc'), { step: null, query: 1, head: 0 });
+  assert.deepEqual(U.selectionFromHash('#q=2&head=3&step=-1'), { step: null, query: 2, head: 3 });
+  assert.deepEqual(U.selectionFromHash('#q=1e1&head=0x2&step=4.0'), { step: 4, query: 10, head: 2 });
+});
+
+test('a saved trace shows the fields it was made with', () => {
+  const doc = { config: { d_model: 24, num_heads: 4, seed: 3, scale: false, causal: true, positional_encoding: 'rope',
+    rope_base: 500000, rope_pairing: 'interleaved', num_kv_heads: 2, window: 3, decode: true },
+  tokens: [{ text: 'the' }, { text: 'cat' }] };
+  assert.deepEqual(U.fieldsFromTrace({ tokens: ['the', 'cat'] }, doc), {
+    sentence: 'the cat', d_model: '24', num_heads: '4', seed: '3', scale: false, causal: true,
+    positional_encoding: 'rope', rope_base: '500000', rope_pairing: 'interleaved', num_kv_heads: '2', window: '3',
+    context_sentence: '', context_tokens: '', decode: true,
+  });
+  const plain = { config: { d_model: 8, num_heads: 2, seed: 0, scale: true, causal: false, positional_encoding: 'sinusoidal' },
+    tokens: [{ text: 'x' }] };
+  const shown = U.fieldsFromTrace({ sentence: ' x ', context_tokens: ['le', 'chat'] }, plain);
+  assert.equal(shown.sentence, ' x ', 'the request\'s own text');
+  assert.equal(shown.context_tokens, 'le\nchat');
+  assert.equal(shown.rope_base, '10000');
+  assert.equal(U.requestFrom(shown).body.context_tokens.join('|'), 'le|chat', 'the fields describe the same request');
+});
