@@ -691,7 +691,9 @@ def html_corpus() -> list[Req]:
 
 
 def get_corpus() -> list[Req]:
-    return [get("/health"), get("/version"), get("/openapi.yaml"), get("/"), get("/static/app.js"),
+    scripts = [get(f"/static/{name}.js") for name in ("format", "trace", "url-state", "svg", "api", "render",
+                                                       "explain")]
+    return [get("/health"), get("/version"), get("/openapi.yaml"), get("/"), get("/static/app.js"), *scripts,
             get("/static/style.css"), get("/static/favicon.svg"), get("/health", headers=[("Accept", NPZ)]),
             get("/version", headers=[("Origin", "https://example.org")])]
 
