@@ -3,7 +3,7 @@
     attention-trace "the cat sat"                      one table per head for the query "cat" (= trace)
     attention-trace trace "the cat sat" --query the --heads 4 --causal --head 2
     attention-trace trace "the cat sat" --json         the full trace as JSON (--stages to pick some)
-    attention-trace trace --tokens the cat sat --inject-bug no_scale
+    attention-trace trace --tokens the cat sat --inject-bug NAME   (a known bug, GET /version)
     attention-trace check submission.json              a /check request body from a file; prints the verdict
     attention-trace explain "the cat sat" cat,sat      one cell's arithmetic, number by number
     attention-trace export "the cat sat" bertviz       the trace in an attention viewer's input format

@@ -2,7 +2,7 @@
 
     python -m engine.recipe --d-model 8 --heads 2 --rope
     python -m engine.recipe --heads 4 --kv-heads 2 --causal --window 3 --decode
-    python -m engine.recipe --causal --bug mask_includes_diagonal
+    python -m engine.recipe --causal --bug NAME       (one of engine.BUG_NAMES)
 
 One line per step of ``engine.layer.layer_steps``: its number, the value(s) it
 writes, the pure function of ``engine.attention`` (or ``engine.bugs``) that
