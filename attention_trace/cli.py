@@ -1,150 +1,73 @@
-"""attention-trace: the attention walkthrough of one query token, and /check, from a shell.
+"""attention-trace: the attention walkthrough of one query token, /check, /explain and /export, from a shell.
 
-    attention-trace "the cat sat"                      one table per head for the query "cat"
-    attention-trace "the cat sat" --query the --heads 4 --causal --head 2
-    attention-trace "the cat sat" --json               the full trace as JSON
+    attention-trace "the cat sat"                      one table per head for the query "cat" (= trace)
+    attention-trace trace "the cat sat" --query the --heads 4 --causal --head 2
+    attention-trace trace "the cat sat" --json         the full trace as JSON (--stages to pick some)
+    attention-trace trace --tokens the cat sat --inject-bug NAME   (a known bug, GET /version)
     attention-trace check submission.json              a /check request body from a file; prints the verdict
+    attention-trace explain "the cat sat" cat,sat      one cell's arithmetic, number by number
+    attention-trace export "the cat sat" bertviz       the trace in an attention viewer's input format
+    attention-trace html "the cat sat" trace.html      the viewer's offline page for this trace
 
 Without --url it computes in this process (no server needed); with --url it
-calls that service. Exit status: 0 success (check: passed), 1 check: not
-passed, 2 usage or validation error (the problem is printed to stderr),
-3 the service failed or could not be reached.
+calls that service. A trace prints one thing: the table, --json, --export,
+--npz, --html or --explain (whose --json is its own answer); asking for two
+is a usage error. Exit status:
+0 success (check: passed), 1 check: not passed, 2 usage or validation error
+(the problem is printed to stderr), 3 the service failed or could not be reached.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import re
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from .client import DEFAULT_RETRIES, DEFAULT_TIMEOUT, CheckResult, Client, ClientError, LocalClient, ProblemError, Trace, TransportError
-
-PROG = "attention-trace"
-EXIT_OK, EXIT_NOT_PASSED, EXIT_USAGE, EXIT_SERVICE = 0, 1, 2, 3
+from .cli_common import (
+    EXIT_NOT_PASSED,
+    EXIT_OK,
+    EXIT_SERVICE,
+    EXIT_USAGE,
+    PROG,
+    Style,
+    UsageError,
+    _rjust,
+    _visible_len,
+    connection_options,
+    fmt_number,
+    fmt_percent,
+    fmt_vector,
+    make_client,
+    percent_decimals,
+    read_submission,
+    resolve_query,
+    write_file,
+)
+from .client import CheckResult, ClientError, ProblemError, Trace, TransportError
+from .explain_cli import run_explain
 
 #: the stages the walkthrough table reads
 TABLE_STAGES = ["scores", "scaled_scores", "masked_scores", "weights", "context"]
 #: how many keys the seed-style row layout shows before "auto" switches to one key per line
 ROW_LAYOUT_MAX_KEYS = 8
-CONTEXT_PER_LINE = 8
+#: the formats of --export and of the export subcommand (POST /export)
+EXPORT_FORMATS = ("bertviz", "circuitsvis", "transformer-explainer")
+#: the subcommands; anything else first is a sentence to trace
+COMMANDS = ("trace", "check", "explain", "export", "html")
 
 # Request fields as the command-line options that set them (for error messages).
 FIELD_FLAGS = {"/sentence": "SENTENCE", "/d_model": "--d-model", "/num_heads": "--heads", "/seed": "--seed",
                "/scale": "--no-scale", "/causal": "--causal", "/positional_encoding": "--rope",
                "/rope_base": "--rope-base", "/rope_pairing": "--rope-pairing", "/num_kv_heads": "--kv-heads",
                "/window": "--window", "/context_sentence": "--context", "/decode": "--decode",
-               "/head": "--head", "/query": "--explain", "/key": "--explain", "/format": "--export"}
-
-
-class UsageError(Exception):
-    """A mistake in the command line or its files: exit 2 with this message."""
-
-
-# -------------------------------------------------------------------- styling
-
-
-class Style:
-    """ANSI bold/green/red when enabled (a TTY by default, never with NO_COLOR)."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-
-    @classmethod
-    def for_stream(cls, stream: TextIO, mode: str) -> Style:
-        if mode == "always":
-            return cls(True)
-        if mode == "never":
-            return cls(False)
-        tty = hasattr(stream, "isatty") and stream.isatty()
-        return cls(tty and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb")
-
-    def _wrap(self, code: str, text: str) -> str:
-        return f"\x1b[{code}m{text}\x1b[0m" if self.enabled else text
-
-    def bold(self, text: str) -> str:
-        return self._wrap("1", text)
-
-    def green(self, text: str) -> str:
-        return self._wrap("32", text)
-
-    def red(self, text: str) -> str:
-        return self._wrap("31;1", text)
-
-
-def _visible_len(text: str) -> int:
-    return len(re.sub(r"\x1b\[[0-9;]*m", "", text))
-
-
-def _ljust(text: str, width: int) -> str:
-    return text + " " * max(0, width - _visible_len(text))
-
-
-def _rjust(text: str, width: int) -> str:
-    return " " * max(0, width - _visible_len(text)) + text
-
-
-# ------------------------------------------------------------------- numbers
-
-
-def fmt_number(x: float, decimals: int) -> str:
-    """Fixed decimals, without a "-0.000"."""
-    s = f"{x:.{decimals}f}"
-    return s[1:] if s.startswith("-") and float(s) == 0 else s
-
-
-def fmt_percent(w: float, decimals: int) -> str:
-    return fmt_number(100.0 * w, decimals) + "%"
-
-
-def percent_decimals(decimals: int) -> int:
-    """Softmax percentages: two decimals fewer than the scores (3 -> 7.7%), at least one."""
-    return max(1, decimals - 2)
-
-
-def fmt_vector(values: Sequence[float], decimals: int, indent: int) -> str:
-    """[a, b, c, …], CONTEXT_PER_LINE numbers a line, continuation lines indented."""
-    parts = [fmt_number(v, decimals) for v in values]
-    width = max(len(p) for p in parts)
-    lines = [", ".join(p.rjust(width) for p in parts[i:i + CONTEXT_PER_LINE])
-             for i in range(0, len(parts), CONTEXT_PER_LINE)]
-    return "[" + (",\n" + " " * (indent + 1)).join(lines) + "]"
+               "/head": "--head", "/query": "--explain", "/key": "--explain", "/format": "--export",
+               "/tokens": "--tokens", "/stages": "--stages", "/inject_bug": "--inject-bug"}
 
 
 # --------------------------------------------------------------- walkthrough
-
-
-def resolve_query(spec: str | None, texts: list[str], *, option: str = "--query", source: str = "sentence") -> int:
-    """A query given as an index (negative counts from the end) or a token's text.
-
-    Default: the second token if there is one, else the first. An integer that
-    is no valid index is tried as text; "=TEXT" always means text. ``option`` and
-    ``source`` name the option and the token list in the messages.
-    """
-    n = len(texts)
-    if spec is None:
-        return 1 if n > 1 else 0
-    listing = ", ".join(f"{i} {t!r}" for i, t in enumerate(texts))
-    if spec.startswith("=") and len(spec) > 1:
-        text = spec[1:]
-    else:
-        text = spec
-        if re.fullmatch(r"[+-]?\d+", spec):
-            i = int(spec)
-            if -n <= i < n:
-                return i % n
-            if spec not in texts:
-                raise UsageError(f"{option} {spec}: there is no token {i}; the {n} token(s) are {listing}")
-    if text in texts:
-        return texts.index(text)
-    folded = [t.casefold() for t in texts]
-    if text.casefold() in folded:
-        return folded.index(text.casefold())
-    raise UsageError(f"{option} {spec!r} is not a token of the {source}; the tokens are {listing}")
 
 
 def _cell_rows(labels: list[str], cells: list[list[str]], keys: list[str], prefix_of: dict[str, str]) -> list[str]:
@@ -289,47 +212,17 @@ def render_check(r: CheckResult, source: str, style: Style | None = None) -> str
 # ----------------------------------------------------------------- arguments
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
-    return value
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", help="the service's base URL, e.g. http://127.0.0.1:8000 "
-                                 "(default: compute in this process, no server needed)")
-    p.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT[1], metavar="SECONDS",
-                   help=f"read timeout with --url (default {DEFAULT_TIMEOUT[1]:g})")
-    p.add_argument("--retries", type=int, default=DEFAULT_RETRIES, choices=range(0, 11), metavar="N",
-                   help=f"with --url, retries on a connection error or a 503 (default {DEFAULT_RETRIES})")
-    p.add_argument("--request-id", metavar="ID", help="X-Request-ID to send with --url (A-Z a-z 0-9 . _ : -)")
-    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
-                   help="colour the output (default: only on a terminal, and never with NO_COLOR set)")
-
-
-def trace_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG,
-        description="Print the attention walkthrough of one query token: for each head and each key, the raw "
-                    "score QKᵀ, the scaled score, the softmax weight in percent, and the head's context vector.",
-        epilog=f"Also: '{PROG} check SUBMISSION.json' sends a /check request body and prints the verdict "
-               f"(see '{PROG} check --help'). To trace the sentence \"check\" itself, write '{PROG} -- check'. "
-               "Exit status: 0 ok, 2 usage or validation error, 3 service error.",
-    )
-    p.add_argument("sentence", metavar="SENTENCE", help="the text to split into tokens (quote it)")
-    p.add_argument("--query", "-q", metavar="TOKEN_OR_INDEX",
-                   help="the query token: an index (0 = first, -1 = last) or a token's text; '=TEXT' forces text "
-                        "(default: the second token, or the first if there is only one)")
-    p.add_argument("--head", type=int, metavar="H", help="show only this head (0-based; default: every head)")
+def _trace_options(p: argparse.ArgumentParser, *, sentence_help: str = "the text to split into tokens (quote it)") -> None:
+    """SENTENCE (or --tokens) and the request's fields: what every subcommand that traces takes."""
+    p.add_argument("sentence", metavar="SENTENCE", nargs="?", help=sentence_help + "; or give --tokens")
+    p.add_argument("--tokens", nargs="+", metavar="TOKEN", help="pre-split tokens, used as given, instead of SENTENCE")
     p.add_argument("--heads", type=int, metavar="N", dest="num_heads", help="number of heads (default 1)")
     p.add_argument("--d-model", type=int, metavar="N", dest="d_model", help="model width (default 24)")
     p.add_argument("--seed", type=int, metavar="N", help="seed of the embeddings and weights (default 0)")
     p.add_argument("--no-scale", dest="unscaled", action="store_true", help="do not divide the scores by √d_k")
     p.add_argument("--causal", action="store_true", help="mask every key after its query")
+    p.add_argument("--inject-bug", metavar="NAME", dest="inject_bug",
+                   help="trace with one known bug injected (the numbers are deliberately wrong, and labelled so)")
     v = p.add_argument_group("attention variants")
     v.add_argument("--rope", action="store_true", help="rotary position embeddings (RoPE) instead of sinusoidal "
                                                         "encodings: q and k are rotated by position")
@@ -344,63 +237,106 @@ def trace_parser() -> argparse.ArgumentParser:
                    help="cross-attention: the keys and values come from this context sentence")
     v.add_argument("--decode", action="store_true",
                    help="also show the KV-cache decoding step of the query token (with --causal)")
-    p.add_argument("--explain", metavar="QUERY,KEY",
-                   help="explain one cell, number by number (q·k, ÷√d_k, exp, ÷Σ, weight·v): QUERY and KEY each a "
-                        "token or a 0-based index (KEY from the context with --context); the head is --head (default 0)")
-    p.add_argument("--json", action="store_true", help="print the full trace JSON instead of the table")
-    p.add_argument("--export", choices=("bertviz", "circuitsvis", "transformer-explainer"), metavar="FORMAT",
-                   help="print the trace as JSON in an attention viewer's input format: bertviz, circuitsvis or "
-                        "transformer-explainer (POST /export; docs/interop.md)")
-    p.add_argument("--npz", metavar="FILE", help="write every stage as exact float64 arrays to FILE "
-                   "(application/x-npz: np.load reads it; metadata.json holds the rest of the answer)")
-    p.add_argument("--html", metavar="FILE", help="write the viewer's page for this trace to FILE: one HTML file "
-                   "that opens offline, read-only (the same file as POST /trace/html; needs the service package)")
+
+
+def _display_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decimals", type=int, default=3, choices=range(0, 13), metavar="N",
                    help="decimals of scores and context (default 3; percentages get two fewer, at least one)")
-    p.add_argument("--layout", choices=("auto", "rows", "table"), default="auto",
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one subparser per command; ``attention-trace SENTENCE …`` is ``trace``."""
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Trace multi-head attention number by number: the walkthrough of one query token, a /check "
+                    "of your numbers, one cell's arithmetic, a viewer's input format, or the offline page.",
+        epilog=f"'{PROG} SENTENCE …' is '{PROG} trace SENTENCE …'. To trace a sentence that is a command's name, "
+               f"write '{PROG} trace check' (or '{PROG} -- check'). Each command's --help lists its options. "
+               "Exit status: 0 ok (check: passed), 1 check: not passed, 2 usage or validation error, "
+               "3 service error.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+
+    t = sub.add_parser("trace", help="the walkthrough of one query token (or the trace as JSON, npz, …)",
+                       description="Print the attention walkthrough of one query token: for each head and each key, "
+                                   "the raw score QKᵀ, the scaled score, the softmax weight in percent, and the head's "
+                                   "context vector. Or one other output: --json, --export, --npz, --html or --explain.")
+    _trace_options(t)
+    t.add_argument("--query", "-q", metavar="TOKEN_OR_INDEX",
+                   help="the query token: an index (0 = first, -1 = last) or a token's text; '=TEXT' forces text "
+                        "(default: the second token, or the first if there is only one)")
+    t.add_argument("--head", type=int, metavar="H", help="show only this head (0-based; default: every head)")
+    t.add_argument("--stages", nargs="+", metavar="STAGE",
+                   help="with --json or --npz: return only these stages (stage ids, e.g. weights context)")
+    out = t.add_argument_group("output (one of them; default: the walkthrough table)").add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the full trace JSON instead of the table")
+    out.add_argument("--export", choices=EXPORT_FORMATS, metavar="FORMAT",
+                     help="print the trace as JSON in an attention viewer's input format: bertviz, circuitsvis or "
+                          "transformer-explainer (POST /export; docs/interop.md)")
+    out.add_argument("--npz", metavar="FILE", help="write every stage as exact float64 arrays to FILE "
+                     "(application/x-npz: np.load reads it; metadata.json holds the rest of the answer)")
+    out.add_argument("--html", metavar="FILE", help="write the viewer's page for this trace to FILE: one HTML file "
+                     "that opens offline, read-only (the same file as POST /trace/html; needs the service package)")
+    t.add_argument("--explain", metavar="QUERY,KEY",
+                     help="explain one cell, number by number (q·k, ÷√d_k, exp, ÷Σ, weight·v): QUERY and KEY each a "
+                          "token or a 0-based index (KEY from the context with --context); the head is --head "
+                          "(default 0); with --json, the /explain answer")
+    _display_options(t)
+    t.add_argument("--layout", choices=("auto", "rows", "table"), default="auto",
                    help=f"'rows': the seed article's 'key → value' rows; 'table': one key per line "
                         f"(default auto: rows up to {ROW_LAYOUT_MAX_KEYS} tokens)")
-    _common(p)
+    connection_options(t)
+    t.set_defaults(run=run_trace, flags=FIELD_FLAGS)
+
+    c = sub.add_parser("check", help="send a /check request body and print the verdict",
+                       description="Send a submission to /check and print the verdict: a pass/fail line per submitted "
+                                   "stage, the first wrong stage, the diagnosis (which known bug reproduces the "
+                                   "numbers) and the message.",
+                       epilog="SUBMISSION.json holds one JSON object, a /check request body: the trace request "
+                              "(sentence or tokens, d_model, num_heads, …) plus \"submission\": {stage id: nested "
+                              "arrays}. Exit status: 0 passed, 1 not passed, 2 usage or validation error, "
+                              "3 service error.")
+    c.add_argument("file", metavar="SUBMISSION.json", help="the request body; '-' reads standard input")
+    c.add_argument("--rtol", type=float, help="relative tolerance (overrides the file's)")
+    c.add_argument("--atol", type=float, help="absolute tolerance (overrides the file's)")
+    c.add_argument("--json", action="store_true", help="print the /check response JSON instead of the report")
+    connection_options(c)
+    c.set_defaults(run=run_check, flags=None)
+
+    e = sub.add_parser("explain", help="one cell's arithmetic (head, query, key), number by number",
+                       description="Explain one attention cell number by number: q·k products, ÷ the scale, row max, "
+                                   "exp, Σ, the weight, and each key's weight·v (POST /explain).")
+    _trace_options(e)
+    e.add_argument("cell", metavar="QUERY,KEY", help="the query and key tokens (text or 0-based index), e.g. cat,sat")
+    e.add_argument("--head", type=int, metavar="H", help="the head (default 0)")
+    e.add_argument("--json", action="store_true", help="print the /explain answer instead")
+    _display_options(e)
+    connection_options(e)
+    e.set_defaults(run=run_explain_command, flags=FIELD_FLAGS)
+
+    x = sub.add_parser("export", help="the trace in an attention viewer's input format (JSON)",
+                       description="Print the trace as JSON in the input format of bertviz, CircuitsVis or "
+                                   "Transformer Explainer (POST /export; docs/interop.md).")
+    _trace_options(x)
+    x.add_argument("format", metavar="FORMAT", choices=EXPORT_FORMATS, help=", ".join(EXPORT_FORMATS))
+    connection_options(x)
+    x.set_defaults(run=run_export_command, flags=FIELD_FLAGS)
+
+    h = sub.add_parser("html", help="the viewer's offline page for one trace",
+                       description="Write the viewer's page for this trace: one HTML file that opens offline, "
+                                   "read-only (the same file as POST /trace/html; needs the service package).")
+    _trace_options(h)
+    h.add_argument("file", metavar="FILE", help="where to write it ('-' is standard output)")
+    connection_options(h)
+    h.set_defaults(run=run_html_command, flags=FIELD_FLAGS)
     return p
 
 
-def check_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=f"{PROG} check",
-        description="Send a submission to /check and print the verdict: a pass/fail line per submitted stage, "
-                    "the first wrong stage, the diagnosis (which known bug reproduces the numbers) and the message.",
-        epilog="SUBMISSION.json holds one JSON object, a /check request body: the trace request (sentence or "
-               "tokens, d_model, num_heads, …) plus \"submission\": {stage id: nested arrays}. "
-               "Exit status: 0 passed, 1 not passed, 2 usage or validation error, 3 service error.",
-    )
-    p.add_argument("file", metavar="SUBMISSION.json", help="the request body; '-' reads standard input")
-    p.add_argument("--rtol", type=float, help="relative tolerance (overrides the file's)")
-    p.add_argument("--atol", type=float, help="absolute tolerance (overrides the file's)")
-    p.add_argument("--json", action="store_true", help="print the /check response JSON instead of the report")
-    _common(p)
-    return p
-
-
-def make_client(args: argparse.Namespace) -> Client | LocalClient:
-    if args.url:
-        try:
-            return Client(args.url, timeout=(DEFAULT_TIMEOUT[0], args.timeout), retries=args.retries,
-                          request_id=args.request_id)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-    try:
-        return LocalClient(request_id=args.request_id)
-    except ImportError as e:
-        raise UsageError(f"{e}; or pass --url URL to use a running service") from None
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-
-
-# ---------------------------------------------------------------------- runs
-
-
-def run_trace(args: argparse.Namespace, out: TextIO) -> int:
-    body: dict[str, Any] = {"sentence": args.sentence}
+def trace_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The /trace request that the trace options ask for."""
+    if (args.sentence is None) == (args.tokens is None):
+        raise UsageError("give exactly one of SENTENCE or --tokens")
+    body: dict[str, Any] = {"sentence": args.sentence} if args.tokens is None else {"tokens": list(args.tokens)}
     for name in ("d_model", "num_heads", "seed"):
         if getattr(args, name) is not None:
             body[name] = getattr(args, name)
@@ -410,31 +346,41 @@ def run_trace(args: argparse.Namespace, out: TextIO) -> int:
         body["causal"] = True
     if args.rope:
         body["positional_encoding"] = "rope"
-    for name in ("rope_base", "rope_pairing", "num_kv_heads", "window", "context_sentence"):
+    for name in ("rope_base", "rope_pairing", "num_kv_heads", "window", "context_sentence", "inject_bug"):
         if getattr(args, name) is not None:
             body[name] = getattr(args, name)
     if args.decode:
         body["decode"] = True
-    if args.explain is not None:  # one cell's numbers (attention_trace/explain_cli.py)
-        from .explain_cli import run_explain
+    return body
 
-        return run_explain(args, body, out)
+
+# ---------------------------------------------------------------------- runs
+
+
+def run_trace(args: argparse.Namespace, out: TextIO) -> int:
+    body = trace_body(args)
+    if args.stages is not None and not (args.json or args.npz):
+        raise UsageError("--stages picks the stages of --json or --npz; the other outputs need their own stages")
+    if args.explain is not None:  # one cell's numbers (attention_trace/explain_cli.py); --json: its JSON
+        other = [flag for flag, given in (("--export", args.export), ("--npz", args.npz), ("--html", args.html),
+                                          ("--stages", args.stages)) if given is not None]
+        if other:
+            raise UsageError(f"argument --explain: not allowed with argument {other[0]}")
+        return run_explain(args, body, out, args.explain)
     if args.export is not None:  # the trace in a viewer's input format (POST /export)
-        with make_client(args) as client:
-            doc = client.export(body, format=args.export)
-        out.write(json.dumps(doc, ensure_ascii=False) + "\n")
-        return EXIT_OK
-    if not args.json:
+        return export(args, body, args.export, out)
+    if args.html:  # the viewer's offline page, byte for byte what POST /trace/html answers (service/standalone.py)
+        return run_html(args, body, out, args.html)
+    if args.stages is not None:
+        body["stages"] = list(args.stages)
+    elif not args.json and not args.npz:
         body["stages"] = [s for s in TABLE_STAGES if s != "masked_scores" or args.causal]
-    if args.npz:  # the archive exactly as the service sent it: every stage, exact float64 (np.load reads it)
-        body.pop("stages", None)
+    if args.npz:  # the archive exactly as the service sent it: exact float64 (np.load reads it)
         with make_client(args) as client:
             data = client.trace_npz(body)
         write_file(args.npz, data)
         out.write(f"wrote {len(data)} bytes to {args.npz} (application/x-npz; np.load reads it)\n")
         return EXIT_OK
-    if args.html:  # the viewer's offline page, byte for byte what POST /trace/html answers (service/standalone.py)
-        return run_html(args, body, out)
     with make_client(args) as client:
         t = client.trace(body)
     if args.json:
@@ -446,18 +392,40 @@ def run_trace(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError(f"--head {args.head}: there {'is 1 head (0)' if h == 1 else f'are {h} heads (0 to {h - 1})'}")
     heads = [args.head] if args.head is not None else list(range(h))
     style = Style.for_stream(out, args.color)
-    out.write(render_walkthrough(t, query, heads, decimals=args.decimals, layout=args.layout, style=style,
-                                 sentence=args.sentence) + "\n")
+    text = render_walkthrough(t, query, heads, decimals=args.decimals, layout=args.layout, style=style,
+                              sentence=args.sentence)
+    injected = t.raw.get("injected_bug")
+    if injected:
+        text += "\n\n" + style.red(f"Injected bug {injected['name']}") + f": {injected['summary']}. {injected['warning']}"
+    out.write(text + "\n")
     return EXIT_OK
 
 
-def run_html(args: argparse.Namespace, body: dict[str, Any], out: TextIO) -> int:
+def export(args: argparse.Namespace, body: dict[str, Any], fmt: str, out: TextIO) -> int:
+    with make_client(args) as client:
+        doc = client.export(body, format=fmt)
+    out.write(json.dumps(doc, ensure_ascii=False) + "\n")
+    return EXIT_OK
+
+
+def run_export_command(args: argparse.Namespace, out: TextIO) -> int:
+    return export(args, trace_body(args), args.format, out)
+
+
+def run_explain_command(args: argparse.Namespace, out: TextIO) -> int:
+    return run_explain(args, trace_body(args), out, args.cell)
+
+
+def run_html_command(args: argparse.Namespace, out: TextIO) -> int:
+    return run_html(args, trace_body(args), out, args.file)
+
+
+def run_html(args: argparse.Namespace, body: dict[str, Any], out: TextIO, path: str) -> int:
     """Trace the request and its scale-flipped comparison (as the viewer does), and write the standalone page."""
     try:
         from service.standalone import comparison_request, render_html
     except ImportError as e:
         raise UsageError(f"--html needs the service package (service.standalone): {e}") from None
-    body.pop("stages", None)
     with make_client(args) as client:
         t = client.trace(body)
         try:
@@ -465,44 +433,10 @@ def run_html(args: argparse.Namespace, body: dict[str, Any], out: TextIO) -> int
         except ProblemError:  # too large to trace twice, say: the page says it holds no comparison
             alt = None
     data = render_html(t.raw, body, comparison=alt).encode("utf-8")
-    write_file(args.html, data)
-    if args.html != "-":
-        out.write(f"wrote {len(data)} bytes to {args.html} (the viewer's page for this trace; opens offline)\n")
+    write_file(path, data)
+    if path != "-":
+        out.write(f"wrote {len(data)} bytes to {path} (the viewer's page for this trace; opens offline)\n")
     return EXIT_OK
-
-
-def write_file(path: str, data: bytes) -> None:
-    """Write an answer to ``path`` ('-' is standard output); a clear usage error if it cannot be written."""
-    try:
-        if path == "-":
-            sys.stdout.buffer.write(data)
-            sys.stdout.buffer.flush()
-            return
-        with open(path, "wb") as f:
-            f.write(data)
-    except OSError as e:
-        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
-
-
-def read_submission(path: str) -> dict[str, Any]:
-    name = "standard input" if path == "-" else path
-    try:
-        if path == "-":
-            text = sys.stdin.read()
-        else:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-    except OSError as e:
-        raise UsageError(f"cannot read {name}: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{name} is not UTF-8 text: {e}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{name} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
-    if not isinstance(doc, dict):
-        raise UsageError(f"{name} must hold a JSON object (a /check request body), not a {type(doc).__name__}")
-    return doc
 
 
 def run_check(args: argparse.Namespace, out: TextIO) -> int:
@@ -542,14 +476,17 @@ def print_problem(e: ProblemError, err: TextIO, flags: dict[str, str] | None = N
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     out, err = sys.stdout, sys.stderr
-    if argv[:1] == ["check"]:
-        parser, run, flags = check_parser(), run_check, None
-        argv = argv[1:]
-    else:
-        if argv[:1] == ["trace"]:
-            argv = argv[1:]
-        parser, run, flags = trace_parser(), run_trace, FIELD_FLAGS
-    args = parser.parse_args(argv)  # exits 2 on a usage error, 0 on --help
+    if argv[:1] == ["--"]:  # "attention-trace -- check": the sentence "check"
+        argv = ["trace", "--", *argv[1:]]
+    elif argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
+        argv = ["trace", *argv]  # the bare form: attention-trace SENTENCE … is trace
+    parser = build_parser()
+    if not argv:
+        parser.print_usage(err)
+        err.write(f"{PROG}: error: give a command or a sentence to trace (see '{PROG} --help')\n")
+        return EXIT_USAGE
+    args = parser.parse_args(argv)  # exits 2 on a usage error (conflicting outputs too), 0 on --help
+    run, flags = args.run, args.flags
     try:
         return run(args, out)
     except UsageError as e:

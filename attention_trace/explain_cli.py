@@ -1,4 +1,5 @@
-"""``attention-trace trace SENTENCE --explain QUERY,KEY``: one cell's numbers, as readable lines.
+"""``attention-trace explain SENTENCE QUERY,KEY`` (or ``trace SENTENCE --explain QUERY,KEY``): one
+cell's numbers, as readable lines.
 
 QUERY and KEY are each a token's text or a 0-based index, resolved as
 ``--query`` is (``cli.resolve_query``); KEY indexes the context's tokens under
@@ -13,7 +14,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from .cli import (
+from .cli_common import (
     EXIT_OK,
     Style,
     UsageError,
@@ -140,7 +141,7 @@ def render_explanation(e: Explanation, *, decimals: int = 3, style: Style | None
     return "\n".join(out)
 
 
-def run_explain(args: argparse.Namespace, body: dict[str, Any], out: TextIO) -> int:
+def run_explain(args: argparse.Namespace, body: dict[str, Any], out: TextIO, spec: str) -> int:
     """Resolve QUERY,KEY against the tokens (one small /trace call), then ask /explain and print it."""
     tokens_body = {k: v for k, v in body.items() if k != "decode"} | {"stages": ["tokens"]}
     with make_client(args) as client:
@@ -148,7 +149,7 @@ def run_explain(args: argparse.Namespace, body: dict[str, Any], out: TextIO) -> 
         queries = t.texts
         context = t.raw.get("context_tokens")
         keys = [k["text"] for k in context] if context else queries
-        query, key = split_spec(args.explain, queries, keys, cross=bool(context))
+        query, key = split_spec(spec, queries, keys, cross=bool(context))
         e = client.explain(body, head=0 if args.head is None else args.head, query=query, key=key)
     if args.json:
         out.write(json.dumps(e.raw, ensure_ascii=False) + "\n")

@@ -25,7 +25,10 @@ returns a dict of keyword arguments instead of a pair::
 works for both). CircuitsVis draws self-attention only: :func:`to_circuitsvis`
 refuses a cross-attention trace.
 
-Needs only numpy; bertviz's attention is a torch tensor when torch can be
+The layouts themselves are ``engine.export``'s (the very functions /export
+answers with), so there is one implementation of each format; this module only
+reads the weights out of a client's trace and adapts them to the Python
+packages' keyword arguments. Needs only numpy; bertviz's attention is a torch tensor when torch can be
 imported (bertviz itself needs torch), else a numpy array.
 """
 
@@ -35,6 +38,8 @@ from collections.abc import Mapping
 from typing import Any, Union
 
 import numpy as np
+
+from engine.export import bertviz_layout, circuitsvis_props
 
 from .client import Trace
 
@@ -97,23 +102,23 @@ def _weights(trace: TraceLike) -> _Weights:
     return _Weights(weights, queries, _texts(doc.get("context_tokens")), causal)
 
 
-def _layer(weights: np.ndarray) -> tuple[Any, ...]:
-    """bertviz's attention for one layer: a tuple of one [1, h, n, m] tensor (numpy without torch)."""
-    layer = np.ascontiguousarray(weights[np.newaxis])  # [h, n, m] -> [1, h, n, m]
+def _layer(layer: np.ndarray) -> Any:
+    """bertviz's attention tensor for one layer [1, h, n, m]: a torch tensor when torch can be imported."""
     try:
         import torch
     except ImportError:
-        return (layer,)
-    return (torch.tensor(layer),)  # a copy: float64, as the trace's numbers
+        return layer
+    return torch.tensor(layer)  # a copy: float64, as the trace's numbers
 
 
 def bertviz_kwargs(trace: TraceLike) -> dict[str, Any]:
     """bertviz ``head_view``'s keyword arguments: ``attention`` and ``tokens``, or for cross-attention
-    ``cross_attention``, ``encoder_tokens`` (the context: keys) and ``decoder_tokens`` (the sentence: queries)."""
+    ``cross_attention``, ``encoder_tokens`` (the context: keys) and ``decoder_tokens`` (the sentence: queries).
+    The attention is a tuple of one [1, h, n, m] tensor (numpy without torch)."""
     w = _weights(trace)
-    if w.cross:
-        return {"cross_attention": _layer(w.weights), "encoder_tokens": w.context, "decoder_tokens": w.queries}
-    return {"attention": _layer(w.weights), "tokens": w.queries}
+    kwargs = bertviz_layout(w.weights, w.queries, w.context)
+    key = "cross_attention" if w.cross else "attention"
+    return {**kwargs, key: tuple(_layer(layer) for layer in kwargs[key])}
 
 
 def to_bertviz(trace: TraceLike) -> tuple[tuple[Any, ...], list[str]] | dict[str, Any]:
@@ -139,9 +144,8 @@ def to_circuitsvis(trace: TraceLike, *, react: bool = False) -> dict[str, Any]:
     if w.cross:
         raise ValueError("CircuitsVis' attention_heads draws square self-attention (one token list for both "
                          "axes), so it cannot show cross-attention's context keys; use to_bertviz")
-    names = [f"Head {i}" for i in range(w.weights.shape[0])]
+    props = circuitsvis_props(w.weights, w.queries, w.causal)
     if react:
-        return {"attention": w.weights.tolist(), "tokens": w.queries, "attentionHeadNames": names,
-                "maskUpperTri": w.causal}
-    return {"attention": w.weights, "tokens": w.queries, "attention_head_names": names,
-            "mask_upper_tri": w.causal}
+        return {**props, "attention": props["attention"].tolist()}
+    return {"attention": props["attention"], "tokens": props["tokens"],
+            "attention_head_names": props["attentionHeadNames"], "mask_upper_tri": props["maskUpperTri"]}

@@ -6,9 +6,10 @@ No web framework, validation library or HTTP here. Where things live:
 * ``layer``: the configuration (``TraceConfig``) and the steps it chooses;
 * ``bugs``: the known mistakes, each a swapped step;
 * ``checks``: every rule a request must meet, defined once;
-* ``tracing``: ``trace`` runs the steps and keeps every stage;
+* ``tracing``: ``trace`` runs the steps and keeps every stage; ``recompute`` and ``diagnose`` swap in a bug;
 * ``decoding``: ``decode`` re-runs a causal trace token by token with a KV cache;
-* ``params``, ``tokenize``: seeded weights and embeddings, the tokenizer.
+* ``params``, ``tokenize``: seeded weights and embeddings, the tokenizer;
+* ``export``: the viewers' input formats; ``recipe``: prints a configuration's steps (``python -m engine.recipe``).
 """
 
 from .bugs import BUG_NAMES, BUGS, Bug, applicable_bugs, check_bug
@@ -46,7 +47,7 @@ from .layer import (
 )
 from .params import Parameters, explicit_parameters, generate_parameters, parameters_digest
 from .tokenize import Token, tokenize
-from .tracing import Stage, Trace, inject_bug, recompute, recompute_values, same_numbers, trace
+from .tracing import Stage, Trace, diagnose, inject_bug, recompute, recompute_values, same_numbers, trace
 from .version import ENGINE_VERSION
 
 __all__ = [
@@ -85,6 +86,7 @@ __all__ = [
     "applicable_bugs",
     "check_bug",
     "decode",
+    "diagnose",
     "decode_value_count",
     "explicit_parameters",
     "generate_parameters",

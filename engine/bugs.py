@@ -9,19 +9,25 @@ service knows a bug by name: ``/trace`` injects one with
 ``engine.inject_bug``, and ``/check`` diagnoses a submission by recomputing
 the reference's trace from each bug's step on.
 
-A bug also says when it changes nothing (``unchanged_when``): showing or
-diagnosing it there would label correct numbers as wrong, so such a request
-is refused with the reason; likewise when a trace cannot show it
-(``cannot_show``: a positional-encoding mistake with a given x or under
-RoPE, a log-softmax's −inf under a mask, a projection mistake in
-cross-attention). The names are a public contract; new bugs
-go at the end, since diagnosis names the first match in this order.
+A bug has one refusal rule (``refuse``), a function of :class:`Here` (the
+configuration, the query and key counts, an explicit x, cross-attention) that
+answers why this mistake cannot show, or changes nothing, here; None when it
+can be shown. It returns a :class:`Refusal` of one of three kinds: the
+mistake is in the mask and there is none (``needs_causal``), a trace of this
+configuration cannot show it (``cannot_show``: a positional-encoding mistake
+with a given x or under RoPE, a log-softmax's −inf under a mask, a
+projection mistake in cross-attention), or it would change no number
+(``changes_nothing``: showing or diagnosing it would label correct numbers
+as wrong). Rules are built from the small predicates below with
+:func:`first`. The names are a public contract; new bugs go at the end,
+since diagnosis names the first match in this order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from functools import cached_property
+from typing import Callable, Literal
 
 import numpy as np
 
@@ -31,18 +37,59 @@ from .layer import Step, TraceConfig
 
 
 @dataclass(frozen=True)
+class Here:
+    """Where a bug would be shown: the configuration, n queries and m keys (m = n in self-attention, the
+    context's length in cross-attention), whether x is given, and whether it is cross-attention."""
+
+    config: TraceConfig
+    n: int
+    m: int
+    explicit_input: bool = False
+    cross: bool = False
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a bug is refused here: it needs a mask (``needs_causal``), this trace cannot show it
+    (``cannot_show``), or it would change no number (``changes_nothing``)."""
+
+    kind: Literal["needs_causal", "cannot_show", "changes_nothing"]
+    reason: str
+
+
+#: a bug's refusal rule: why it cannot show or changes nothing here, or None when it shows
+Rule = Callable[[Here], Refusal | None]
+
+
+def first(*rules: Rule) -> Rule:
+    """The rule that answers with the first of ``rules`` that refuses."""
+    def rule(here: Here) -> Refusal | None:
+        for r in rules:
+            refusal_ = r(here)
+            if refusal_ is not None:
+                return refusal_
+        return None
+    return rule
+
+
+def never(here: Here) -> Refusal | None:
+    """The rule of a bug that always changes something."""
+    return None
+
+
+@dataclass(frozen=True, eq=False)
 class Bug:
     name: str
     summary: str  # one line, fit to show a student
     stage: str  # the first stage it changes
     replaces: tuple[Step, ...]  # the wrong steps, each replacing the correct step of its name
-    #: why it would change no number for this configuration, n queries and m keys (m = n in
-    #: self-attention, the context's length in cross-attention), or None when it does
-    unchanged_when: Callable[[TraceConfig, int, int], str | None]
-    needs_causal: bool = False  # it is a mistake in the mask, so it needs one
-    #: why a trace of this configuration cannot show it (given explicit_input, and cross for
-    #: cross-attention), or None when it can
-    cannot_show: Callable[..., str | None] | None = None
+    refuse: Rule = never  # why it cannot show, or changes nothing, here (None: it shows)
+
+    @cached_property
+    def needs_causal(self) -> bool:
+        """Whether it is a mistake in the mask, so that a trace without one refuses it (the API says so)."""
+        refused = self.refuse(Here(TraceConfig(), 3, 3))
+        return refused is not None and refused.kind == "needs_causal"
 
 
 # ---------------------------------------------------------------- the wrong steps
@@ -128,89 +175,102 @@ def _encoding_added_twice(token_embedding: np.ndarray, positional_encoding: np.n
     return A.add_positional_encoding(x, positional_encoding)  # [n, d_model]: x += PE once more
 
 
-# ------------------------------------------------------ when a bug changes nothing
+# ------------------------------------------------- why a bug cannot show, or changes nothing
 
 
-def _factor_is_one(config: TraceConfig, n: int, m: int) -> str | None:
-    if not config.scale:
-        return "with scale: false the scores are not divided at all"
-    if config.d_k == 1:
-        return "d_k is 1, so √d_k is 1"
+def _unchanged(reason: str | None) -> Refusal | None:
+    return None if reason is None else Refusal("changes_nothing", reason)
+
+
+def _cannot(reason: str | None) -> Refusal | None:
+    return None if reason is None else Refusal("cannot_show", reason)
+
+
+def needs_mask(here: Here) -> Refusal | None:
+    return None if here.config.causal else Refusal("needs_causal", "there is no mask without it")
+
+
+def _factor_is_one(here: Here) -> Refusal | None:
+    if not here.config.scale:
+        return _unchanged("with scale: false the scores are not divided at all")
+    if here.config.d_k == 1:
+        return _unchanged("d_k is 1, so √d_k is 1")
     return None
 
 
-def _d_model_is_d_k(config: TraceConfig, n: int, m: int) -> str | None:
+def _d_model_is_d_k(here: Here) -> Refusal | None:
+    config = here.config
     if config.scale and config.num_heads == 1:
-        return "with one head d_k = d_model, so √d_model is √d_k"
+        return _unchanged("with one head d_k = d_model, so √d_model is √d_k")
     if not config.scale and config.d_model == 1:
-        return "d_model is 1, so √d_model is 1, the divisor that scale: false uses"
+        return _unchanged("d_model is 1, so √d_model is 1, the divisor that scale: false uses")
     return None
 
 
-def _one_token(config: TraceConfig, n: int, m: int) -> str | None:
-    return "with one token there is nothing to mask or normalise across" if n == 1 else None
+def _one_token(here: Here) -> Refusal | None:
+    return _unchanged("with one token there is nothing to mask or normalise across" if here.n == 1 else None)
 
 
-def _one_visible_key(config: TraceConfig, n: int, m: int) -> str | None:
-    if n == 1 and m == 1:
-        return "with one token there is nothing to mask or normalise across"
-    if config.window == 1:
-        return "with window 1 each query sees only its own key, so each row and each column holds one weight, 1"
+def _one_visible_key(here: Here) -> Refusal | None:
+    if here.n == 1 and here.m == 1:
+        return _unchanged("with one token there is nothing to mask or normalise across")
+    if here.config.window == 1:
+        return _unchanged("with window 1 each query sees only its own key, so each row and each column holds one "
+                          "weight, 1")
     return None
 
 
-def _one_head(config: TraceConfig, n: int, m: int) -> str | None:
-    return "with one head the mean of the heads is that head" if config.num_heads == 1 else None
+def _one_head(here: Here) -> Refusal | None:
+    return _unchanged("with one head the mean of the heads is that head" if here.config.num_heads == 1 else None)
 
 
-def _square_one(config: TraceConfig, n: int, m: int) -> str | None:
-    return "with d_model 1 every weight matrix is its own transpose" if config.d_model == 1 else None
+def _square_one(here: Here) -> Refusal | None:
+    return _unchanged("with d_model 1 every weight matrix is its own transpose" if here.config.d_model == 1 else None)
 
 
-def _one_head_or_token(config: TraceConfig, n: int, m: int) -> str | None:
-    if config.num_heads == 1:
-        return "with one head there is nothing to interleave"
-    return "with one token there is nothing to interleave" if n == 1 else None
+def _one_head_or_token(here: Here) -> Refusal | None:
+    if here.config.num_heads == 1:
+        return _unchanged("with one head there is nothing to interleave")
+    return _unchanged("with one token there is nothing to interleave" if here.n == 1 else None)
 
 
-def _no_encoding(config: TraceConfig, n: int, m: int) -> str | None:
-    if config.positional_encoding == "none":
-        return "with positional_encoding: none the encoding is zero"
-    if n == 1 and config.d_model == 1:
-        return "one token at d_model 1 has the encoding sin(0) = 0"
+def _no_encoding(here: Here) -> Refusal | None:
+    if here.config.positional_encoding == "none":
+        return _unchanged("with positional_encoding: none the encoding is zero")
+    if here.n == 1 and here.config.d_model == 1:
+        return _unchanged("one token at d_model 1 has the encoding sin(0) = 0")
     return None
 
 
-def _added_encoding(config: TraceConfig, explicit_input: bool, cross: bool = False) -> str | None:
-    if explicit_input:
-        return "with your own input x there is no positional encoding step to get wrong"
-    if config.rope:
-        return ("with RoPE no positional encoding is added to x: position enters by rotating q and k; "
-                "show it with positional_encoding \"sinusoidal\"")
-    if cross:
-        return ("in cross-attention the sentence and the context each add their own encoding; "
-                "show it in self-attention")
+def _added_encoding(here: Here) -> Refusal | None:
+    if here.explicit_input:
+        return _cannot("with your own input x there is no positional encoding step to get wrong")
+    if here.config.rope:
+        return _cannot("with RoPE no positional encoding is added to x: position enters by rotating q and k; "
+                       "show it with positional_encoding \"sinusoidal\"")
+    if here.cross:
+        return _cannot("in cross-attention the sentence and the context each add their own encoding; "
+                       "show it in self-attention")
     return None
 
 
-def _no_mask(config: TraceConfig, explicit_input: bool, cross: bool = False) -> str | None:
-    return ("with causal: true a log-softmax gives −inf to the masked keys, which no trace can hold; "
-            "show it with causal: false") if config.causal else None
+def _no_mask(here: Here) -> Refusal | None:
+    return _cannot("with causal: true a log-softmax gives −inf to the masked keys, which no trace can hold; "
+                   "show it with causal: false" if here.config.causal else None)
 
 
-def _self_projection(config: TraceConfig, explicit_input: bool, cross: bool = False) -> str | None:
-    if cross:
-        return ("in cross-attention the keys and values are projected from the context, not from x; "
-                "show it in self-attention")
-    return None
+def _self_projection(here: Here) -> Refusal | None:
+    return _cannot("in cross-attention the keys and values are projected from the context, not from x; "
+                   "show it in self-attention" if here.cross else None)
 
 
-def _square_projection(config: TraceConfig, explicit_input: bool, cross: bool = False) -> str | None:
+def _square_projection(here: Here) -> Refusal | None:
+    config = here.config
     if config.grouped:
-        return (f"with {config.kv_heads} K/V heads the stacked W_K is [{config.kv_heads * config.d_k}, "
-                f"{config.d_model}], not square, so x·W fails with a shape error instead of giving wrong numbers; "
-                "show it with num_kv_heads equal to num_heads")
-    return _self_projection(config, explicit_input, cross)
+        return _cannot(f"with {config.kv_heads} K/V heads the stacked W_K is [{config.kv_heads * config.d_k}, "
+                       f"{config.d_model}], not square, so x·W fails with a shape error instead of giving wrong "
+                       "numbers; show it with num_kv_heads equal to num_heads")
+    return _self_projection(here)
 
 
 _SCALE_AFTER = Step("weights", _softmax_then_scale, ("masked_scores", "excluded", "d_k", "scale"),
@@ -243,7 +303,7 @@ BUGS: dict[str, Bug] = {
             "still get weight", "masked_scores",
             (Step("masked_scores", _fill_with_zero, ("scaled_scores", "mask"), "fill0({scaled_scores})",
                   note=": keys after the query are set to 0, not excluded", outputs=("masked_scores", "excluded")),),
-            _one_token, needs_causal=True),
+            first(needs_mask, _one_token)),
         Bug("softmax_wrong_axis",
             "the softmax was taken over the queries (columns) instead of the keys (rows), so rows do not sum to 1",
             "weights",
@@ -257,29 +317,29 @@ BUGS: dict[str, Bug] = {
             "the projections used x·W instead of x·Wᵀ (the heads' [d_k, d_model] matrices stacked but not "
             "transposed), so every query, key and value is wrong", "q",
             _projections(_project_without_transpose, "x·W (W stacked [h·d_k, d_model], not transposed)"),
-            _square_one, cannot_show=_square_projection),
+            first(_square_projection, _square_one)),
         Bug("heads_split_without_transpose",
             "the projection [n, h·d_k] was reshaped straight to [h, n, d_k], without going through [n, h, d_k] "
             "and transposing, so each head mixes pieces of different tokens", "q",
             _projections(_split_heads_without_transpose, "reshape(x·Wᵀ, [h, n, d_k]) (no transpose)"),
-            _one_head_or_token, cannot_show=_self_projection),
+            first(_self_projection, _one_head_or_token)),
         Bug("mask_includes_diagonal",
             "the causal mask also hid each query's own key (j ≥ i instead of j > i), so the first query sees "
             "nothing and every other query ignores itself", "masked_scores",
             (Step("masked_scores", _mask_with_diagonal, ("scaled_scores", "mask"), "mask_diag({scaled_scores})",
                   note=": keys at and after the query are excluded, the query's own key too",
                   outputs=("masked_scores", "excluded")),),
-            lambda config, n, m: None, needs_causal=True),
+            needs_mask),
         Bug("mask_after_softmax",
             "the mask was applied after the softmax, zeroing the future keys' weights without renormalising, "
             "so rows sum to less than 1", "weights",
             (Step("weights", _mask_after_softmax, ("scaled_scores", "excluded"), "mask(softmax({scaled_scores}))"),),
-            _one_token, needs_causal=True),
+            first(needs_mask, _one_token)),
         Bug("log_softmax",
             "log-softmax was used instead of softmax, so the weights are log-probabilities (all ≤ 0) "
             "instead of probabilities that sum to 1", "weights",
             (Step("weights", _log_softmax, ("masked_scores", "excluded"), "log_softmax({masked_scores})"),),
-            lambda config, n, m: None, cannot_show=_no_mask),
+            _no_mask),
         Bug("concat_token_major",
             "the heads' [h, n, d_k] context was reshaped straight to [n, h·d_k] without moving the head axis "
             "next to d_k, so each row mixes different tokens", "concat",
@@ -293,11 +353,11 @@ BUGS: dict[str, Bug] = {
         Bug("positional_encoding_missing",
             "the positional encoding was never added to the embeddings, so the model cannot tell positions apart",
             "input", (Step("input", _embedding_only, ("token_embedding",), "x = E (PE forgotten)"),),
-            _no_encoding, cannot_show=_added_encoding),
+            first(_added_encoding, _no_encoding)),
         Bug("positional_encoding_twice",
             "the positional encoding was added twice, x = E + 2·PE", "input",
             (Step("input", _encoding_added_twice, ("token_embedding", "positional_encoding"), "x = E + PE + PE"),),
-            _no_encoding, cannot_show=_added_encoding),
+            first(_added_encoding, _no_encoding)),
     )
 }
 
@@ -310,18 +370,17 @@ def refusal(bug: Bug, config: TraceConfig, n: int, *, explicit_input: bool = Fal
 
     ``n_context`` is the context's token count in cross-attention (None in self-attention).
     """
-    if bug.needs_causal and not config.causal:
-        return BugNotApplicableError(f"the {bug.name} bug needs causal: true (there is no mask without it)",
+    refused = bug.refuse(Here(config, n, n if n_context is None else n_context, explicit_input, n_context is not None))
+    if refused is None:
+        return None
+    if refused.kind == "needs_causal":
+        return BugNotApplicableError(f"the {bug.name} bug needs causal: true ({refused.reason})",
                                      code="bug_needs_causal")
-    cross = n_context is not None
-    reason = bug.cannot_show(config, explicit_input, cross) if bug.cannot_show else None
-    if reason:
-        return BugNotApplicableError(f"the {bug.name} bug cannot be shown here: {reason}", code="bug_not_applicable")
-    reason = bug.unchanged_when(config, n, n if n_context is None else n_context)
-    if reason:
-        return BugNotApplicableError(f"the {bug.name} bug changes no number of this trace: {reason}; "
-                                     "choose another bug or configuration", code="bug_changes_nothing")
-    return None
+    if refused.kind == "cannot_show":
+        return BugNotApplicableError(f"the {bug.name} bug cannot be shown here: {refused.reason}",
+                                     code="bug_not_applicable")
+    return BugNotApplicableError(f"the {bug.name} bug changes no number of this trace: {refused.reason}; "
+                                 "choose another bug or configuration", code="bug_changes_nothing")
 
 
 def check_bug(name: str, config: TraceConfig, n: int, *, explicit_input: bool = False,

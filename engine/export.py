@@ -1,4 +1,4 @@
-"""A trace in the input formats of the attention viewers people already use (issue #16).
+"""A trace in the input formats of the attention viewers people already use.
 
 Each format is a small pure function of a :class:`~engine.tracing.Trace`; the
 numbers are the trace's own, never recomputed: ``A`` is the weights stage
@@ -35,6 +35,11 @@ attention the K/V heads are shared, but ``A`` still has one [n, m] matrix per
   Without a mask nothing is masked and ``attn_masked`` equals ``attn_scaled``.
   It draws GPT-2's causal self-attention, one token list for both axes:
   cross-attention is refused.
+
+The bertviz and CircuitsVis layouts are built here and only here, from the
+weights and the token texts (:func:`bertviz_layout`, :func:`circuitsvis_props`):
+``attention_trace.export`` reshapes a client's trace with the same two
+functions for a notebook.
 
 Every function returns JSON-ready values: float64 numpy arrays (C-contiguous,
 finite since the trace's are) and nested lists of floats and None; head
@@ -95,28 +100,41 @@ def _texts(tokens: list[Any] | None) -> list[str]:
     return [t.text for t in tokens or []]
 
 
-def bertviz(t: Trace, decimals: int | None = None) -> dict[str, Any]:
-    """bertviz head_view's keyword arguments for this one layer.
+def bertviz_layout(weights: np.ndarray, queries: list[str], context: list[str] | None = None,
+                   decimals: int | None = None) -> dict[str, Any]:
+    """bertviz head_view's keyword arguments for one layer of weights [h, n, m].
 
-    Self-attention: ``attention`` (a list of one [1, h, n, n] array) and ``tokens``.
+    Self-attention (``context`` None): ``attention`` (a list of one [1, h, n, n] array) and ``tokens``.
     Cross-attention: ``cross_attention`` (a list of one [1, h, n, m] array),
     ``encoder_tokens`` (the context: the keys) and ``decoder_tokens`` (the sentence: the queries).
     """
-    A = _exact(t.stages["weights"].values, decimals)  # [h, n, m]
+    A = _exact(weights, decimals)  # [h, n, m]
     layer = A[np.newaxis]  # [h, n, m] -> [1, h, n, m]: a batch of one
-    if t.cross:
-        return {"cross_attention": [layer], "encoder_tokens": _texts(t.context_tokens),
-                "decoder_tokens": _texts(t.tokens)}
-    return {"attention": [layer], "tokens": _texts(t.tokens)}
+    if context is not None:
+        return {"cross_attention": [layer], "encoder_tokens": context, "decoder_tokens": queries}
+    return {"attention": [layer], "tokens": queries}
+
+
+def circuitsvis_props(weights: np.ndarray, queries: list[str], causal: bool,
+                      decimals: int | None = None) -> dict[str, Any]:
+    """CircuitsVis AttentionHeads' React props for weights [h, n, n]: attention [heads, dest, src], tokens,
+    head names, maskUpperTri (true exactly when causal: the component defaults it to true)."""
+    A = _exact(weights, decimals)  # [h, n, n]: dest = query, src = key
+    return {"attention": A, "tokens": queries,
+            "attentionHeadNames": [f"Head {i}" for i in range(A.shape[0])],
+            "maskUpperTri": bool(causal)}
+
+
+def bertviz(t: Trace, decimals: int | None = None) -> dict[str, Any]:
+    """bertviz head_view's keyword arguments for this one layer (:func:`bertviz_layout` of its weights)."""
+    return bertviz_layout(t.stages["weights"].values, _texts(t.tokens),
+                          _texts(t.context_tokens) if t.cross else None, decimals)
 
 
 def circuitsvis(t: Trace, decimals: int | None = None) -> dict[str, Any]:
-    """CircuitsVis AttentionHeads' props: attention [heads, dest, src], tokens, head names, maskUpperTri."""
+    """CircuitsVis AttentionHeads' props (:func:`circuitsvis_props` of its weights)."""
     check_export("circuitsvis", cross=t.cross)
-    A = _exact(t.stages["weights"].values, decimals)  # [h, n, n]: dest = query, src = key
-    return {"attention": A, "tokens": _texts(t.tokens),
-            "attentionHeadNames": [f"Head {i}" for i in range(A.shape[0])],
-            "maskUpperTri": bool(t.config.causal)}
+    return circuitsvis_props(t.stages["weights"].values, _texts(t.tokens), t.config.causal, decimals)
 
 
 def _masked_rows(values: np.ndarray, mask: np.ndarray | None) -> list[Any]:

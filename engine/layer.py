@@ -260,29 +260,38 @@ class TraceConfig:
         return 2 * self.d_model * self.d_model + 2 * self.kv_heads * self.d_k * self.d_model
 
 
-def layer_steps(config: TraceConfig, *, explicit_input: bool = False, cross: bool = False) -> tuple[Step, ...]:
-    """The steps of this configuration, in walkthrough order (stages 2–12).
+def layer_steps(config: TraceConfig, *, explicit_input: bool = False, cross: bool = False,
+                decode: bool = False) -> tuple[Step, ...]:
+    """The steps of this configuration, in walkthrough order (stages 2–12): the one recipe.
 
     With an explicit input x, stages 2–4 are not computed: x is in the state
     (with cross-attention, the context's x too). ``cross``: keys and values
     come from the context (``context_input``) instead of the sentence.
+    ``decode``: one step of KV-cache decoding (:func:`decode_steps`).
     """
-    return _steps(config.positional_encoding, config.mask, config.scale, explicit_input,
-                  config.rope_pairing if config.rope else None, config.grouped, cross)
+    return _steps(config.positional_encoding, config.mask, config.scale, explicit_input or decode,
+                  config.rope_pairing if config.rope else None, config.grouped, cross, decode)
+
+
+def decode_steps(config: TraceConfig) -> tuple[Step, ...]:
+    """One step of KV-cache decoding, for causal self-attention: the new token's x (``input``, [1, d_model])
+    at ``position`` is projected, rotated under RoPE, appended to the cache, and attends to every cached key.
+
+    The same recipe as the full trace (:func:`layer_steps`), with two differences: RoPE's angles are those
+    of ``position``, and k and v go through the cache (``DECODE_CACHES``) before the scores. The cache holds
+    exactly the keys the new query may see (the last ``window`` with a sliding window), so nothing is masked.
+    """
+    return layer_steps(config, decode=True)
 
 
 _CONTEXT_EMBEDDING = Step("context_token_embedding", token_embeddings, ("seed", "d_model", "context_tokens"),
                           "E[context token] (seeded, context-free)")
-_SHARE_K = Step("k_shared", A.share_kv_heads, ("k", "kv_group"))
-_SHARE_K_ROTATED = Step("k_shared", A.share_kv_heads, ("k_rotated", "kv_group"))
-_SHARE_V = Step("v_shared", A.share_kv_heads, ("v", "kv_group"))
 _KV_NOTE = ": one per K/V head j; query head i reads K/V head ⌊i·num_kv_heads/num_heads⌋"
 
 
-@lru_cache(maxsize=64)  # one tuple per choice of variants, built once
-def _steps(positional_encoding: str, mask: str, scale: bool, explicit_input: bool, rope_pairing: str | None = None,
-           grouped: bool = False, cross: bool = False) -> tuple[Step, ...]:
-    if rope_pairing is None:  # an additive encoding, stage 3
+def _embedding_steps(positional_encoding: str, rope: bool, cross: bool) -> tuple[Step, ...]:
+    """Stages 2–4: x from the tokens (and, in cross-attention, the context's x from its tokens)."""
+    if not rope:  # an additive encoding, stage 3
         embed: tuple[Step, ...] = (
             Step("token_embedding", token_embeddings, ("seed", "d_model", "tokens"), "E[token] (seeded, context-free)"),
             POSITIONAL_ENCODINGS[positional_encoding],
@@ -300,77 +309,49 @@ def _steps(positional_encoding: str, mask: str, scale: bool, explicit_input: boo
                           formula=re.sub(r"\bpos\b", "pos_ctx", encoding.formula)),
                   Step("context_input", A.add_positional_encoding,
                        ("context_token_embedding", "context_positional_encoding"), "x_ctx = E + PE"))
+    return embed
+
+
+@lru_cache(maxsize=64)  # one tuple per choice of variants, built once
+def _steps(positional_encoding: str, mask: str, scale: bool, explicit_input: bool, rope_pairing: str | None = None,
+           grouped: bool = False, cross: bool = False, decode: bool = False) -> tuple[Step, ...]:
+    embed = () if explicit_input else _embedding_steps(positional_encoding, rope_pairing is not None, cross)
     kv_source, kv_name = ("context_input", "x_ctx") if cross else ("input", "x")
     kv_note = _KV_NOTE if grouped else ""
+    j = "ⱼ" if grouped else "ᵢ"
     projections = (Step("q", A.project, ("input", "W_Q"), "Qᵢ = x·W_Qᵢᵀ"),
-                   Step("k", A.project, (kv_source, "W_K"), f"K{'ⱼ' if grouped else 'ᵢ'} = {kv_name}·W_K"
-                        f"{'ⱼ' if grouped else 'ᵢ'}ᵀ", note=kv_note),
-                   Step("v", A.project, (kv_source, "W_V"), f"V{'ⱼ' if grouped else 'ᵢ'} = {kv_name}·W_V"
-                        f"{'ⱼ' if grouped else 'ᵢ'}ᵀ", note=kv_note))
+                   Step("k", A.project, (kv_source, "W_K"), f"K{j} = {kv_name}·W_K{j}ᵀ", note=kv_note),
+                   Step("v", A.project, (kv_source, "W_V"), f"V{j} = {kv_name}·W_V{j}ᵀ", note=kv_note))
     q, k, v = "q", "k", "v"
     rotation: tuple[Step, ...] = ()
-    if rope_pairing is not None:
-        rotation = (Step("rope_angles", _rope_table, ("n", "d_k", "rope_base")), *ROPE_PAIRINGS[rope_pairing])
+    if rope_pairing is not None:  # the angles of every position, or of the one being decoded
+        angles = (Step("rope_angles", _rope_position, ("position", "d_k", "rope_base")) if decode
+                  else Step("rope_angles", _rope_table, ("n", "d_k", "rope_base")))
+        rotation = (angles, *ROPE_PAIRINGS[rope_pairing])
         q, k = "q_rotated", "k_rotated"
+    caching: tuple[Step, ...] = ()
+    if decode:  # the new k and v join the cache; the query attends to everything cached
+        caching = (DECODE_CACHES[mask]("k_cache", k), DECODE_CACHES[mask]("v_cache", v))
+        k, v = "k_cache", "v_cache"
     sharing: tuple[Step, ...] = ()
-    if grouped:
-        sharing = (_SHARE_K_ROTATED if rope_pairing is not None else _SHARE_K, _SHARE_V)
+    if grouped:  # each query head reads its group's K/V head
+        sharing = (Step("k_shared", A.share_kv_heads, (k, "kv_group")),
+                   Step("v_shared", A.share_kv_heads, (v, "kv_group")))
         k, v = "k_shared", "v_shared"
-    scores = Step("scores", A.attention_scores, (q, k), "QKᵀ" if rope_pairing is None else "RoPE(Q)RoPE(K)ᵀ")
-    context = Step("context", A.weighted_values, ("weights", v), "{weights}V")
-    return (*(() if explicit_input else embed),
+    return (*embed,
             *projections,
             *rotation,
+            *caching,
             *sharing,
-            scores,
+            Step("scores", A.attention_scores, (q, k), "QKᵀ" if rope_pairing is None else "RoPE(Q)RoPE(K)ᵀ"),
             # A parameter is a step too, so a mistake can swap it; its formula is the divisor.
             Step("scale_factor", A.scale_factor, ("d_k", "scale"), "/√d_k" if scale else "/1"),
             Step("scaled_scores", A.scale_scores, ("scores", "scale_factor"), "{scores}{scale_factor}"),
-            *MASKS[mask],
+            *MASKS["none" if decode else mask],  # the cache holds only the keys a decoded query may see
             Step("weights", A.softmax, ("masked_scores", "excluded"), "softmax({masked_scores})"),
-            context,
+            Step("context", A.weighted_values, ("weights", v), "{weights}V"),
             Step("concat", A.concat_heads, ("context",), "Concat(head₁, …, head_h)"),
             Step("output", A.output_projection, ("concat", "W_O"), "{concat}·W_Oᵀ"))
-
-
-def decode_steps(config: TraceConfig) -> tuple[Step, ...]:
-    """One step of KV-cache decoding, for causal self-attention: the new token's x (``input``, [1, d_model])
-    at ``position`` is projected, rotated under RoPE, appended to the cache, and attends to every cached key.
-
-    The cache holds exactly the keys the new query may see (the last ``window`` with a sliding window),
-    so no mask is needed.
-    """
-    return _decode_steps(config.mask, config.rope_pairing if config.rope else None, config.grouped)
-
-
-@lru_cache(maxsize=16)
-def _decode_steps(mask: str, rope_pairing: str | None, grouped: bool) -> tuple[Step, ...]:
-    cache = DECODE_CACHES[mask]
-    q, k = "q", "k"
-    rotation: tuple[Step, ...] = ()
-    if rope_pairing is not None:
-        rotation = (Step("rope_angles", _rope_position, ("position", "d_k", "rope_base")), *ROPE_PAIRINGS[rope_pairing])
-        q, k = "q_rotated", "k_rotated"
-    k_cache, v_cache = "k_cache", "v_cache"
-    sharing: tuple[Step, ...] = ()
-    if grouped:
-        sharing = (Step("k_shared", A.share_kv_heads, ("k_cache", "kv_group")),
-                   Step("v_shared", A.share_kv_heads, ("v_cache", "kv_group")))
-        k_cache, v_cache = "k_shared", "v_shared"
-    return (Step("q", A.project, ("input", "W_Q")),
-            Step("k", A.project, ("input", "W_K")),
-            Step("v", A.project, ("input", "W_V")),
-            *rotation,
-            cache("k_cache", k),
-            cache("v_cache", "v"),
-            *sharing,
-            Step("scores", A.attention_scores, (q, k_cache)),
-            Step("scale_factor", A.scale_factor, ("d_k", "scale")),
-            Step("scaled_scores", A.scale_scores, ("scores", "scale_factor")),
-            Step("weights", A.softmax, ("scaled_scores",)),
-            Step("context", A.weighted_values, ("weights", v_cache)),
-            Step("concat", A.concat_heads, ("context",)),
-            Step("output", A.output_projection, ("concat", "W_O")))
 
 
 def initial_state(config: TraceConfig, texts: list[str], weights: dict[str, np.ndarray],

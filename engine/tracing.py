@@ -24,6 +24,7 @@ trace from one known mistake's step on (``engine.bugs``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
@@ -31,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 
 from . import attention as A
-from .bugs import Bug, check_bug
+from .bugs import Bug, applicable_bugs, check_bug
 from .checks import (
     check_parameter_shapes,
     cross_attention_conflicts,
@@ -52,6 +53,7 @@ from .layer import (
     run,
     stage_axes,
     stage_ids,
+    swapped,
 )
 from .params import Parameters, generate_parameters, generated_parameters_digest, parameters_digest
 from .tokenize import Token
@@ -208,6 +210,31 @@ def recompute(t: Trace, bug: Bug) -> Trace:
     steps, state = r.steps, r.finish()
     return _assemble(t.config, t.tokens, t.parameters, t.parameters_digest, steps, state,
                      explicit_parameters=t.parameters_source == "explicit", bug=bug.name, context=t.context_tokens)
+
+
+def diagnose(t: Trace, first_wrong: str, submitted: list[str],
+             agrees: Callable[[Mapping[str, Any], list[str]], bool]) -> list[str]:
+    """The known bugs that reproduce a submission whose first wrong stage is ``first_wrong``, in the
+    documented order: each applicable bug whose recomputation changes ``first_wrong`` and whose values
+    ``agrees`` with the submission on every submitted stage it can change.
+
+    ``submitted``: the submitted stage ids in walkthrough order. ``agrees(values, stage_ids)`` says whether
+    the submission matches ``values`` (``values[stage_id]``; masked_scores' mask is ``values["excluded"]``)
+    on those stages, earliest first: the cheapest to recompute, and a bug that changes a stage the reference
+    got right usually fails right there. The stages before a bug's step are the reference's very arrays, so
+    only the affected ones are compared. Tokens, or an explicit input, are no step's output: no bug explains them.
+    """
+    made_by = {out: i for i, step in enumerate(t.steps) for out in step.writes}
+    if first_wrong not in made_by:
+        return []
+    matches = []
+    for bug in applicable_bugs(t.config, t.n_tokens, explicit_input=t.input_source == "explicit",
+                               n_context=t.n_context):
+        start = swapped(t.steps, bug.replaces)[1]
+        affected = [sid for sid in submitted if made_by.get(sid, -1) >= start]
+        if first_wrong in affected and agrees(recompute_values(t, bug), affected):
+            matches.append(bug.name)
+    return matches
 
 
 def inject_bug(t: Trace, bug: Bug) -> Trace:

@@ -4,7 +4,7 @@ grading many students at once, results schemas, and what each shipped buggy stud
 
 The sandbox runs for real here: as root (as these tests run on the project's machines) the student's
 code runs as a fresh unprivileged uid in new network, IPC and mount namespaces, from the student
-runtime that ``python -m grading setup-sandbox`` builds (the session fixture below builds it, as the
+runtime that ``attention-trace-grade setup-sandbox`` builds (the session fixture below builds it, as the
 platforms' setup scripts do).
 """
 
@@ -23,12 +23,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-if str(EXAMPLES) not in sys.path:
-    sys.path.insert(0, str(EXAMPLES))
 
-from grading import config, runtime, sandbox  # noqa: E402
+from grader import config, runtime, sandbox  # noqa: E402
 
-GRADING = EXAMPLES / "grading"
+GRADING = ROOT / "grader"
 STUDENTS = GRADING / "students"
 HOSTILE = STUDENTS / "hostile"
 SINGLE = STUDENTS / "single_function"

@@ -189,7 +189,12 @@ def test_module_entry_point_and_the_word_check():
 
 
 @pytest.mark.parametrize(("args", "needle"), [
-    ([], "the following arguments are required: SENTENCE"),
+    ([], "give a command or a sentence to trace"),
+    (["trace"], "give exactly one of SENTENCE or --tokens"),
+    (["a b", "--tokens", "a", "b"], "give exactly one of SENTENCE or --tokens"),
+    (["a b", "--stages", "weights"], "--stages picks the stages of --json or --npz"),
+    (["a b", "--explain", "a,b", "--export", "bertviz"], "argument --explain: not allowed with argument --export"),
+    (["a b", "--inject-bug", "nope"], "--inject-bug (/inject_bug): Input should be"),
     (["a b", "--heads", "5", "--d-model", "12"], "--heads (/num_heads): d_model 12 is not divisible by num_heads 5"),
     (["a b", "--query", "zebra"], "--query 'zebra' is not a token of the sentence; the tokens are 0 'a', 1 'b'"),
     (["a b", "--query", "7"], "there is no token 7"),
@@ -289,3 +294,50 @@ def test_check_usage_errors_exit_2_without_a_traceback(tmp_path, capsys):
     run = cli("check", str(path))
     assert run.returncode == 2 and run.stdout == "" and "Traceback" not in run.stderr
     assert run.stderr.startswith("attention-trace: error: ") and "is not valid JSON" in run.stderr
+
+
+# ------------------------------------------------------------------ subcommands and output modes
+
+
+@pytest.mark.parametrize("args", [
+    ["the cat sat", "--export", "bertviz", "--npz", "f.npz"],
+    ["the cat sat", "--json", "--html", "f.html"],
+    ["trace", "the cat sat", "--npz", "f.npz", "--json"],
+    ["the cat sat", "--export", "circuitsvis", "--json"],
+])
+def test_conflicting_output_modes_are_a_usage_error(capsys, args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = in_process(capsys, *args)
+    assert code == 2 and "not allowed with argument" in err and out == ""
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_the_top_level_help_lists_the_subcommands(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    for command in ("trace", "check", "explain", "export", "html"):
+        assert f"    {command} " in out, command
+
+
+def test_the_subcommands_answer_as_the_trace_flags_do(capsys, tmp_path):
+    assert in_process(capsys, "explain", "the cat sat", "cat,sat", "--json")[1] == \
+        in_process(capsys, "the cat sat", "--explain", "cat,sat", "--json")[1]
+    assert in_process(capsys, "export", "the cat sat", "circuitsvis", "--heads", "2", "--d-model", "8")[1] == \
+        in_process(capsys, "the cat sat", "--export", "circuitsvis", "--heads", "2", "--d-model", "8")[1]
+    a, b = tmp_path / "a.html", tmp_path / "b.html"
+    assert in_process(capsys, "html", "the cat sat", str(a))[0] == 0
+    assert in_process(capsys, "the cat sat", "--html", str(b))[0] == 0
+    assert a.read_bytes() == b.read_bytes()
+    assert in_process(capsys, "trace", "the cat sat")[1] == in_process(capsys, "the cat sat")[1]
+
+
+def test_tokens_stages_and_an_injected_bug(capsys):
+    code, out, _ = in_process(capsys, "trace", "--tokens", "the", "cat", "sat", "--stages", "weights", "--json")
+    doc = json.loads(out)
+    assert code == 0 and list(doc["stages"]) == ["weights"] and [t["text"] for t in doc["tokens"]] == ["the", "cat", "sat"]
+    code, out, _ = in_process(capsys, "the cat sat", "--inject-bug", "no_scale", "--json")
+    assert json.loads(out)["injected_bug"]["name"] == "no_scale"
+    code, out, _ = in_process(capsys, "the cat sat", "--inject-bug", "no_scale")
+    assert code == 0 and "Injected bug no_scale" in out and "deliberately wrong" in out

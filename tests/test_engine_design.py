@@ -48,13 +48,13 @@ def test_a_scaling_bug_with_scale_off_is_refused_with_the_reason(client, bug):
 @pytest.mark.parametrize("config, sentence", CASES, ids=lambda c: str(c) if isinstance(c, str) else
                          f"d{c.d_model}h{c.num_heads}{'s' if c.scale else ''}{'c' if c.causal else ''}")
 def test_a_bug_is_refused_exactly_when_it_would_change_no_number(config, sentence):
-    # Each bug's own rule (unchanged_when) against the numbers themselves, both ways:
+    # Each bug's own rule (refuse) against the numbers themselves, both ways:
     # never refuse a bug that shows something, never label correct numbers as wrong.
     t = engine.trace(config, sentence=sentence)
     for bug in BUGS.values():
         refused = refusal(bug, config, t.n_tokens)
         if refused is not None and refused.code != "bug_changes_nothing":
-            assert (bug.needs_causal and not config.causal) or bug.cannot_show(config, False)
+            assert refused.code == "bug_not_applicable" or (refused.code == "bug_needs_causal" and not config.causal)
             continue
         unchanged = engine.same_numbers(engine.recompute(t, bug), t, list(t.stages))
         assert (refused is not None) == unchanged, (bug.name, refused)
@@ -259,3 +259,38 @@ def test_the_check_values_docs_engine_md_gives_to_ports():
     for text, tokens in (("你\u200d好", ["你", "\u200d", "好"]), ("a\u200db", ["a\u200db"]),
                          ("café's", ["café", "'", "s"]), ("ー漢字かなカナabc", ["ー", "漢", "字", "か", "な", "カ", "ナ", "abc"])):
         assert [t.text for t in engine.tokenize(text)] == tokens
+
+
+# ------------------------------------------------------------------ one recipe, printed
+
+
+def test_decoding_runs_the_full_traces_recipe_with_a_cache():
+    """Decoding's steps are the full trace's from the projections on, with the cache between the rotation and
+    the scores, and no mask (the cache holds only the visible keys): one recipe, two uses."""
+    from engine.layer import decode_steps
+
+    for kwargs in (dict(causal=True), dict(d_model=16, num_heads=4, num_kv_heads=2, causal=True, window=2,
+                                           positional_encoding="rope")):
+        config = TraceConfig(**kwargs)
+        full = [s.name for s in layer_steps(config)]
+        dec = [s.name for s in decode_steps(config)]
+        cached = [n for n in dec if n not in ("k_cache", "v_cache")]
+        assert cached == full[full.index("q"):], (full, dec)
+        assert dec.index("k_cache") < dec.index("scores")
+        assert {s.fn for s in decode_steps(config)} - {s.fn for s in layer_steps(config)} <= {
+            s.fn for s in decode_steps(config) if s.name in ("k_cache", "v_cache", "rope_angles", "mask")}
+
+
+def test_the_recipe_of_any_configuration_prints(capsys):
+    from engine import recipe
+
+    assert recipe.main(["--d-model", "8", "--heads", "2", "--rope"]) == 0
+    out = capsys.readouterr().out
+    assert "q_rotated" in out and "RoPE(Q)RoPE(K)ᵀ/√d_k" in out and "positional_encoding " not in out.split("\n", 2)[2]
+    assert recipe.main(["--heads", "4", "--kv-heads", "2", "--causal", "--window", "3", "--decode"]) == 0
+    out = capsys.readouterr().out
+    assert "append_to_window_cache(k_cache, k, window)" in out and "share_kv_heads(k_cache, kv_group)" in out
+    assert recipe.main(["--causal", "--bug", "mask_includes_diagonal"]) == 0
+    assert "✗ masked_scores, excluded" in capsys.readouterr().out
+    assert recipe.main(["--bug", "no_scale", "--no-scale"]) == 2
+    assert "changes no number" in capsys.readouterr().err

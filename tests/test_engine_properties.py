@@ -351,11 +351,23 @@ def test_each_head_uses_its_own_projections():
 # The engine is framework-free
 # ---------------------------------------------------------------------------
 
-def test_importing_engine_pulls_in_no_web_or_validation_framework():
+#: the framework-free core: the engine (with its exports and recipe) and the grader, which computes its
+#: references with the engine in process; each run as its users run it
+CORE_USES = {
+    "engine": "import engine\nengine.trace(engine.TraceConfig(), sentence='the cat sat')\n",
+    "engine.export": "import engine, engine.export as x\n"
+                     "x.export(engine.trace(engine.TraceConfig(), sentence='a b'), 'circuitsvis')\n",
+    "engine.recipe": "import engine.recipe as r\nr.recipe(r.TraceConfig(causal=True), decode=True)\n",
+    "grader": "import grader, grader.core, grader.__main__\nfrom grader import config, reference\n"
+              "c = config.load(grader.COURSE)\nreference.EngineSource().reference(c.configurations['one-head'], 1)\n",
+}
+
+
+@pytest.mark.parametrize("module", list(CORE_USES))
+def test_importing_engine_pulls_in_no_web_or_validation_framework(module):
     code = (
         "import importlib.util, sys\n"
-        "import engine\n"
-        "engine.trace(engine.TraceConfig(), sentence='the cat sat')\n"
+        + CORE_USES[module] +
         "banned = ['flask', 'pydantic', 'werkzeug', 'requests']\n"
         # the check is only meaningful if those packages *could* have been imported
         "assert all(importlib.util.find_spec(m) for m in banned), 'a banned package is not installed'\n"

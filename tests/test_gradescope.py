@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import venv
 import zipfile
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from grading_support import (BUG_FAILS, BUG_STUDENTS, COURSE, CORRECT_STUDENTS, 
 from jsonschema import Draft202012Validator
 
 import engine
-from grading import config
+from grader import config
 
 #: runs student code in the real grading sandbox (namespaces, seccomp, rlimits)
 pytestmark = pytest.mark.sandbox
@@ -172,7 +173,8 @@ def test_run_autograder_end_to_end(tmp_path, monkeypatch):
 
 def test_the_zip_runs_in_gradescope_layout(tmp_path):
     """make-autograder-zip, unpacked as Gradescope does (source/ holds the zip, run_autograder is a
-    copy in /autograder), graded with the zip's own grading core and course file."""
+    copy in /autograder), the project in it installed into $ROOT/venv as setup.sh installs it (the
+    grader is an installed package, not a path), graded with that install and the zip's course file."""
     zip_path = tmp_path / "autograder.zip"
     run = subprocess.run([str(GRADESCOPE / "make-autograder-zip"), str(zip_path)], capture_output=True, text=True,
                          env={**os.environ, "PYTHON": sys.executable}, timeout=60)
@@ -182,8 +184,9 @@ def test_the_zip_runs_in_gradescope_layout(tmp_path):
         names = set(z.namelist())
         z.extractall(root / "source")
         modes = {i.filename: i.external_attr >> 16 for i in z.infolist()}
-    assert {"setup.sh", "run_autograder", "grade.py", "course.toml", "grading/core.py", "grading/sandbox.py",
-            "grading/launcher.py", "grading/harness.py", "grading/students/correct.py",
+    assert {"setup.sh", "run_autograder", "grade.py", "course.toml", "attention-trace/grader/core.py",
+            "attention-trace/grader/sandbox.py", "attention-trace/grader/launcher.py",
+            "attention-trace/grader/harness.py", "attention-trace/grader/students/correct.py",
             "attention-trace/pyproject.toml", "attention-trace/requirements.txt", "attention-trace/engine/bugs.py",
             "attention-trace/service/core.py", "attention-trace/attention_trace/client.py"} <= names
     assert not any("__pycache__" in n or "/hostile/" in n for n in names)
@@ -191,13 +194,26 @@ def test_the_zip_runs_in_gradescope_layout(tmp_path):
     for script in ("run_autograder", "setup.sh"):
         (root / "source" / script).chmod(0o755)
     shutil.copy(root / "source" / "run_autograder", root / "run_autograder")
+    # setup.sh's install, without the network: the zip's project with pip (no dependencies), the
+    # dependencies from this test's environment (a .pth line: the editable install of the clone is
+    # not on it, so the grader can only come from the zip).
+    venv.EnvBuilder(with_pip=True).create(root / "venv")
+    py = root / "venv" / "bin" / "python"
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    here = subprocess.run([sys.executable, "-c", "import numpy, pathlib; print(pathlib.Path(numpy.__file__).parents[1])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (Path(site) / "test-deps.pth").write_text(here + "\n")
+    pip = subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+                          str(root / "source" / "attention-trace")], capture_output=True, text=True, timeout=300)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
     student_dir(root, STUDENTS / "concat_token_major.py")
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "AUTOGRADER_ROOT": str(root), "PYTHON": sys.executable}
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "AUTOGRADER_ROOT": str(root)}
     run = subprocess.run([str(root / "run_autograder")], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     doc = valid(json.loads((root / "results" / "results.json").read_text()))
     assert failed(doc) == BUG_FAILS["concat_token_major"][0]
-    assert f"core {root / 'source' / 'grading'}, course {root / 'source' / 'course.toml'}" in run.stdout
+    assert f"core {Path(site) / 'grader'}, course {root / 'source' / 'course.toml'}" in run.stdout
     assert subprocess.run(["bash", "-n", str(GRADESCOPE / "setup.sh")]).returncode == 0
 
 

@@ -1,4 +1,4 @@
-"""The shared grading core (examples/grading): the course file, what the shipped course grades, the
+"""The grader (grader/): the course file, what the shipped course grades, the
 hidden tests' secrecy, answers copied from a public trace, the metric passed to /check, the
 single-function form, and what happens when the reference cannot be had (no grade, never a 0)."""
 
@@ -11,11 +11,12 @@ import textwrap
 
 import numpy as np
 import pytest
-from grading_support import COURSE, HOSTILE, SINGLE, STUDENTS, course_doc, course_with, student_dir, student_runtime
+from grading_support import (BUG_STUDENTS, COURSE, CORRECT_STUDENTS, HOSTILE, SINGLE, STUDENTS, course_doc,
+                             course_with, grade_many, student_dir, student_runtime)
 
 from attention_trace.client import LocalClient, ProblemError, TransportError
-from grading import config, core
-from grading.assignment import FUNCTIONS
+from grader import config, core, reference
+from grader.assignment import FUNCTIONS
 
 #: runs student code in the real grading sandbox (namespaces, seccomp, rlimits)
 pytestmark = pytest.mark.sandbox
@@ -39,6 +40,9 @@ _ = student_runtime
     (lambda d: d["configuration"][0].update(sentence="x"), "give exactly one of `tokens`"),
     (lambda d: d["check"].update(metric="close"), '`metric` must be "allclose" or "rel_error"'),
     (lambda d: d["check"].update(tolerance=1e-3), "unknown key(s) 'tolerance'"),
+    (lambda d: d["check"].update(rtol=2.0), "`rtol` must be at most 1"),
+    (lambda d: d["check"].update(metric="rel_error", atol=1e-6), '`atol` belongs to metric "allclose"'),
+    (lambda d: d["check"].update(threshold=1e-3), '`threshold` belongs to metric "rel_error"'),
     (lambda d: d["limits"].update(memory_mb=64), "below 256"),
     (lambda d: d["service"].update(url="ftp://x"), '`url` must be "local" or an http(s):// URL'),
     (lambda d: d["test"].append(dict(d["test"][0])), "two tests have the same name"),
@@ -258,3 +262,46 @@ def test_the_single_function_form(tmp_path):
     context = next(t for t in bad.tests if t.name == "context")
     assert "known mistake 'softmax_wrong_axis'" in weights.message
     assert "'context' is computed from 'weights', which is already wrong here" in context.message
+
+
+# ------------------------------------------------------------------ the engine is the reference
+
+
+def test_the_engine_and_the_service_grade_every_shipped_student_alike(tmp_path):
+    """The default source (the engine in this process, no HTTP) and /check through LocalClient give the
+    same points and the same messages, named mistakes included, for every shipped student."""
+    course = config.load(COURSE)
+    seeds = {name: 5 for name in course.configurations}
+    jobs = {}
+    for name in CORRECT_STUDENTS + BUG_STUDENTS:
+        for kind in ("engine", "service"):
+            src = (lambda: reference.EngineSource()) if kind == "engine" else \
+                (lambda: reference.ServiceSource(LocalClient()))
+            jobs[(name, kind)] = (lambda name=name, kind=kind, src=src:
+                                  grade(tmp_path / name / kind, STUDENTS / f"{name}.py", course, seeds=seeds,
+                                        source=src()))
+    results = grade_many(jobs)
+    for name in CORRECT_STUDENTS + BUG_STUDENTS:
+        a, b = results[(name, "engine")], results[(name, "service")]
+        assert a.gradable and b.gradable, (name, a.internal_error, b.internal_error)
+        assert [(t.name, t.points, t.message, t.redacted) for t in a.tests] == \
+            [(t.name, t.points, t.message, t.redacted) for t in b.tests], name
+        assert a.extra["engine_version"] == b.extra["engine_version"]
+
+
+def test_the_default_source_is_the_engine_and_needs_no_web_framework(tmp_path):
+    assert isinstance(core.make_source(config.load(COURSE)), reference.EngineSource)
+    r = grade(tmp_path, STUDENTS / "correct.py")
+    assert r.score == r.max_score, r.message
+
+
+class BrokenEngine(reference.EngineSource):
+    def reference(self, c, seed):
+        raise reference.SourceError("the engine refused configuration 'x': boom")
+
+
+def test_a_reference_that_cannot_be_computed_is_no_grade_never_a_zero(tmp_path):
+    r = grade(tmp_path, STUDENTS / "correct.py", source=BrokenEngine())
+    assert r.gradable is False and r.tests == [] and r.score == 0 and not r.format_errors
+    assert "could not be graded, through no fault of your code" in r.message
+    assert "the engine refused configuration 'x': boom" in r.internal_error

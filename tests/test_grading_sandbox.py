@@ -6,7 +6,7 @@ unprivileged uid in new network, IPC and mount namespaces, under rlimits, from t
   started by that uid: the trap the runtime exists for);
 * a probe submission finds every door closed: no uid 0, no groups, a clean environment (no
   ATTENTION_TRACE_URL), no network (not even the grader's loopback), no /root, no grader files, no
-  engine/client/grading to import, nothing writable outside its run directory, the limits set;
+  engine/client/grader to import, nothing writable outside its run directory, the limits set;
 * a hang that ignores signals and forks setsid'd grandchildren is killed on the grader's clock,
   and no process of its uid survives; files it left in /tmp are removed;
 * answers are read without trusting them (links, FIFOs, compressed or object arrays, lying headers);
@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 from grading_support import COURSE, EXAMPLES, ROOT, sandbox_processes, student_runtime
 
-from grading import runtime, sandbox
+from grader import runtime, sandbox
 
 #: runs student code in the real grading sandbox (namespaces, seccomp, rlimits)
 pytestmark = pytest.mark.sandbox
@@ -58,7 +58,7 @@ def probe(port):
     r["repo"] = _try(lambda: os.listdir(REPO))
     r["engine_source"] = _try(lambda: open(REPO + "/engine/attention.py").read(10))
     r["course"] = _try(lambda: open(COURSE).read(10))
-    for m in ("engine", "service", "attention_trace", "grading", "flask"):
+    for m in ("engine", "service", "attention_trace", "grader", "grading", "flask"):
         r["import " + m] = _try(lambda: __import__(m) and "imported")
     r["connect"] = _try(lambda: socket.create_connection(("127.0.0.1", int(port)), timeout=2) and "connected")
     r["dns"] = _try(lambda: socket.getaddrinfo("pypi.org", 443) and "resolved")
@@ -101,7 +101,7 @@ def test_setup_builds_a_fresh_runtime_that_the_dropped_uid_can_run(tmp_path):
     os.chmod(base, 0o755)  # the dropped uid must be able to reach it
     try:
         dest = base / "student-python"
-        run_ = subprocess.run([sys.executable, "-m", "grading", "setup-sandbox", "--runtime", str(dest), "--force"],
+        run_ = subprocess.run([sys.executable, "-m", "grader", "setup-sandbox", "--runtime", str(dest), "--force"],
                               cwd=EXAMPLES, capture_output=True, text=True, timeout=180)
         assert run_.returncode == 0, run_.stdout + run_.stderr
         assert "sandbox: works" in run_.stdout
@@ -158,7 +158,7 @@ def test_the_probe_finds_every_door_closed(tmp_path, student_runtime, monkeypatc
     # an empty read-only tmpfs covers the repository (under /tmp, its private /tmp covers it as well)
     assert r["repo"] == [] or r["repo"].startswith("FileNotFoundError"), r["repo"]
     assert r["engine_source"].startswith("FileNotFoundError") and r["course"].startswith("FileNotFoundError")
-    for m in ("engine", "service", "attention_trace", "grading", "flask"):
+    for m in ("engine", "service", "attention_trace", "grader", "grading", "flask"):
         assert r["import " + m].startswith("ModuleNotFoundError"), r["import " + m]
     assert r["connect"] == "PermissionError: [Errno 13] Permission denied", r["connect"]  # the seccomp filter
     assert r["dns"].startswith("gaierror"), r["dns"]
@@ -328,7 +328,7 @@ NOT_ROOT = r'''
 import json, sys, time
 sys.path[:0] = [{site!r}, {examples!r}]
 from pathlib import Path
-from grading import runtime, sandbox
+from grader import runtime, sandbox
 rt = runtime.runtime_at(Path({root!r}))
 import os
 res = sandbox.run_calls([sandbox.Call("p", "probe", {{}}, [{{"value": os.getpid()}}])], runtime=rt,
@@ -358,7 +358,7 @@ def test_not_root_degrades_and_says_how(student_runtime):
                                           "    return [2.0]\n")
         os.chmod(sub, 0o755)
         os.chmod(sub / "attention.py", 0o644)
-        script = NOT_ROOT.format(site=str(student_runtime.site_packages), examples=str(EXAMPLES),
+        script = NOT_ROOT.format(site=str(student_runtime.site_packages), examples=str(ROOT),
                                  root=str(student_runtime.root), sub=str(sub), hide=str(ROOT), base=str(base))
         run_ = subprocess.run([str(student_runtime.python), "-I", "-S", "-c", script], user=65534, group=65534,
                               extra_groups=[], env=student_runtime.env(), cwd="/", capture_output=True, text=True,
@@ -408,7 +408,7 @@ import json, sys, time
 sys.path.insert(0, {examples!r})
 from pathlib import Path
 import numpy as np
-from grading import runtime, sandbox
+from grader import runtime, sandbox
 rt = runtime.runtime_at(Path({root!r}))
 call = sandbox.Call("p", "scores", {{"a": np.ones((1, 2, 3))}}, [{{"array": "a"}}, {{"array": "a"}}])
 res = sandbox.run_calls([call], runtime=rt, submission=Path({sub!r}), filename="attention.py",
@@ -424,7 +424,7 @@ def test_a_container_that_maps_few_uids_falls_back_to_low_ones(tmp_path, student
     """Rootless and userns-remapped containers map 65536 uids: the grader's unused high uids do not
     exist there, so it picks one from 61000-64999 instead (and still runs the student as it)."""
     sub = write_student(tmp_path, "def scores(q, k):\n    return q @ k.transpose(0, 2, 1)\n")
-    script = IN_CONTAINER.format(examples=str(EXAMPLES), root=str(student_runtime.root), sub=str(sub))
+    script = IN_CONTAINER.format(examples=str(ROOT), root=str(student_runtime.root), sub=str(sub))
     run_ = subprocess.run([sys.executable, "-c", FEW_UIDS, sys.executable, "-c", script], capture_output=True,
                           text=True, timeout=120, cwd="/")
     assert run_.returncode == 0, run_.stdout + run_.stderr

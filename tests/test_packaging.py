@@ -87,3 +87,21 @@ def test_local_client_serves_from_the_installed_files(installed: tuple[Path, Pat
             "t = c.trace(sentence='the cat sat', d_model=8, num_heads=2)\n"
             "print(t.stages['weights'].shape)\n")
     assert run([str(bin_dir / "python"), "-c", code], work, env).stdout.strip() == "(2, 3, 3)"
+
+
+def test_the_wheel_installs_the_grader_and_its_command(installed: tuple[Path, Path, dict[str, str]]) -> None:
+    """The grader is a package of the wheel: attention-trace-grade and python -m grader run from the installed
+    files, with the shipped course and the correct students its self-test grades, and no web framework."""
+    bin_dir, work, env = installed
+    out = run([str(bin_dir / "attention-trace-grade"), "--help"], work, env).stdout
+    assert all(command in out for command in ("setup-sandbox", "grade", "selftest"))
+    assert "selftest" in run([str(bin_dir / "python"), "-m", "grader", "--help"], work, env).stdout
+    code = ("import sys, grader, grader.core\n"
+            "from grader import config\n"
+            "c = config.load(grader.COURSE)\n"
+            "print(grader.__file__)\n"
+            "print((grader.STUDENTS / 'correct.py').is_file(), (grader.STUDENTS / 'single_function' / 'correct.py').is_file())\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('flask', 'pydantic', 'requests')))\n")
+    where, students, frameworks = run([str(bin_dir / "python"), "-c", code], work, env).stdout.splitlines()
+    assert not Path(where).resolve().is_relative_to(ROOT), f"imported from the clone: {where}"
+    assert students == "True True" and frameworks == "[]"

@@ -21,7 +21,7 @@ from grading_support import (BUG_FAILS, COURSE, CORRECT_STUDENTS, EXAMPLES, HOST
                              sandbox_processes, student_dir, student_runtime)
 from jsonschema import Draft202012Validator
 
-from grading import config
+from grader import config
 
 #: runs student code in the real grading sandbox (namespaces, seccomp, rlimits)
 pytestmark = pytest.mark.sandbox

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Gradescope autograder for the multi-head self-attention assignment: a thin adapter on the
-shared grading core (``grading/``), which runs the student's code sandboxed, compares it with the
-reference through /check, diagnoses it and awards the points of the course file.
+grader (the installed ``grader`` package), which runs the student's code sandboxed, compares it with
+the engine's reference, diagnoses it and awards the points of the course file.
 
 This file only finds Gradescope's paths and writes Gradescope's results.json:
 https://gradescope-autograders.readthedocs.io/en/latest/specs/ (per-test ``score``, ``max_score``,
@@ -13,7 +13,7 @@ Environment (all optional; run_autograder sets the first three):
   AUTOGRADER_SUBMISSION     default $AUTOGRADER_ROOT/submission
   AUTOGRADER_RESULTS        default $AUTOGRADER_ROOT/results/results.json
   ATTENTION_GRADER_COURSE   the course file (default: course.toml next to this file in the zip;
-                            examples/grading/course.toml in the repository)
+                            the grader package's course.toml otherwise)
   ATTENTION_TRACE_URL       overrides the course file's [service] url ("local" or a URL)
   ATTENTION_GRADER_SEEDS    name=seed,... : regrade with the seeds a previous run logged
 
@@ -34,10 +34,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE if (HERE / "grading").is_dir() else HERE.parent))  # the zip, or the repository
+import grader
+from grader import config, core
 
-from grading import config, core  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 MAX_OUTPUT = 200_000  # characters of one output field (Gradescope shows them in a <pre>)
 
@@ -110,7 +110,7 @@ def grade_submission(sub: Path, course: config.Course, results_path: Path, hide:
 def main() -> int:
     root, sub, results_path = paths()
     results_path.unlink(missing_ok=True)
-    default = HERE / "course.toml" if (HERE / "course.toml").is_file() else HERE.parent / "grading" / "course.toml"
+    default = HERE / "course.toml" if (HERE / "course.toml").is_file() else grader.COURSE
     course_path = Path(os.environ.get("ATTENTION_GRADER_COURSE") or default)
     try:
         course = config.load(course_path)

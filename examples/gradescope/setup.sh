@@ -3,8 +3,8 @@
 # /autograder/source, the working directory). It:
 #   1. makes sure there is a Python >= 3.11 (Gradescope's Ubuntu 22.04 image has 3.10: python3.11
 #      comes from apt; the Ubuntu 24.04 image already has 3.12);
-#   2. creates /autograder/venv with the attention-trace service (pinned, from requirements.txt) so
-#      the reference is computed in-process: no server needed at grading time;
+#   2. creates /autograder/venv with the attention-trace project (pinned, from requirements.txt): the
+#      grader package and the engine it computes the reference with, in-process: no server needed;
 #   3. builds the sandbox's student runtime (/opt/attention-trace/student-python: the standard
 #      library and numpy, readable by the unprivileged uid the student's code runs as) and proves
 #      it by running a sandboxed probe;
@@ -32,7 +32,6 @@ fi
 "$ROOT/venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
 "$ROOT/venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$HERE/attention-trace/requirements.txt"
 "$ROOT/venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "$HERE/attention-trace"
-cd "$HERE"
-"$ROOT/venv/bin/python" -m grading setup-sandbox
+"$ROOT/venv/bin/attention-trace-grade" setup-sandbox
 chmod 0700 "$HERE" "$ROOT/venv"
-"$ROOT/venv/bin/python" -m grading selftest "$HERE/course.toml"
+"$ROOT/venv/bin/attention-trace-grade" selftest "$HERE/course.toml"

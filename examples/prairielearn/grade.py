@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PrairieLearn external grader for the multi-head self-attention assignment: a thin adapter on the
-shared grading core (``grading/``: sandbox, reference, /check, points, messages).
+grader (the installed ``grader`` package: sandbox, reference, check, points, messages).
 
 It reads the student's files from ``/grade/student`` and writes PrairieLearn's
 ``/grade/results/results.json`` (docs/externalGrading.md in PrairieLearn):
@@ -35,10 +35,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE if (HERE / "grading").is_dir() else HERE.parent))  # a copy, or the repository
+import grader
+from grader import config, core
 
-from grading import config, core  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 MAX_BYTES = 1_000_000  # PrairieLearn: "this file should be limited to 1 MB"
 NOT_GRADABLE = ("Your submission could not be graded, through no fault of your code (the autograder failed). "
@@ -51,7 +51,7 @@ def paths() -> tuple[Path, Path, Path]:
     if not course:
         for candidate in (root / "tests" / "course.toml",
                           root / "serverFilesCourse" / "attention_grader" / "course.toml",
-                          HERE.parent / "grading" / "course.toml", HERE / "course.toml"):
+                          HERE / "course.toml", grader.COURSE):
             if candidate.is_file():
                 course = str(candidate)
                 break

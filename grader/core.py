@@ -3,15 +3,16 @@
 ``grade(submission_dir, course)`` returns a :class:`GradeResult`:
 
 1. each configuration gets its seed (drawn for this submission unless fixed),
-   and the reference's trace of it (with the parameters) from the service:
-   ``LocalClient()`` in this process by default, so no outage can reach a
-   grade; a URL when the course sets one;
+   and the reference's trace of it (with the parameters): from the engine, in
+   this process, by default (``reference.EngineSource``: no server, no HTTP,
+   so no outage can reach a grade); from a service when the course sets a URL;
 2. the student's functions run in sandboxed processes (``sandbox.py``) on the
    reference's own inputs, in walkthrough order: first a process for the
    configurations of visible tests, then a fresh one (fresh uid) for the rest,
    whose printed output is never shown;
-3. each answer goes to ``/check`` (with the course's metric and tolerance):
-   pass/fail per stage, the known mistake that reproduces it, hints;
+3. each answer is checked against the reference (with the course's metric and
+   tolerance: /check's rule): pass/fail per stage, and the known mistake that
+   reproduces it (``engine.diagnose``); through a service, /check's hints too;
 4. a test earns its points when its function is right on every configuration
    it lists. Hidden tests' messages say pass/fail, the named mistake and the
    service's hints, never a value, an index or an input.
@@ -40,6 +41,7 @@ from . import runtime as runtime_mod
 from .assignment import AXES, FUNCTIONS, STAGES_OF_CONFIG, Reference, call_arguments, reference_from_trace, \
     stages_of_answer
 from .config import Configuration, Course, Test
+from .reference import AnswerRefused, CheckOutcome, EngineSource, ServiceSource, SourceError, source_for
 from .sandbox import Call, Outcome, RunResult, SandboxError, run_base_for, run_calls
 
 MAX_SHOWN_FAILURES = 3  # configurations detailed in one test's message
@@ -93,15 +95,10 @@ class Verdict:
 # ----------------------------------------------------------------- helpers
 
 
-def make_client(course: Course) -> Any:
+def make_source(course: Course) -> EngineSource | ServiceSource:
+    """Where the references come from: the engine (``local``, the default) or the service at a URL."""
     url = os.environ.get("ATTENTION_TRACE_URL") or course.url
-    if url == "local":
-        from attention_trace.client import LocalClient
-
-        return LocalClient()
-    from attention_trace.client import Client
-
-    return Client(url, timeout=(3.05, course.timeout_seconds), retries=course.retries)
+    return source_for(url, course.timeout_seconds, course.retries)
 
 
 def default_hide(course: Course, extra: tuple[str, ...] = ()) -> list[str]:
@@ -181,8 +178,8 @@ def _nonfinite(arr: np.ndarray, ok: np.ndarray) -> tuple[str, list[int], int] | 
 
 
 def prepare(stage: str, arr: np.ndarray, ref: Reference) -> tuple[Any, str | None, str | None]:
-    """A student's stage as /check wants it (JSON lists, null for masked), or why it fails here already:
-    (values, problem, redacted problem)."""
+    """A student's stage as the check takes it, (float64 values, null: where it is masked), or why it
+    fails here already: (values, problem, redacted problem)."""
     expected = ref.expected_shape(stage)
     axes = AXES[stage]
     if arr.shape != expected and (arr.ndim > 3 or arr.size > 4 * math.prod(expected) + 4096 or arr.size == 0):
@@ -190,7 +187,7 @@ def prepare(stage: str, arr: np.ndarray, ref: Reference) -> tuple[Any, str | Non
             f"the shape is wrong: it should be [{axes}]"
     null = np.zeros(arr.shape, dtype=bool)
     if stage == "masked_scores":
-        null = np.isneginf(arr)  # -inf means masked (so do None and values ≤ -1e9, for /check)
+        null = np.isneginf(arr)  # -inf means masked (so do values ≤ -1e9 where the reference masks)
     finite = np.isfinite(arr) & (np.abs(np.where(np.isfinite(arr), arr, 0.0)) <= MAX_VALUE)
     bad = _nonfinite(arr, finite | null)
     if bad is not None:
@@ -200,19 +197,24 @@ def prepare(stage: str, arr: np.ndarray, ref: Reference) -> tuple[Any, str | Non
         what = "a value too large to compare" if value not in ("nan", "inf", "-inf") else value
         return None, (f"it holds {what} at {idx} ({axes}){more}: every value must be a finite number{only}"), \
             f"it holds {'NaN or infinite values' if value in ('nan', 'inf', '-inf') else 'values too large'}{only}"
-    values = np.where(null, None, arr).tolist() if null.any() else arr.tolist()
-    return values, None, None
+    values = np.where(null, 0.0, arr.astype(np.float64))  # masked entries: 0 in the values, carried by null
+    return (values, null), None, None
 
 
 # ----------------------------------------------------------------- the grader
 
 
 class Grader:
-    def __init__(self, course: Course, submission: Path, *, client: Any = None, seeds: dict[str, int] | None = None,
-                 hide: tuple[str, ...] = (), run_base: Path | None = None, log: Callable[[str], None] | None = None,
+    def __init__(self, course: Course, submission: Path, *, source: EngineSource | ServiceSource | None = None,
+                 client: Any = None, seeds: dict[str, int] | None = None, hide: tuple[str, ...] = (),
+                 run_base: Path | None = None, log: Callable[[str], None] | None = None,
                  runtime: runtime_mod.Runtime | None = None) -> None:
+        """``source``: where references come from (default: the course's, make_source); ``client``: an
+        attention-trace client to ask instead (a ServiceSource over it)."""
         self.course, self.submission = course, submission
-        self._client, self._own_client = client, client is None
+        if source is None and client is not None:
+            source = ServiceSource(client)
+        self._source, self._own_source = source, source is None
         self.fixed_seeds = dict(seeds or {})
         self.extra_hide = hide
         self.run_base = run_base
@@ -239,12 +241,11 @@ class Grader:
             out[name] = fixed.get(name, c.seed if c.seed is not None else secrets.randbelow(2**32))
         return out
 
-    def references(self, client: Any, seeds: dict[str, int], used: list[str]) -> dict[str, Reference]:
+    def references(self, source: EngineSource | ServiceSource, seeds: dict[str, int],
+                   used: list[str]) -> dict[str, Reference]:
         refs = {}
         for name in used:
-            c = self.course.configurations[name]
-            t = client.trace(c.request(seeds[name]), include_parameters=True)
-            refs[name] = reference_from_trace(t)
+            refs[name] = source.reference(self.course.configurations[name], seeds[name])
             if refs[name].n < 1:
                 raise Ungradable(f"configuration {name!r} has no tokens")
         return refs
@@ -280,11 +281,9 @@ class Grader:
                          limits=self.course.limits, hide=hide, deadline=deadline, run_base=self.run_base,
                          broken=broken)
 
-    def check(self, client: Any, seeds: dict[str, int], refs: dict[str, Reference], fname: str, cname: str,
-              answers: dict[str, np.ndarray]) -> dict[str, Verdict]:
-        """/check one function's answers on one configuration: a verdict per graded stage."""
-        from attention_trace.client import ClientError, ProblemError
-
+    def check(self, source: EngineSource | ServiceSource, seeds: dict[str, int], refs: dict[str, Reference],
+              fname: str, cname: str, answers: dict[str, np.ndarray]) -> dict[str, Verdict]:
+        """Check one function's answers on one configuration: a verdict per graded stage."""
         ref = refs[cname]
         c = self.course.configurations[cname]
         submission, local = {}, {}
@@ -296,39 +295,27 @@ class Grader:
                 local[stage] = Verdict(False, f"{stage}: {problem}", f"{stage}: {redacted}", kind="wrong")
             else:
                 submission[stage] = values
-        result = None
+        result: CheckOutcome | None = None
         if submission:
-            body = {**c.request(seeds[cname]), "submission": submission, **self.course.check}
             try:
-                result = client.check(body)
-            except ProblemError as e:
-                pointers = [str(x.get("pointer", "")) for x in (e.errors or []) if isinstance(x, dict)]
-                if e.status == 422 and pointers and all(p.startswith("/submission") for p in pointers):
-                    for stage in submission:
-                        local[stage] = Verdict(False, f"{stage}: the grading service refused these numbers: {e.detail}",
-                                               f"{stage}: the grading service refused these numbers")
-                    result = None
-                else:
-                    raise Ungradable(f"/check answered {e.status} {e.title}: {e.detail}") from None
-            except ClientError as e:
-                raise Ungradable(f"/check failed: {e}") from None
+                result = source.check(ref, c, seeds[cname], submission, self.course.check)
+            except AnswerRefused as e:
+                for stage in submission:
+                    local[stage] = Verdict(False, f"{stage}: the grading service refused these numbers: {e}",
+                                           f"{stage}: the grading service refused these numbers")
         verdicts: dict[str, Verdict] = dict(local)
         if result is not None:
-            raw = result.raw.get("diagnosis", {})
-            hints = [h if isinstance(h, str) else str(h.get("message", "")) for h in raw.get("hints") or []
-                     if isinstance(h, (str, dict))]
-            matches = list(result.diagnosis.matches or ([result.diagnosis.bug] if result.diagnosis.bug else []))
             for stage, sc in result.stages.items():
                 if sc.passed:
                     verdicts[stage] = Verdict(True, "", "", kind="ok")
                 else:
                     verdicts[stage] = Verdict(False, f"{stage}: {sc.message}", f"{stage}: wrong", kind="wrong",
-                                              bugs=matches, hints=[h for h in hints if h])
-            if not result.passed and not matches:
+                                              bugs=list(result.matches), hints=list(result.hints))
+            if not result.passed and not result.matches:
                 for v in verdicts.values():
                     if not v.passed and not v.hints:
-                        v.hints = [h for h in hints if h]
-                self._no_match_message.setdefault((fname, cname), result.diagnosis.message)
+                        v.hints = list(result.hints)
+                self._no_match_message.setdefault((fname, cname), result.diagnosis_message)
         return verdicts
 
     # ---------------------------------------------------------- the whole thing
@@ -336,17 +323,16 @@ class Grader:
     def grade(self) -> GradeResult:
         res = self.result
         t0 = time.monotonic()
-        client = None
+        source = None
         self._no_match_message: dict[tuple[str, str], str] = {}
         try:
-            client = self._client or make_client(self.course)
+            source = self._source or make_source(self.course)
             seeds = self.seeds()
             res.extra["seeds"] = seeds
             used = [n for n in self.course.configurations if any(n in t.configurations for t in self.course.tests)]
-            refs = self.references(client, seeds, used)
-            version = client.version()  # the known mistakes' summaries, to name them
-            bugs = dict(version.get("bugs", {}))
-            res.extra["engine_version"] = version.get("engine_version")
+            refs = self.references(source, seeds, used)
+            bugs = source.bug_summaries  # the known mistakes' summaries, to name them
+            res.extra["engine_version"] = source.engine_version
             self.log(f"grader: core {Path(__file__).resolve().parent}, course {self.course.path}")
             self.log(f"grader: {len(used)} configurations, seeds {seeds}")
             runtime = self.runtime or runtime_mod.build(Path(self.course.runtime) if self.course.runtime else None)
@@ -378,23 +364,19 @@ class Grader:
             outcomes: dict[Any, Outcome] = {}
             for r in runs.values():
                 outcomes.update(r.outcomes)
-            verdicts = self.verdicts(client, seeds, refs, pairs, outcomes, start)
+            verdicts = self.verdicts(source, seeds, refs, pairs, outcomes, start)
             self.score(verdicts, seeds, bugs, runs)
-        except Ungradable as e:
+        except (Ungradable, SourceError) as e:
             return self.ungradable(str(e))
         except SandboxError as e:
             return self.ungradable(f"the sandbox failed: {e}")
-        except Exception as e:  # noqa: BLE001 - a bug here, or the service: never the student's fault
-            from attention_trace.client import ClientError
-
-            if isinstance(e, ClientError):
-                return self.ungradable(f"the attention-trace service failed: {e}")
+        except Exception as e:  # noqa: BLE001 - a bug here, or in the reference: never the student's fault
             self.log("grader: internal error:\n" + traceback.format_exc())
             return self.ungradable(f"the autograder failed ({type(e).__name__}: {e})")
         finally:
             res.extra["seconds"] = round(time.monotonic() - t0, 3)
-            if client is not None and self._own_client:
-                client.close()
+            if source is not None and self._own_source:
+                source.close()
         return res
 
     def record_runs(self, runs: dict[str, RunResult]) -> None:
@@ -413,7 +395,7 @@ class Grader:
         if "protected" in runs and runs["protected"].output_total:
             res.extra["protected_output_bytes"] = runs["protected"].output_total
 
-    def verdicts(self, client: Any, seeds: dict[str, int], refs: dict[str, Reference],
+    def verdicts(self, source: EngineSource | ServiceSource, seeds: dict[str, int], refs: dict[str, Reference],
                  pairs: dict[tuple[str, str], set[str]], outcomes: dict[Any, Outcome],
                  start: Outcome) -> dict[tuple[str, str], dict[str, Verdict]]:
         """Per (function, configuration): a verdict per stage it is graded as."""
@@ -429,7 +411,7 @@ class Grader:
                     answers.update(stages_of_answer(o.arrays, part))
                 else:
                     failed[part.stage] = outcome_verdict(o, fname)
-            v = self.check(client, seeds, refs, fname, cname, answers) if answers else {}
+            v = self.check(source, seeds, refs, fname, cname, answers) if answers else {}
             v.update(failed)
             if fname == "multi_head_attention":
                 for s in STAGES_OF_CONFIG:

@@ -99,6 +99,7 @@ class Reference:
     d_k: int
     n: int
     raw_config: dict[str, Any]
+    trace: Any = None  # the engine's Trace, when the engine made it (its diagnosis recomputes from it)
 
     def get(self, name: str) -> Any:
         if name == "d_k":
@@ -122,6 +123,22 @@ def reference_from_trace(trace: Any) -> Reference:
     arrays.update(W_Q=p.W_Q, W_K=p.W_K, W_V=p.W_V, W_O=p.W_O)
     cfg = trace.config
     return Reference(arrays, bool(cfg.causal), int(cfg.d_k), int(cfg.n_tokens), dict(trace.raw["config"]))
+
+
+def reference_from_engine(t: Any) -> Reference:
+    """From the engine's Trace (every stage, the parameters): the same arrays as a /trace answer's."""
+    arrays = {}
+    for sid, st in t.stages.items():
+        if sid in ("tokens", "context_tokens"):
+            continue
+        a = np.array(st.values, dtype=np.float64)
+        if st.mask is not None:
+            a[np.broadcast_to(st.mask, a.shape)] = np.nan  # masked: NaN, as the client reads a null
+        arrays[sid] = a
+    p = t.parameters
+    arrays.update(W_Q=p.W_Q, W_K=p.W_K, W_V=p.W_V, W_O=p.W_O)
+    cfg = t.config
+    return Reference(arrays, bool(cfg.causal), int(cfg.d_k), int(t.n_tokens), {}, trace=t)
 
 
 def call_arguments(part: Part, ref: Reference) -> tuple[dict[str, np.ndarray], list[dict], dict[str, dict]]:
@@ -150,4 +167,4 @@ def stages_of_answer(arrays: dict[str, np.ndarray], part: Part) -> dict[str, np.
 
 
 __all__ = ["AXES", "FUNCTIONS", "Function", "Part", "Reference", "STAGES_OF_CONFIG", "call_arguments",
-           "reference_from_trace", "stages_of_answer"]
+           "reference_from_engine", "reference_from_trace", "stages_of_answer"]

@@ -1,16 +1,17 @@
-"""Command line of the grading core.
+"""Command line of the grader: ``attention-trace-grade`` (or ``python -m grader``).
 
-    python -m grading setup-sandbox [--runtime DIR] [--force]
+    attention-trace-grade setup-sandbox [--runtime DIR] [--force]
         Build the student runtime (stdlib + numpy, readable by any uid) and prove it: start a
         sandboxed process as it will run in production (dropped uid, namespaces, limits), import
         numpy in it and compute. Prints what the sandbox could and could not do here. Exit 1 if
         the sandbox does not work.
 
-    python -m grading grade COURSE.toml SUBMISSION_DIR [--json OUT] [--seed NAME=SEED ...]
+    attention-trace-grade grade COURSE.toml SUBMISSION_DIR [--json OUT] [--seed NAME=SEED ...]
         Grade one submission; print the result (JSON with --json).
 
-    python -m grading selftest [COURSE.toml]
-        Load the course file and grade the shipped correct student with it: full marks expected.
+    attention-trace-grade selftest [COURSE.toml]
+        Load the course file (default: the shipped course.toml) and grade the shipped correct student
+        with it: full marks expected.
 """
 
 from __future__ import annotations
@@ -24,12 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-if __package__ in (None, ""):  # run as a script: make the package importable
-    sys.path.insert(0, str(HERE.parent))
-    __package__ = "grading"
+from . import config, core, runtime, sandbox
 
-from grading import config, core, runtime, sandbox  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 PROBE = '''
 import numpy as np
@@ -105,7 +103,7 @@ def selftest(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m grading", description=__doc__,
+    ap = argparse.ArgumentParser(prog="attention-trace-grade", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("setup-sandbox", help="build the student runtime and check the sandbox")

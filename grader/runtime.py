@@ -24,7 +24,7 @@ finds its prefix from the binary's location (``lib/python3.X/os.py`` next to
 it), and ``LD_LIBRARY_PATH`` points the dynamic loader at the copied
 libpython before the binary's RUNPATH (which names the original under /root).
 
-Build it with ``python -m grading setup-sandbox`` (the platforms' setup scripts
+Build it with ``attention-trace-grade setup-sandbox`` (the platforms' setup scripts
 and the tests do); it is idempotent and atomic (built aside, then renamed).
 """
 

@@ -2,7 +2,7 @@
 
 See ``course.toml`` next to this file for a complete, commented example. Every
 mistake in it is reported with where it is (``ConfigError``), when the grader
-loads it, before any student code runs; ``python -m grading selftest`` loads it
+loads it, before any student code runs; ``attention-trace-grade selftest`` loads it
 and grades the shipped students with it.
 """
 
@@ -18,8 +18,9 @@ from .assignment import FUNCTIONS, STAGES_OF_CONFIG
 from .sandbox import Limits
 
 VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")
-#: /check fields a course may set in [check]; the service validates their values
+#: /check's tolerance fields a course may set in [check], with the largest value /check accepts
 CHECK_FIELDS = ("metric", "rtol", "atol", "stage_rtol", "threshold")
+CHECK_BOUNDS = {"rtol": 1.0, "atol": 1e6, "stage_rtol": 1.0, "threshold": 1.0}
 MAX_SEED = 2**32 - 1
 
 
@@ -185,8 +186,17 @@ def parse(doc: dict[str, Any], path: Path | None = None) -> Course:
                 raise ConfigError(f'[check]: `metric` must be "allclose" or "rel_error", got {v!r}')
         elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ConfigError(f"[check]: `{k}` must be a non-negative number, got {v!r}")
+        elif v > CHECK_BOUNDS[k]:
+            raise ConfigError(f"[check]: `{k}` must be at most {CHECK_BOUNDS[k]:g}, got {v!r}")
         else:
             check[k] = float(v)
+    allclose = [k for k in ("rtol", "atol", "stage_rtol") if k in check]
+    if check.get("metric") == "rel_error" and allclose:
+        raise ConfigError(f'[check]: `{allclose[0]}` belongs to metric "allclose"; metric "rel_error" takes '
+                          "`threshold`")
+    if check.get("metric") != "rel_error" and "threshold" in check:
+        raise ConfigError('[check]: `threshold` belongs to metric "rel_error"; add metric = "rel_error", or give '
+                          "rtol, atol and stage_rtol for allclose")
 
     lim = doc.get("limits", {})
     defaults = Limits()
