@@ -10,7 +10,7 @@ import pytest
 from grading_support import GRADING
 
 from engine.tokenize import tokenize
-from grading import config
+from grader import config
 
 COURSES = sorted(GRADING.glob("*.toml"))
 
