@@ -70,8 +70,8 @@ from service.settings import CHECK_PATHS, Settings
 #: limits (limit_request_line, limit_request_field_size, limit_request_fields)
 #: apply within it
 MAX_HEAD = 64 * 1024
-#: a body no larger than this may always be read, even when the worker's input
-#: buffer is full (small requests are never starved by large slow ones)
+#: a body no larger than this is always read, whatever the worker holds (small requests are never starved
+#: by large slow ones); a larger one first reserves its size in max_buffered (BufferedWorker._reserve)
 SMALL_BODY = 64 * 1024
 SEND_CHUNK = 256 * 1024
 #: a connection younger than this is never dropped to make room (its request may still be on the way)
@@ -148,7 +148,7 @@ class OutBuffer:
 
 class Conn:
     __slots__ = ("sock", "fd", "addr", "server", "state", "source", "head", "chunked", "accepted", "phase_start",
-                 "last_progress", "received", "body_start", "large", "paused_at", "resume_deadline", "req",
+                 "last_progress", "received", "body_start", "reserved", "paused_at", "resume_deadline", "expects", "req",
                  "parser", "need", "deadline", "out", "out_pos", "out_left", "out_size", "keep", "close_after",
                  "request_start", "lane", "queued_at", "events", "linger_until", "served")
 
@@ -172,9 +172,10 @@ class Conn:
         self.last_progress = now
         self.received = len(leftover)
         self.body_start = 0  # self.received when the head ended
-        self.large = False  # a body that may be held back when the worker's buffers are full (SMALL_BODY)
+        self.reserved = 0  # bytes of max_buffered this request's body holds (a body over SMALL_BODY)
         self.paused_at = 0.0  # when reading was paused for buffer room (0: not paused)
         self.resume_deadline = 0.0
+        self.expects = False  # the client waits for 100 Continue (sent when a paused body is let in)
         self.req = None
         self.parser = None
         self.need = 0
@@ -226,7 +227,6 @@ class BufferedWorker(base.Worker):
         self.accepting = False
         self.next_accept_look = 0.0
         self.paused: deque[Conn] = deque()  # bodies waiting for room in the buffers (max_buffered)
-        self.total_buffered: int | None = None  # bytes held for all connections (computed once a loop turn)
         self.nr_lock = threading.Lock()
         super().init_process()
 
@@ -247,7 +247,6 @@ class BufferedWorker(base.Worker):
             now = time.monotonic()
             if self._heartbeat_ok(now):
                 self.notify()
-            self.total_buffered = None
             if not self.alive:
                 if stop_by is None:
                     stop_by = now + self.cfg.graceful_timeout
@@ -437,9 +436,6 @@ class BufferedWorker(base.Worker):
             return
         if conn.state not in ("head", "body"):
             return
-        if conn.state == "body" and conn.large and self._input_full():
-            self._pause(conn)
-            return
         data = self._recv(conn)
         if data is None:
             return
@@ -454,8 +450,6 @@ class BufferedWorker(base.Worker):
         now = time.monotonic()
         conn.received += len(data)
         conn.last_progress = now
-        if self.total_buffered is not None:
-            self.total_buffered += len(data)
         if conn.chunked is not None:
             self._feed_chunked(conn, now, data)
             return
@@ -506,7 +500,6 @@ class BufferedWorker(base.Worker):
             return
         length = reader.length if isinstance(reader, LengthReader) else 0  # gunicorn: no body is length 0
         conn.need = head_size + length
-        conn.large = length > SMALL_BODY
         if length > limit:
             # Refused unread: the app answers 413 from Content-Length alone. No 100 Continue.
             conn.close_after = True
@@ -514,6 +507,10 @@ class BufferedWorker(base.Worker):
             return
         conn.deadline = now + LIMITS.body_timeout + length / LIMITS.min_body_rate
         if length and len(conn.source.buf) < conn.need:
+            if length > SMALL_BODY and not self._reserve(conn, length):
+                conn.expects = expects_continue  # 100 Continue when it is let in
+                self._pause(conn)
+                return
             self._continue(conn, expects_continue)
         self._advance(conn, now)
 
@@ -542,20 +539,35 @@ class BufferedWorker(base.Worker):
         if body.done:
             conn.req.body = body.request_body()
             self._submit(conn, now)
-        elif body.buffered > SMALL_BODY:
-            conn.large = True
+        elif body.buffered > SMALL_BODY and not conn.reserved and not self._reserve(conn, body.limit):
+            self._pause(conn)  # its size is unknown: it reserves its limit
 
     # ------------------------------------------------------------------ input buffer room
 
-    def _input_full(self) -> bool:
-        """The worker holds max_buffered bytes of requests and answers (computed once a loop turn)."""
-        if self.total_buffered is None:
-            self.total_buffered = sum(c.buffered for c in self.conns.values())
-        return self.total_buffered >= LIMITS.max_buffered
+    def _room(self, conn: Conn) -> tuple[int, bool]:
+        """(bytes of max_buffered not held by answers or reserved by other bodies, whether others reserve any)."""
+        held = others = 0
+        for c in self.conns.values():
+            if c is not conn:
+                others += c.reserved
+            if c.out is not None:
+                held += c.out_left
+        return LIMITS.max_buffered - held - others, others > 0
+
+    def _reserve(self, conn: Conn, size: int) -> bool:
+        """Reserve room for a body of `size` bytes before reading it: while request bodies and answers
+        hold max_buffered, a large body waits unread (TCP holds its client back) until an answer or a
+        body leaves. The first body is always let in (so one always makes progress, whatever its size),
+        and a reserved body is always read to its end, so bodies never wait for each other in a circle."""
+        room, others = self._room(conn)
+        if others and size > room:
+            return False
+        conn.reserved = size
+        return True
 
     def _pause(self, conn: Conn) -> None:
-        """Stop reading a large body until there is room (TCP holds the client back meanwhile). Its
-        clocks stop too: the wait is the server's, not the client's; after queue_timeout it gets 503."""
+        """Wait, unread, for room. The body's clocks stop meanwhile (the wait is the server's, not the
+        client's); after queue_timeout it gets 503 with Retry-After."""
         now = time.monotonic()
         self._watch(conn, 0)
         conn.paused_at = now
@@ -564,23 +576,24 @@ class BufferedWorker(base.Worker):
         self.paused.append(conn)
 
     def _resume_paused(self) -> None:
-        """Read paused bodies again, oldest first, as far as the room allows (a read is at most 64 KiB)."""
-        if not self.paused:
-            return
-        self.total_buffered = None
-        room = LIMITS.max_buffered - (sum(c.buffered for c in self.conns.values()))
+        """Let waiting bodies in, oldest first, as their reservations fit."""
         now = time.monotonic()
-        while self.paused and room > 0:
-            conn = self.paused.popleft()
+        while self.paused:
+            conn = self.paused[0]
             if self.conns.get(conn.fd) is not conn or not conn.paused_at:
+                self.paused.popleft()
                 continue
+            if not self._reserve(conn, conn.chunked.limit if conn.chunked is not None else conn.need):
+                return
+            self.paused.popleft()
             waited = now - conn.paused_at
             conn.phase_start += waited
             conn.last_progress += waited
             conn.deadline = conn.resume_deadline + waited
             conn.paused_at = 0.0
+            self._continue(conn, conn.expects)
+            conn.expects = False
             self._watch(conn, selectors.EVENT_READ)
-            room -= 65536
 
     # ------------------------------------------------------------------ clients that are gone
 
@@ -754,6 +767,7 @@ class BufferedWorker(base.Worker):
         conn.keep = keep  # what the answer said: a stopping worker still answers a request already sent
         conn.source = Feed(bytearray(leftover))
         conn.chunked = None
+        conn.reserved = 0  # the body is no longer held
         conn.last_progress = now
         conn.deadline = now + LIMITS.send_timeout
         self._make_room(conn)

@@ -266,3 +266,56 @@ def test_a_chunked_body_split_anywhere_is_answered_the_same(one_worker):
                 time.sleep(0.001)
             raw = parse_raw(read_answer(s, 5.0), 0.0)
         assert raw.status == 200 and raw.body == reference, (step, raw.status, raw.body[:200])
+
+
+# ------------------------------------------------------------------ finding 3: bodies arriving are bounded
+
+
+def test_request_bodies_arriving_are_bounded_by_max_buffered():
+    """Finding 3: 60 connections declaring 16 MiB to /check and sending it pushed the workers to 563 and
+    629 MiB: only answers counted against max_buffered. Now a body over 64 KiB reserves its size before
+    it is read: with max_buffered at 8 MiB, twelve 6 MiB bodies are read one or two at a time (TCP holds
+    the others back), the worker's memory stays near 8 MiB over its idle size, every client is answered,
+    and /health stays fast meanwhile."""
+    server = Gunicorn(workers=1, env={"GUNICORN_MAX_BUFFERED": str(8 * 1024 * 1024)})
+    try:
+        pid = worker_pids(server)[0]
+        base = rss(pid)
+        size = 6 * 1024 * 1024
+        body = b"[" + b"1," * (size // 2 - 1) + b"1]"
+        head = (f"POST /check HTTP/1.1\r\nHost: x\r\nContent-Type: {JSON}\r\nConnection: close\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        answers: list[int] = []
+        peak = [base]
+        stop = threading.Event()
+
+        def upload() -> None:
+            with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+                s.sendall(head + body)
+                answers.append(parse_raw(read_answer(s, 30.0), 0.0).status)
+
+        def watch() -> None:
+            while not stop.is_set():
+                peak[0] = max(peak[0], rss(pid))
+                time.sleep(0.01)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        clients = [threading.Thread(target=upload) for _ in range(12)]
+        for t in clients:
+            t.start()
+        worst = 0.0
+        while any(t.is_alive() for t in clients):
+            worst = max(worst, health_within(server, 2.0))
+            time.sleep(0.05)
+        for t in clients:
+            t.join(60)
+        stop.set()
+        watcher.join()
+    finally:
+        server.stop()
+    grew = peak[0] - base
+    print(f"answers {sorted(answers)}, grew {grew >> 20} MiB, /health worst {worst:.3f} s")
+    assert len(answers) == 12 and all(400 <= s < 500 for s in answers), answers  # the app read each body
+    assert grew < 40 * 1024 * 1024, f"the worker grew by {grew >> 20} MiB for 72 MiB of bodies"
+    assert worst < 1.0, worst
