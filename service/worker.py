@@ -62,6 +62,7 @@ from gunicorn.http.errors import (
 )
 from gunicorn.workers import base
 
+from service import _REQUEST_ID
 from service.framing import BodyTooLarge, ChunkedBody, Feed, HeadReader, TooManyChunks
 from service.gunicorn_support import problem_response
 from service.settings import CHECK_PATHS, Settings
@@ -619,7 +620,7 @@ class BufferedWorker(base.Worker):
         self._gone(conn, "in the queue")
 
     def _gone(self, conn: Conn, where: str) -> None:
-        self._log_refusal(conn, 499, "Client Closed Request", conn.req, 0, uuid.uuid4().hex,
+        self._log_refusal(conn, 499, "Client Closed Request", conn.req, 0, _request_id(conn.req),
                           f"the client closed the connection while its request waited {where}; not computed")
         self._close(conn)
 
@@ -922,7 +923,7 @@ class BufferedWorker(base.Worker):
     def _reject(self, conn: Conn, status: int, reason: str, *, req: Any = None, why: str, detail: str,
                 retry_after: int | None = None) -> None:
         """Answer a refusal the server makes itself (problem+json), log it, and close."""
-        request_id = uuid.uuid4().hex
+        request_id = _request_id(req)
         body = problem_response(status, reason, detail, request_id, retry_after=retry_after)
         self._log_refusal(conn, status, reason, req, len(body), request_id, why)
         conn.close_after = True
@@ -1028,6 +1029,12 @@ def _tune_malloc() -> None:
         return  # not glibc
     libc.mallopt(-8, 2)  # M_ARENA_MAX
     libc.mallopt(-3, 4 * 1024 * 1024)  # M_MMAP_THRESHOLD
+
+
+def _request_id(req: Any) -> str:
+    """The caller's X-Request-ID when it is well formed (as the app answers it), else a new one."""
+    given = _header(req, "X-REQUEST-ID")
+    return given if given and _REQUEST_ID.match(given) else uuid.uuid4().hex
 
 
 def _header(req: Any, name: str) -> str | None:
