@@ -499,3 +499,17 @@ def test_a_recycled_worker_loses_no_request_on_kept_alive_or_pipelined_connectio
           f"{sum(c.reconnects for c in clients + pipeliners)} connections")
     assert recycled >= 8
     assert lost == 0 and not bad, (lost, bad[:5])
+
+
+def test_the_load_test_recycles_workers_under_kept_alive_and_pipelined_load():
+    """scripts/loadtest with kept-alive and pipelining clients (finding 5: it sent only Connection: close,
+    so it could not see losses at a recycle) and workers recycled every 150 requests: nothing lost."""
+    from test_worker_kill import load_script
+
+    loadtest = load_script("loadtest")
+    rep = loadtest.run(duration=6, threads=2, keepalive=3, pipeline=1, workers=2, max_requests=150, timeout=20,
+                       seed=9)
+    loadtest.print_report(rep)
+    assert rep["workers_recycled"] >= 2, rep["workers_recycled"]
+    assert rep["connection_errors"] == 0 and rep["timeouts"] == 0 and rep["status_5xx"] == 0
+    assert rep["not_identical"] == 0 and rep["passed"], rep["problems"]
