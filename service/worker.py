@@ -10,6 +10,13 @@ event loop per worker (``selectors``, in the main thread) does all the
 socket I/O, non-blocking and under deadlines; the application runs in two
 threads only on requests that have fully arrived:
 
+- **framing**: none of it here. gunicorn's own parser (``Request``) and body
+  readers (``LengthReader``, ``ChunkedReader``) decide every byte, fed the
+  bytes received so far as they arrive (service/framing.py): a bare LF, a
+  chunk size that is not hex, a missing CRLF are refused at once, as stock
+  gunicorn refuses them; a declared chunk counts against the body limit when
+  its size line is parsed (413 before its data), and a chunked body is
+  decoded as it arrives (its raw bytes dropped);
 - **reading**: the request head must arrive within ``header_timeout`` seconds
   of the connection (or of the previous response, on a kept-alive
   connection), at most 64 KiB; the body at no less than ``min_body_rate``
@@ -17,21 +24,35 @@ threads only on requests that have fully arrived:
   longer than ``body_timeout``. ``Content-Length`` above the service's body limit is
   handed to the app at once (it answers 413) without reading the body, and
   ``Expect: 100-continue`` is answered only after that check;
+- **buffering**: request bodies and answers held for clients are bounded per
+  worker (``max_buffered``). A body over 64 KiB first reserves its size (a
+  chunked one its limit): while bodies and answers hold ``max_buffered``, it
+  waits unread (TCP holds its client back, its clocks stop), 503 after
+  ``queue_timeout``; the first body is always let in, and a reserved body is
+  read to its end, so bodies never wait for each other. Answers over the
+  bound: the most stalled reader is cut off first. Heads and small bodies
+  (64 KiB each) are read regardless;
 - **admission**: a complete request goes to a *lane*. GET/HEAD/OPTIONS (health
   probes, /version, the viewer) have their own thread, so they never wait
   behind a trace; everything else queues for the *work* thread, at most
   ``max_queue`` deep and ``queue_timeout`` seconds old, else an immediate 503
-  with Retry-After (a proxy retries it on another replica);
+  with Retry-After (a proxy retries it on another replica). A queued request
+  whose client hangs up leaves the queue uncomputed, and a lane checks the
+  socket again before it computes (logged 499, as nginx does);
 - **writing**: the response is rendered into memory and sent as the client
   reads it; a client that reads nothing for ``send_timeout`` seconds is cut
-  off. Buffered output and input are bounded per worker (``max_buffered``):
-  above it, the most stalled reader is cut off first;
+  off;
 - **capacity**: at most ``worker_connections`` connections per worker; when
   full, the slowest connection still sending its request is dropped to make
   room, so idle and slow clients cannot lock others out;
+- **stopping** (``max_requests``, SIGTERM): no new connection is taken; every
+  request already sent is answered, pipelined ones too (the last answer says
+  "close"); a kept-alive connection quiet for ``DRAIN_QUIET`` (1 s) after its
+  last answer is closed with a FIN and a lingering read, never a reset;
 - **logging**: every request the server refuses or cuts off itself (400, 408,
-  413, 414, 417, 431, 501, 503) gets a JSON access-log line with the client's
-  address, as answered requests do, plus a warning in the error log.
+  413, 414, 417, 431, 499, 501, 503) gets a JSON access-log line with the
+  client's address (and its X-Request-ID when well formed), as answered
+  requests do, plus a warning in the error log.
 
 A request that runs longer than gunicorn's ``timeout`` stops the worker's
 heartbeat, so the arbiter replaces the worker as it would a sync worker.
