@@ -732,9 +732,8 @@ class BufferedWorker(base.Worker):
         # Close after this answer when the worker is stopping (max_requests, SIGTERM) or after keepalive_requests
         # (the client reconnects, to whichever worker is least busy); but not while requests the client has
         # pipelined are here already: those are answered first, and the last of them says "close".
-        last = not self._pipelined(conn)
         if not self.cfg.keepalive or conn.close_after or conn.served >= 2 * LIMITS.keepalive_requests or \
-                (last and (not self.alive or conn.served >= LIMITS.keepalive_requests)):
+                ((not self.alive or conn.served >= LIMITS.keepalive_requests) and not self._pipelined(conn)):
             resp.force_close()
         respiter = self.wsgi(environ, resp.start_response)
         try:
