@@ -7,14 +7,15 @@ Environment:
                       worker is killed and replaced (default 30): a runaway request
   GUNICORN_HEADER_TIMEOUT  seconds a client has to send a request head (default 10)
   GUNICORN_BODY_TIMEOUT    longest pause in a request body, and its grace period
-                      before the minimum rate of 64 KiB/s applies (default 10)
+                      before the minimum rate of 16 KiB/s applies (default 10)
   GUNICORN_SEND_TIMEOUT    longest a client may read nothing of its answer (default 10)
   GUNICORN_WORKER_CONNECTIONS  open connections per worker (default 256); when
                       full, the slowest client still sending its request is dropped
   GUNICORN_MAX_QUEUE  complete requests waiting for a worker's compute thread
                       before it answers 503 (default 16)
-  GUNICORN_MAX_BUFFERED  bytes of requests and answers a worker holds for slow
-                      clients before it cuts the most stalled one off (default 64 MiB)
+  GUNICORN_MAX_BUFFERED  bytes of request bodies and answers a worker holds
+                      (default 64 MiB): a body over 64 KiB waits, unread, for room
+                      (503 after 15 s); over it, the most stalled reader is cut off
   GUNICORN_MAX_REQUESTS  requests after which a worker is replaced (default 2000,
                       plus up to 10 % jitter; 0 = never): returns heap fragmentation
   LOG_LEVEL           gunicorn error-log level (default info)
@@ -27,8 +28,9 @@ Environment:
 The worker class is service.worker.BufferedWorker: it reads each request whole,
 under deadlines, before the application sees it, and writes each answer as
 the client reads it, so slow or idle clients cost a socket, not a worker
-(docs/reliability.md, "Slow clients"). It serves plain HTTP/1.x: TLS ends at
-the proxy.
+(docs/reliability.md, "Slow clients"). gunicorn's own parser and body readers
+do all the HTTP framing, fed as bytes arrive (service/framing.py). It serves
+plain HTTP/1.x: TLS ends at the proxy.
 """
 
 import os

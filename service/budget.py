@@ -24,6 +24,12 @@ is within it by construction (its numbers are bounded by ``max_trace_values``
 and its weights by ``max_d_model``); a batch must fit in it as a whole.
 Compression is bounded separately, by what the request has already cost
 (service/compression.py): it can at most double a request's CPU.
+
+``/trace/html`` embeds its trace (and, when the budget allows, the
+scale-flipped comparison trace) in the viewer's page: ``page_cost`` counts
+those traces plus one unit a number for the page itself (escaping and copying
+the JSON into the page, measured ~10 ns a number, and the page's second copy of
+the JSON in memory). A page over the budget is refused before any work.
 """
 
 from __future__ import annotations
@@ -60,3 +66,9 @@ def cost(path: str, specs: Iterable[Any]) -> int:
             weights.add(key)
             total += weight_cost(spec.d_model)
     return total
+
+
+def page_cost(specs: Iterable[Any]) -> int:
+    """The cost of /trace/html's page for these validated /trace requests (the trace, then its comparison)."""
+    specs = list(specs)
+    return cost("/trace", specs) + sum(int(getattr(spec, "_value_count", 0) or 0) for spec in specs)

@@ -70,7 +70,7 @@ def trace_html() -> Response:
     from .api import parse_body, read_json_body, settings
     from .models import TraceRequest
     from .problems import ProblemError
-    from .standalone import comparison_request, export_filename, render_html
+    from .standalone import comparison_request, export_filename, render_html_bytes
 
     raw = read_json_body()
     req = parse_body(TraceRequest, raw)
@@ -79,16 +79,28 @@ def trace_html() -> Response:
         raise ProblemError(422, "Invalid request", f"/stages: {message}", kind="validation-error",
                            errors=[{"pointer": "/stages", "type": "export_needs_every_stage", "message": message}])
     limits = settings()
+    # The page's cost, before any work (service/budget.py): over the budget, refused.
+    work = budget.page_cost([req])
+    if work > limits.max_request_cost:
+        raise ProblemError(422, "Invalid request",
+                           f"the page for this trace would cost {work} units of work, above the limit of "
+                           f"{limits.max_request_cost}; use fewer tokens, a smaller d_model or fewer heads "
+                           "(POST /trace answers the trace itself)",
+                           kind="validation-error",
+                           errors=[{"pointer": "", "type": "page_too_costly",
+                                    "message": f"{work} units; the limit is {limits.max_request_cost}"}])
     body = orjson.loads(raw)
-    doc = core.trace_document(req)
     # The "why divide by √d_k" comparison, as the viewer asks for it; left out when both traces together would
     # exceed one request's work budget (the page then says it holds none).
     alt = parse_body(TraceRequest, orjson.dumps(comparison_request(body)))
-    work = budget.cost("/trace", [req, alt])
-    comparison = core.trace_document(alt) if work <= limits.max_request_cost else None
-    g.cpu_estimate = compression.estimate_s(work if comparison is not None else budget.cost("/trace", [req]))
-    page = render_html(doc, body, comparison=comparison)
-    resp = current_app.response_class(page.encode("utf-8"), mimetype="text/html")
+    with_alt = budget.page_cost([req, alt])
+    compare = with_alt <= limits.max_request_cost
+    work = with_alt if compare else work
+    doc = core.trace_document(req)
+    comparison = core.trace_document(alt) if compare else None
+    g.cpu_estimate = compression.estimate_s(work)
+    page = render_html_bytes(doc, body, comparison=comparison)
+    resp = current_app.response_class(page, mimetype="text/html")
     resp.headers["Content-Type"] = "text/html; charset=utf-8"
     resp.headers["Content-Disposition"] = f'attachment; filename="{export_filename(doc, body)}"'
     return resp

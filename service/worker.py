@@ -10,6 +10,13 @@ event loop per worker (``selectors``, in the main thread) does all the
 socket I/O, non-blocking and under deadlines; the application runs in two
 threads only on requests that have fully arrived:
 
+- **framing**: none of it here. gunicorn's own parser (``Request``) and body
+  readers (``LengthReader``, ``ChunkedReader``) decide every byte, fed the
+  bytes received so far as they arrive (service/framing.py): a bare LF, a
+  chunk size that is not hex, a missing CRLF are refused at once, as stock
+  gunicorn refuses them; a declared chunk counts against the body limit when
+  its size line is parsed (413 before its data), and a chunked body is
+  decoded as it arrives (its raw bytes dropped);
 - **reading**: the request head must arrive within ``header_timeout`` seconds
   of the connection (or of the previous response, on a kept-alive
   connection), at most 64 KiB; the body at no less than ``min_body_rate``
@@ -17,21 +24,35 @@ threads only on requests that have fully arrived:
   longer than ``body_timeout``. ``Content-Length`` above the service's body limit is
   handed to the app at once (it answers 413) without reading the body, and
   ``Expect: 100-continue`` is answered only after that check;
+- **buffering**: request bodies and answers held for clients are bounded per
+  worker (``max_buffered``). A body over 64 KiB first reserves its size (a
+  chunked one its limit): while bodies and answers hold ``max_buffered``, it
+  waits unread (TCP holds its client back, its clocks stop), 503 after
+  ``queue_timeout``; the first body is always let in, and a reserved body is
+  read to its end, so bodies never wait for each other. Answers over the
+  bound: the most stalled reader is cut off first. Heads and small bodies
+  (64 KiB each) are read regardless;
 - **admission**: a complete request goes to a *lane*. GET/HEAD/OPTIONS (health
   probes, /version, the viewer) have their own thread, so they never wait
   behind a trace; everything else queues for the *work* thread, at most
   ``max_queue`` deep and ``queue_timeout`` seconds old, else an immediate 503
-  with Retry-After (a proxy retries it on another replica);
+  with Retry-After (a proxy retries it on another replica). A queued request
+  whose client hangs up leaves the queue uncomputed, and a lane checks the
+  socket again before it computes (logged 499, as nginx does);
 - **writing**: the response is rendered into memory and sent as the client
   reads it; a client that reads nothing for ``send_timeout`` seconds is cut
-  off. Buffered output and input are bounded per worker (``max_buffered``):
-  above it, the most stalled reader is cut off first;
+  off;
 - **capacity**: at most ``worker_connections`` connections per worker; when
   full, the slowest connection still sending its request is dropped to make
   room, so idle and slow clients cannot lock others out;
+- **stopping** (``max_requests``, SIGTERM): no new connection is taken; every
+  request already sent is answered, pipelined ones too (the last answer says
+  "close"); a kept-alive connection quiet for ``DRAIN_QUIET`` (1 s) after its
+  last answer is closed with a FIN and a lingering read, never a reset;
 - **logging**: every request the server refuses or cuts off itself (400, 408,
-  413, 414, 417, 431, 501, 503) gets a JSON access-log line with the client's
-  address, as answered requests do, plus a warning in the error log.
+  413, 414, 417, 431, 499, 501, 503) gets a JSON access-log line with the
+  client's address (and its X-Request-ID when well formed), as answered
+  requests do, plus a warning in the error log.
 
 A request that runs longer than gunicorn's ``timeout`` stops the worker's
 heartbeat, so the arbiter replaces the worker as it would a sync worker.
@@ -54,7 +75,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from gunicorn import http
 from gunicorn.http import wsgi
 from gunicorn.http.body import ChunkedReader, LengthReader
 from gunicorn.http.errors import (
@@ -63,6 +83,8 @@ from gunicorn.http.errors import (
 )
 from gunicorn.workers import base
 
+from service import _REQUEST_ID
+from service.framing import BodyTooLarge, ChunkedBody, Feed, HeadReader, TooManyChunks
 from service.gunicorn_support import problem_response
 from service.settings import CHECK_PATHS, Settings
 
@@ -70,8 +92,8 @@ from service.settings import CHECK_PATHS, Settings
 #: limits (limit_request_line, limit_request_field_size, limit_request_fields)
 #: apply within it
 MAX_HEAD = 64 * 1024
-#: a body no larger than this may always be read, even when the worker's input
-#: buffer is full (small requests are never starved by large slow ones)
+#: a body no larger than this is always read, whatever the worker holds (small requests are never starved
+#: by large slow ones); a larger one first reserves its size in max_buffered (BufferedWorker._reserve)
 SMALL_BODY = 64 * 1024
 SEND_CHUNK = 256 * 1024
 #: a connection younger than this is never dropped to make room (its request may still be on the way)
@@ -85,6 +107,8 @@ ACCEPT_POLL = 0.02
 #: worker while the other cores idled (measured: 4 connections on 1 of 2 workers, half the throughput).
 ACCEPT_SPREAD = 0.0005
 ACCEPT_SPREAD_MAX = 0.002
+#: a stopping worker closes a kept-alive connection once it has been quiet this long after its last answer
+DRAIN_QUIET = 1.0
 
 
 @dataclass(frozen=True)
@@ -120,22 +144,6 @@ def configure(**values: Any) -> Limits:
     return LIMITS
 
 
-class BufferSource:
-    """The bytes of one connection so far, read by gunicorn's parser as if they were its socket."""
-
-    def __init__(self, data: bytes = b"") -> None:
-        self.buf = bytearray(data)
-        self.pos = 0
-
-    def recv(self, n: int) -> bytes:
-        chunk = bytes(self.buf[self.pos:self.pos + n])
-        self.pos += len(chunk)
-        return chunk
-
-    def rest(self) -> bytes:
-        return bytes(self.buf[self.pos:])
-
-
 class OutBuffer:
     """What gunicorn's Response writes, collected in memory."""
 
@@ -160,58 +168,11 @@ class OutBuffer:
         return self.parts
 
 
-class BadChunk(Exception):
-    pass
-
-
-class ChunkScanner:
-    """Finds where a chunked body ends in a growing buffer, and how many body bytes it holds."""
-
-    def __init__(self, start: int) -> None:
-        self.pos = start
-        self.state = "size"
-        self.need = 0
-        self.decoded = 0
-        self.end: int | None = None
-
-    def scan(self, buf: bytearray) -> None:
-        while self.end is None:
-            if self.state == "size":
-                i = buf.find(b"\r\n", self.pos)
-                if i < 0:
-                    if len(buf) - self.pos > 1024:
-                        raise BadChunk
-                    return
-                size = buf[self.pos:i].split(b";", 1)[0].strip()
-                try:
-                    self.need = int(size, 16)
-                except ValueError:
-                    raise BadChunk from None
-                self.pos = i + 2
-                self.state = "data" if self.need else "trailer"
-            elif self.state == "data":
-                if len(buf) < self.pos + self.need + 2:
-                    return
-                self.pos += self.need + 2
-                self.decoded += self.need
-                self.state = "size"
-            else:  # trailer lines, each at the start of a line, then an empty line
-                i = buf.find(b"\r\n", self.pos)
-                if i < 0:
-                    if len(buf) - self.pos > MAX_HEAD:
-                        raise BadChunk
-                    return
-                if i == self.pos:
-                    self.end = i + 2
-                else:
-                    self.pos = i + 2
-
-
 class Conn:
-    __slots__ = ("sock", "fd", "addr", "server", "state", "source", "accepted", "phase_start", "last_progress",
-                 "received", "head_end", "req", "parser", "need", "chunks", "deadline", "out", "out_pos", "out_left",
-                 "out_size",
-                 "keep", "close_after", "request_start", "lane", "queued_at", "events", "linger_until", "served")
+    __slots__ = ("sock", "fd", "addr", "server", "state", "source", "head", "chunked", "accepted", "phase_start",
+                 "last_progress", "received", "body_start", "reserved", "paused_at", "resume_deadline", "expects", "req",
+                 "parser", "need", "deadline", "out", "out_pos", "out_left", "out_size", "keep", "close_after",
+                 "request_start", "lane", "queued_at", "events", "linger_until", "served")
 
     def __init__(self, sock: socket.socket, addr: Any, server: Any, now: float) -> None:
         self.sock = sock
@@ -226,15 +187,20 @@ class Conn:
     def reset(self, now: float, leftover: bytes) -> None:
         """Wait for the next request head (a new or kept-alive connection)."""
         self.state = "head"
-        self.source = BufferSource(leftover)
+        self.source = Feed(bytearray(leftover))  # what gunicorn's parser reads: the bytes received so far
+        self.head = HeadReader()
+        self.chunked: ChunkedBody | None = None
         self.phase_start = now
         self.last_progress = now
         self.received = len(leftover)
-        self.head_end = -1
+        self.body_start = 0  # self.received when the head ended
+        self.reserved = 0  # bytes of max_buffered this request's body holds (a body over SMALL_BODY)
+        self.paused_at = 0.0  # when reading was paused for buffer room (0: not paused)
+        self.resume_deadline = 0.0
+        self.expects = False  # the client waits for 100 Continue (sent when a paused body is let in)
         self.req = None
         self.parser = None
         self.need = 0
-        self.chunks: ChunkScanner | None = None
         self.deadline = now + LIMITS.header_timeout
         self.out: deque[memoryview] | None = None  # what is left to send, in parts
         self.out_pos = 0  # bytes sent so far
@@ -249,7 +215,8 @@ class Conn:
 
     @property
     def buffered(self) -> int:
-        return len(self.source.buf) + (self.out_left if self.out is not None else 0)
+        return (len(self.source.buf) + (self.chunked.buffered if self.chunked is not None else 0)
+                + (self.out_left if self.out is not None else 0))
 
     def client_ip(self) -> str:
         return self.addr[0] if isinstance(self.addr, tuple) else str(self.addr)
@@ -281,6 +248,7 @@ class BufferedWorker(base.Worker):
         self.running: dict[str, tuple[Conn, float] | None] = {"fast": None, "work": None}
         self.accepting = False
         self.next_accept_look = 0.0
+        self.paused: deque[Conn] = deque()  # bodies waiting for room in the buffers (max_buffered)
         self.nr_lock = threading.Lock()
         super().init_process()
 
@@ -305,7 +273,7 @@ class BufferedWorker(base.Worker):
                 if stop_by is None:
                     stop_by = now + self.cfg.graceful_timeout
                     self._accept(False)
-                    self._close_idle()
+                self._drain_idle(now)
                 if not self.conns or now > stop_by:
                     break
             if self.ppid != os.getppid():
@@ -321,6 +289,8 @@ class BufferedWorker(base.Worker):
             busy = self.alive and (self._busy() or held >= self.worker_connections)
             self._accept(self.alive and not busy and not held)
             timeout = self._next_wakeup(now)
+            if not self.alive:
+                timeout = min(timeout, DRAIN_QUIET / 4)
             if busy:
                 timeout = min(timeout, ACCEPT_POLL)
             elif self.alive and held:  # look for a new connection now and then (least connections first)
@@ -334,6 +304,7 @@ class BufferedWorker(base.Worker):
             for key, mask in events:
                 self._dispatch(key, mask)
             self._completions()
+            self._resume_paused()
             if busy:
                 for listener in self.sockets:
                     self._on_accept(listener, burst=4)
@@ -482,6 +453,9 @@ class BufferedWorker(base.Worker):
         if conn.state == "linger":
             self._linger_read(conn)
             return
+        if conn.state == "queued":
+            self._check_gone(conn)
+            return
         if conn.state not in ("head", "body"):
             return
         data = self._recv(conn)
@@ -496,43 +470,40 @@ class BufferedWorker(base.Worker):
                 self._close(conn)
             return
         now = time.monotonic()
-        conn.source.buf += data
         conn.received += len(data)
         conn.last_progress = now
+        if conn.chunked is not None:
+            self._feed_chunked(conn, now, data)
+            return
+        conn.source.buf += data
         self._advance(conn, now)
 
     def _advance(self, conn: Conn, now: float) -> None:
         if conn.state == "head":
             buf = conn.source.buf
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > MAX_HEAD:
-                    line_end = buf.find(b"\r\n")
-                    too_long = line_end < 0 or line_end > self.cfg.limit_request_line
-                    exc = LimitRequestLine(len(buf), self.cfg.limit_request_line) if too_long \
-                        else LimitRequestHeaders("the request head is larger than 64 KiB")
-                    self._reject_exc(conn, exc)
+            try:
+                parsed = conn.head.parse(self.cfg, buf, conn.addr)
+            except Exception as exc:  # gunicorn's parser refused the head: 400/414/417/431/501
+                self._reject_exc(conn, exc, req=getattr(exc, "req", None))
                 return
-            conn.head_end = end + 4
-            self._parse_head(conn, now)
-        elif conn.state == "body":
-            self._check_body(conn, now)
+            if parsed is not None:
+                self._start_body(conn, now, *parsed)
+            elif len(buf) > MAX_HEAD:
+                line_end = buf.find(b"\r\n")
+                too_long = line_end < 0 or line_end > self.cfg.limit_request_line
+                exc = LimitRequestLine(len(buf), self.cfg.limit_request_line) if too_long \
+                    else LimitRequestHeaders("the request head is larger than 64 KiB")
+                self._reject_exc(conn, exc)
+        elif conn.state == "body" and len(conn.source.buf) >= conn.need:
+            self._submit(conn, now)
 
-    def _parse_head(self, conn: Conn, now: float) -> None:
-        conn.parser = http.get_parser(self.cfg, conn.source, conn.addr)
-        try:
-            req = next(conn.parser)
-        except StopIteration:
-            self._close(conn)
-            return
-        except http.errors.NoMoreData:
-            self._close(conn)
-            return
-        except Exception as exc:  # gunicorn's parser refused the head: 400/414/417/431/501
-            self._reject_exc(conn, exc, req=getattr(exc, "req", None))
-            return
+    def _start_body(self, conn: Conn, now: float, req: Any, parser: Any, head_size: int) -> None:
+        """gunicorn's parser has read a request head (its socket: conn.source's bytes); now its body."""
         conn.req = req
+        conn.parser = parser
+        conn.source = parser.unreader.sock  # the same bytes, read by the body's reader from here on
         conn.request_start = datetime.now()
+        conn.body_start = conn.received - (len(conn.source.buf) - head_size)
         # gunicorn would answer 100 Continue as soon as the app starts; this worker does, below,
         # only once the body is known to be within the limit (RFC 9110 10.1.1).
         expects_continue, req._expected_100_continue = req._expected_100_continue, False
@@ -540,50 +511,167 @@ class BufferedWorker(base.Worker):
         limit = LIMITS.max_check_body_bytes if req.path in CHECK_PATHS else LIMITS.max_body_bytes
         conn.state = "body"
         conn.phase_start = now
-        if isinstance(reader, LengthReader):
-            conn.need = conn.head_end + reader.length
-            if reader.length > limit:
-                # Refused unread: the app answers 413 from Content-Length alone. No 100 Continue.
-                conn.close_after = True
-                self._submit(conn, now)
-                return
-            conn.deadline = now + LIMITS.body_timeout + reader.length / LIMITS.min_body_rate
-        elif isinstance(reader, ChunkedReader):
-            conn.chunks = ChunkScanner(conn.head_end)
+        if isinstance(reader, ChunkedReader):
+            # gunicorn's ChunkedReader decodes the body as it arrives (service/framing.py)
+            received = parser.unreader.take_buffered() + conn.source.rest()
+            conn.source = Feed()
+            conn.chunked = ChunkedBody(req, limit)
             conn.deadline = now + LIMITS.body_timeout + limit / LIMITS.min_body_rate
-        else:
-            conn.need = conn.head_end
-        if expects_continue:
+            self._continue(conn, expects_continue)
+            self._feed_chunked(conn, now, received)
+            return
+        length = reader.length if isinstance(reader, LengthReader) else 0  # gunicorn: no body is length 0
+        conn.need = head_size + length
+        if length > limit:
+            # Refused unread: the app answers 413 from Content-Length alone. No 100 Continue.
+            conn.close_after = True
+            self._submit(conn, now)
+            return
+        conn.deadline = now + LIMITS.body_timeout + length / LIMITS.min_body_rate
+        if length and len(conn.source.buf) < conn.need:
+            if length > SMALL_BODY and not self._reserve(conn, length):
+                conn.expects = expects_continue  # 100 Continue when it is let in
+                self._pause(conn)
+                return
+            self._continue(conn, expects_continue)
+        self._advance(conn, now)
+
+    @staticmethod
+    def _continue(conn: Conn, expected: bool) -> None:
+        if expected:
             try:
                 conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
             except OSError:
                 pass
-        self._check_body(conn, now)
 
-    def _check_body(self, conn: Conn, now: float) -> None:
-        buf = conn.source.buf
-        if conn.chunks is not None:
-            try:
-                conn.chunks.scan(buf)
-            except BadChunk:
-                conn.close_after = True  # the app reads it and answers 400: the framing is the client's error
-                self._submit(conn, now)
-                return
-            if conn.chunks.end is not None:
-                self._submit(conn, now)
-            elif conn.chunks.decoded > (LIMITS.max_check_body_bytes if conn.req.path in CHECK_PATHS
-                                        else LIMITS.max_body_bytes):
-                conn.close_after = True  # the app reads limit + 1 bytes and answers 413
-                self._submit(conn, now)
+    def _feed_chunked(self, conn: Conn, now: float, data: bytes) -> None:
+        body = conn.chunked
+        try:
+            body.feed(data)
+        except (BodyTooLarge, TooManyChunks) as exc:
+            self._reject(conn, 413, "Request Entity Too Large", req=conn.req, why=str(exc),
+                         detail=f"The request body is larger than the limit of {body.limit} bytes for "
+                                f"{conn.req.path} ({exc}).")
             return
-        if len(buf) >= conn.need:
+        except Exception as exc:  # gunicorn's ChunkedReader refused the framing (InvalidChunkSize, ...)
+            status, reason = _status_of(exc)
+            self._reject(conn, status, reason, req=conn.req, why=f"{type(exc).__name__}: {exc}",
+                         detail=f"The request body's chunked framing is invalid ({type(exc).__name__}).")
+            return
+        if body.done:
+            conn.req.body = body.request_body()
             self._submit(conn, now)
+        elif body.buffered > SMALL_BODY and not conn.reserved and not self._reserve(conn, body.limit):
+            self._pause(conn)  # its size is unknown: it reserves its limit
+
+    # ------------------------------------------------------------------ input buffer room
+
+    def _room(self, conn: Conn) -> tuple[int, bool]:
+        """(bytes of max_buffered not held by answers or reserved by other bodies, whether others reserve any)."""
+        held = others = 0
+        for c in self.conns.values():
+            if c is not conn:
+                others += c.reserved
+            if c.out is not None:
+                held += c.out_left
+        return LIMITS.max_buffered - held - others, others > 0
+
+    def _reserve(self, conn: Conn, size: int) -> bool:
+        """Reserve room for a body of `size` bytes before reading it: while request bodies and answers
+        hold max_buffered, a large body waits unread (TCP holds its client back) until an answer or a
+        body leaves. The first body is always let in (so one always makes progress, whatever its size),
+        and a reserved body is always read to its end, so bodies never wait for each other in a circle."""
+        room, others = self._room(conn)
+        if others and size > room:
+            return False
+        conn.reserved = size
+        return True
+
+    def _pause(self, conn: Conn) -> None:
+        """Wait, unread, for room. The body's clocks stop meanwhile (the wait is the server's, not the
+        client's); after queue_timeout it gets 503 with Retry-After."""
+        now = time.monotonic()
+        self._watch(conn, 0)
+        conn.paused_at = now
+        conn.resume_deadline = conn.deadline
+        conn.deadline = now + LIMITS.queue_timeout
+        self.paused.append(conn)
+
+    def _resume_paused(self) -> None:
+        """Let waiting bodies in, oldest first, as their reservations fit."""
+        now = time.monotonic()
+        while self.paused:
+            conn = self.paused[0]
+            if self.conns.get(conn.fd) is not conn or not conn.paused_at:
+                self.paused.popleft()
+                continue
+            if not self._reserve(conn, conn.chunked.limit if conn.chunked is not None else conn.need):
+                return
+            self.paused.popleft()
+            waited = now - conn.paused_at
+            conn.phase_start += waited
+            conn.last_progress += waited
+            conn.deadline = conn.resume_deadline + waited
+            conn.paused_at = 0.0
+            self._continue(conn, conn.expects)
+            conn.expects = False
+            self._watch(conn, selectors.EVENT_READ)
+
+    # ------------------------------------------------------------------ clients that are gone
+
+    def _check_gone(self, conn: Conn) -> None:
+        """A queued request's socket became readable: a pipelined request, or the client hung up. A request
+        whose client is gone is dropped from its queue, never computed (nginx's 499)."""
+        try:
+            data = conn.sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            self._watch(conn, 0)  # the next request is on its way: it is read after this answer
+            return
+        with self.cond:
+            q = self.fast_q if conn.lane == "fast" else self.work_q
+            try:
+                q.remove(conn)
+            except ValueError:  # being computed: its answer will find the socket closed
+                self._watch(conn, 0)
+                return
+        self._gone(conn, "in the queue")
+
+    def _gone(self, conn: Conn, where: str) -> None:
+        self._log_refusal(conn, 499, "Client Closed Request", conn.req, 0, _request_id(conn.req),
+                          f"the client closed the connection while its request waited {where}; not computed")
+        self._close(conn)
+
+    @staticmethod
+    def _client_gone(conn: Conn) -> bool:
+        """The client has closed its end (EOF, or an error) with nothing more sent. Called from a lane."""
+        if conn.state == "closed":
+            return True
+        try:
+            return not conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+
+    @staticmethod
+    def _pipelined(conn: Conn) -> bool:
+        """Bytes of a further request are here already (read, or waiting in the kernel). Called from a lane."""
+        if conn.chunked is not None and conn.chunked.leftover or len(conn.source.buf) > conn.need:
+            return True
+        try:
+            return bool(conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+        except OSError:
+            return False
 
     # ------------------------------------------------------------------ admission
 
     def _submit(self, conn: Conn, now: float) -> None:
         """A complete request (or one to refuse unread) goes to its lane."""
-        self._watch(conn, 0)  # nothing more is read until it is answered
+        conn.source.final = True  # the body's reader (in the lane) finds its end, as at a closed socket
         fast = conn.req.method in ("GET", "HEAD", "OPTIONS")
         lane, q, cap = ("fast", self.fast_q, LIMITS.max_fast_queue) if fast else \
             ("work", self.work_q, LIMITS.max_queue)
@@ -595,6 +683,9 @@ class BufferedWorker(base.Worker):
         conn.state = "queued"
         conn.lane = lane
         conn.queued_at = now
+        # Nothing more is read until it is answered; the socket is only watched for the client hanging up
+        # (_check_gone): then the request leaves the queue uncomputed.
+        self._watch(conn, selectors.EVENT_READ)
         with self.cond:
             q.append(conn)
             self.cond.notify_all()
@@ -626,6 +717,8 @@ class BufferedWorker(base.Worker):
         waited = time.monotonic() - conn.queued_at
         if waited > LIMITS.queue_timeout:
             return ("reject", 503, "Service Unavailable", f"it waited {waited:.1f} s in the work queue")
+        if self._client_gone(conn):
+            return ("gone",)
         req = conn.req
         out = OutBuffer()
         resp, environ = wsgi.create(req, out, conn.addr, conn.server, self.cfg)
@@ -636,8 +729,12 @@ class BufferedWorker(base.Worker):
                 self.log.info("Autorestarting worker after current request.")
                 self.alive = False
         conn.served += 1
-        if not self.alive or not self.cfg.keepalive or conn.close_after or conn.served >= LIMITS.keepalive_requests:
-            resp.force_close()  # after keepalive_requests the client reconnects, to whichever worker is least busy
+        # Close after this answer when the worker is stopping (max_requests, SIGTERM) or after keepalive_requests
+        # (the client reconnects, to whichever worker is least busy); but not while requests the client has
+        # pipelined are here already: those are answered first, and the last of them says "close".
+        if not self.cfg.keepalive or conn.close_after or conn.served >= 2 * LIMITS.keepalive_requests or \
+                ((not self.alive or conn.served >= LIMITS.keepalive_requests) and not self._pipelined(conn)):
+            resp.force_close()
         respiter = self.wsgi(environ, resp.start_response)
         try:
             for item in respiter:
@@ -651,7 +748,8 @@ class BufferedWorker(base.Worker):
         leftover = b""
         if keep:
             keep = bool(conn.parser.finish_body())
-            leftover = conn.parser.unreader.take_buffered() + conn.source.rest()
+            leftover = conn.chunked.leftover if conn.chunked is not None else \
+                conn.parser.unreader.take_buffered() + conn.source.rest()
         return ("ok", out.value(), keep, leftover)
 
     def _completions(self) -> None:
@@ -665,6 +763,8 @@ class BufferedWorker(base.Worker):
             if result[0] == "ok":
                 _, data, keep, leftover = result
                 self._send(conn, data, keep, leftover)
+            elif result[0] == "gone":
+                self._gone(conn, "for its lane")
             elif result[0] == "reject":
                 _, status, reason, why = result
                 self._reject(conn, status, reason, req=conn.req, retry_after=1,
@@ -685,8 +785,10 @@ class BufferedWorker(base.Worker):
         conn.out = deque(memoryview(p) for p in parts if p)
         conn.out_pos = 0
         conn.out_size = conn.out_left = sum(len(p) for p in conn.out)
-        conn.keep = keep and self.alive
-        conn.source = BufferSource(leftover)
+        conn.keep = keep  # what the answer said: a stopping worker still answers a request already sent
+        conn.source = Feed(bytearray(leftover))
+        conn.chunked = None
+        conn.reserved = 0  # the body is no longer held
         conn.last_progress = now
         conn.deadline = now + LIMITS.send_timeout
         self._make_room(conn)
@@ -746,7 +848,7 @@ class BufferedWorker(base.Worker):
             self._close(conn)
             return
         conn.state = "linger"
-        conn.source = BufferSource()
+        conn.source = Feed()
         conn.deadline = now + LIMITS.linger
         self._watch(conn, selectors.EVENT_READ)
 
@@ -788,22 +890,29 @@ class BufferedWorker(base.Worker):
                 self._close(conn)
             elif conn.state == "write":
                 self._cut_off_reader(conn, now, f"send_timeout {LIMITS.send_timeout:g} s")
+            elif conn.paused_at:
+                self._reject(conn, 503, "Service Unavailable", req=conn.req, retry_after=1,
+                             detail="The server is busy; try again in a moment.",
+                             why=f"its body waited {now - conn.paused_at:.1f} s for room in the worker's "
+                                 f"buffers (max_buffered {LIMITS.max_buffered} bytes)")
             elif conn.state == "head" and conn.received == 0:
-                fresh = conn.phase_start == conn.accepted  # not a kept-alive connection after an answer
-                self._close(conn)  # idle, nothing sent: no answer is owed
-                if fresh:
+                # idle, nothing sent: no answer is owed
+                if conn.phase_start == conn.accepted:  # a new connection
+                    self._close(conn)
                     self._log_refusal(conn, 408, "Request Timeout", None, 0, uuid.uuid4().hex,
                                       f"idle for {now - conn.phase_start:.1f} s without sending a request")
+                else:  # kept alive after an answer: FIN, so a request that crossed it is not met with a reset
+                    self._linger(conn, now)
             else:
                 self._refuse_slow(conn, f"header_timeout {LIMITS.header_timeout:g} s" if conn.state == "head"
                                   else f"body too slow: {conn.received} bytes in {now - conn.phase_start:.1f} s")
         # A body must keep coming: no pause longer than body_timeout, and after that
         # grace, at least min_body_rate bytes a second on average.
         for conn in list(self.conns.values()):
-            if conn.state != "body":
+            if conn.state != "body" or conn.paused_at:
                 continue
             elapsed = now - conn.phase_start
-            body = len(conn.source.buf) - conn.head_end
+            body = conn.received - conn.body_start
             if now - conn.last_progress > LIMITS.body_timeout:
                 self._refuse_slow(conn, f"no body bytes for {now - conn.last_progress:.1f} s")
             elif elapsed > LIMITS.body_timeout and body < LIMITS.min_body_rate * (elapsed - LIMITS.body_timeout):
@@ -813,24 +922,18 @@ class BufferedWorker(base.Worker):
         self._reject(conn, 408, "Request Timeout", req=conn.req, why=why,
                      detail="The request did not arrive in time.")
 
-    def _close_idle(self) -> None:
-        """On a graceful stop: kept-alive connections with no request on the way go now.
+    def _drain_idle(self, now: float) -> None:
+        """A stopping worker (max_requests, SIGTERM) closes its kept-alive connections cleanly.
 
-        A connection accepted but not yet read may already hold its request in the
-        kernel's buffer: closing it would reset it and lose the request. Those (and
-        kept-alive ones whose next request has arrived) are served, within the
-        graceful timeout."""
+        A request already sent is answered (its answer says "close"), pipelined ones too (_serve). A
+        kept-alive connection quiet for DRAIN_QUIET seconds after its last answer is closed with a FIN and a
+        lingering read, never a reset: a busy client has sent its next request by then (and gets it
+        answered), an idle one sees the close before it sends. A new connection is waited for: its request
+        may be on the way."""
         for conn in list(self.conns.values()):
-            if conn.state != "head" or conn.received or conn.phase_start == conn.accepted:
-                continue
-            try:
-                waiting = conn.sock.recv(1, socket.MSG_PEEK)
-            except (BlockingIOError, InterruptedError):
-                waiting = None
-            except OSError:
-                waiting = b""
-            if not waiting:
-                self._close(conn)
+            if conn.state == "head" and not conn.received and conn.phase_start != conn.accepted \
+                    and now - conn.phase_start >= DRAIN_QUIET:
+                self._linger(conn, now)
 
     def _reject_exc(self, conn: Conn, exc: Exception, req: Any = None) -> None:
         status, reason = _status_of(exc)
@@ -840,7 +943,7 @@ class BufferedWorker(base.Worker):
     def _reject(self, conn: Conn, status: int, reason: str, *, req: Any = None, why: str, detail: str,
                 retry_after: int | None = None) -> None:
         """Answer a refusal the server makes itself (problem+json), log it, and close."""
-        request_id = uuid.uuid4().hex
+        request_id = _request_id(req)
         body = problem_response(status, reason, detail, request_id, retry_after=retry_after)
         self._log_refusal(conn, status, reason, req, len(body), request_id, why)
         conn.close_after = True
@@ -946,6 +1049,12 @@ def _tune_malloc() -> None:
         return  # not glibc
     libc.mallopt(-8, 2)  # M_ARENA_MAX
     libc.mallopt(-3, 4 * 1024 * 1024)  # M_MMAP_THRESHOLD
+
+
+def _request_id(req: Any) -> str:
+    """The caller's X-Request-ID when it is well formed (as the app answers it), else a new one."""
+    given = _header(req, "X-REQUEST-ID")
+    return given if given and _REQUEST_ID.match(given) else uuid.uuid4().hex
 
 
 def _header(req: Any, name: str) -> str | None:

@@ -60,3 +60,24 @@ def test_the_arrays_outside_stages_are_checked_too():
     with pytest.raises(serialize.NonFiniteError, match="non-finite value in out_proj.weight$"):
         serialize.trace_document(dataclasses.replace(t, parameters=bad), include_parameters=True,
                                  parameters_layout="torch")
+
+
+@pytest.mark.parametrize("shape", [(4 * 131_072 + 1,), (3, 300_000), (9, 256, 256), (2, 3, 200, 500)])
+def test_a_large_document_is_encoded_in_pieces_to_the_same_bytes(shape):
+    """Issue #23: orjson held the interpreter lock for a whole 40 MB answer (60-170 ms, which /health
+    waited for); serialize.dumps encodes a large document a piece at a time, and the bytes are orjson's."""
+    rng = np.random.default_rng(1)
+    values = rng.standard_normal(shape) * 10.0 ** rng.integers(-300, 300, shape)
+    masked = np.where(rng.random(shape[-1]) < 0.5, None, values.reshape(-1)[:shape[-1]]).tolist()
+    doc = {"schema_version": "1", "stages": {"big": {"values": values, "shape": list(shape)},
+                                             "masked": {"values": [masked] * 9}, "small": np.arange(3.0)},
+           "tokens": [{"text": "é\u2028<", "index": 0}], "unicode key ü": [1, 2.5, None, True]}
+    assert serialize._numbers(doc) > 4 * serialize._PIECE
+    assert serialize.dumps(doc) == orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def test_a_large_answer_is_the_same_bytes_as_one_orjson_call():
+    t = _trace(engine.TraceConfig(d_model=54, num_heads=9, causal=True), 256)
+    doc = serialize.trace_document(t, include_parameters=True)
+    assert serialize._numbers(doc) > 4 * serialize._PIECE
+    assert serialize.dumps(doc) == orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
