@@ -229,13 +229,16 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
         "6. Worker classes side by side: /trace S, same app, venv and gunicorn.conf.py, "
         f"{SERVER_ENV['WEB_CONCURRENCY']} workers each, response cache off; {conns} connections, {rounds} "
         f"interleaved round(s) of {duration_s:g} s",
-        ["worker class", "/trace S req/s", "req/s vs the project's", "worker CPU / request", "p50", "p99",
-         "requests", "errors"])
+        ["worker class", "/trace S req/s", "req/s vs the project's (range over rounds)", "worker CPU / request",
+         "p50", "p99", "requests", "errors"])
     for c in classes:
         s = summ[c.key]
         vs = rps_ratio(load[c.key], load["project"])
-        out["classes"][c.key] = {"label": c.label, "args": list(c.args), **s, "rps_vs_project": vs}
-        table.add(c.label, f"{s['rps']:,.0f}", fmt_ratio(vs), fmt_time(s["cpu_per_request_s"]),
+        per_round = [a.rps / b.rps for a, b in zip(load[c.key], load["project"], strict=True) if b.rps]
+        out["classes"][c.key] = {"label": c.label, "args": list(c.args), **s, "rps_vs_project": vs,
+                                 "round_rps": [r.rps for r in load[c.key]], "round_vs_project": per_round}
+        spread = f" ({min(per_round):.2f}–{max(per_round):.2f})" if c.key != "project" and per_round else ""
+        table.add(c.label, f"{s['rps']:,.0f}", fmt_ratio(vs) + spread, fmt_time(s["cpu_per_request_s"]),
                   fmt_time(s["p50_s"]), fmt_time(s["p99_s"]), f"{s['requests']:,}", s["errors"])
     table.notes.append(f"load generator: {gen.name}, closed loop. Each stock class is the committed config with "
                        "`-k` (and `--threads 4`) on gunicorn's command line; the project's is the config as committed")
@@ -265,6 +268,8 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
     }
     out.update({
         "S*": summ["S*"], "floor": summ["floor"], "ratios": ratios,
+        "round_S_uncached_vs_plain_floor": [a.rps / b.rps for a, b in zip(load["S*"], load["floor"], strict=True)
+                                            if b.rps],
         "L": {"server_s": l_srv, "npz_server_s": npz_srv, "encode_wall_s": enc_wall, "encode_cpu_s": enc_cpu,
               "encode_clock": "cpu" if cpu_clock() else "wall",
               "cpu_per_request_s": l_cpu, "requests": len(l_json), "npz_requests": len(l_npz),
@@ -275,7 +280,8 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
 
     how = {
         "S_uncached_vs_plain_floor":
-            f"{summ['S*']['rps']:,.0f} vs {summ['floor']['rps']:,.0f} req/s; {fmt_bytes(len(floor_body))} answers",
+            f"{summ['S*']['rps']:,.0f} vs {summ['floor']['rps']:,.0f} req/s; {fmt_bytes(len(floor_body))} answers"
+            + (f"; rounds {min(r1):.2f}–{max(r1):.2f}" if (r1 := out["round_S_uncached_vs_plain_floor"]) else ""),
         "L_server_vs_encode":
             f"{fmt_time(l_srv)} vs {fmt_time(enc)}; the encoding {fmt_time(enc_cpu)} of CPU, {fmt_time(enc_wall)} "
             f"wall; worker CPU / request {fmt_time(l_cpu)}",
