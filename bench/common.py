@@ -28,6 +28,11 @@ def use_cpu_clock(on: bool) -> None:
     _CLOCK = time.thread_time if on else time.perf_counter
 
 
+def cpu_clock() -> bool:
+    """Whether in-process timings use the thread's CPU time (the default) rather than the wall clock."""
+    return _CLOCK is time.thread_time
+
+
 def clock_name() -> str:
     return "thread CPU time" if _CLOCK is time.thread_time else "wall clock (perf_counter)"
 

@@ -59,9 +59,17 @@ def free_port() -> int:
 
 
 class Server:
-    """gunicorn -c gunicorn.conf.py bench.wsgi:app on 127.0.0.1, stopped by its PID (as tests/conftest.py)."""
+    """gunicorn -c gunicorn.conf.py bench.wsgi:app on 127.0.0.1, stopped by its PID (as tests/conftest.py).
 
-    def __init__(self, static_dir: Path, env: dict[str, str] | None = None, label: str = "") -> None:
+    ``args`` go on gunicorn's command line after the config, where they override it (``-k sync`` runs
+    the same config and app under a stock worker class). ``plain=True`` starts gunicorn with none of the
+    project's configuration: its defaults, the bind address and ``args`` only, run from ``static_dir`` so
+    that gunicorn does not find gunicorn.conf.py in its working directory (``app`` then names a module
+    importable from the repository root, e.g. ``bench.floor_app:app``).
+    """
+
+    def __init__(self, static_dir: Path, env: dict[str, str] | None = None, label: str = "",
+                 args: list[str] | tuple[str, ...] = (), app: str = "bench.wsgi:app", plain: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.label = label
@@ -71,11 +79,16 @@ class Server:
         # service.worker.server_env: the glibc tunables production starts with (Dockerfile, make run)
         full_env = server_env({**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port),
                                "BENCH_STATIC_DIR": str(static_dir), **(env or {})})
+        if plain:
+            path = full_env.get("PYTHONPATH")
+            full_env["PYTHONPATH"] = str(ROOT) + (os.pathsep + path if path else "")
+            cmd = [sys.executable, "-m", "gunicorn", "-b", f"127.0.0.1:{self.port}", *args, app]
+            cwd = static_dir
+        else:
+            cmd = [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", *args, app]
+            cwd = ROOT
         self._log = self.log.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "bench.wsgi:app"],
-            cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT,
-        )
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while True:
             if self.proc.poll() is not None:
@@ -200,12 +213,13 @@ class LoadGenerator:
     def name(self) -> str:
         return "wrk (bench/post.lua), 1 thread" if self.wrk else "Python client (threads, http.client)"
 
-    def run(self, server: Server, path: str, body_file: Path, conns: int, duration_s: float, tag: str) -> Run:
+    def run(self, server: Server, path: str, body_file: Path, conns: int, duration_s: float, tag: str,
+            accept: str | None = None) -> Run:
         cpu0 = server.cpu_seconds()
         if self.wrk:
-            r = self._wrk(server.url + path, body_file, conns, duration_s, tag)
+            r = self._wrk(server.url + path, body_file, conns, duration_s, tag, accept)
         else:
-            r = self._python(server.url + path, body_file.read_bytes(), conns, duration_s, tag)
+            r = self._python(server.url + path, body_file.read_bytes(), conns, duration_s, tag, accept)
         time.sleep(0.05)  # let the access log reach the file, and the last response finish
         r.cpu_s = server.cpu_seconds() - cpu0
         r.server_s = server.server_times(tag)
@@ -217,9 +231,10 @@ class LoadGenerator:
         LoadGenerator._runs += 1
         return LoadGenerator._runs * 10_000_000  # __N__ never repeats across the runs of a suite
 
-    def _wrk(self, url: str, body_file: Path, conns: int, duration_s: float, tag: str) -> Run:
+    def _wrk(self, url: str, body_file: Path, conns: int, duration_s: float, tag: str,
+             accept: str | None = None) -> Run:
         env = {**os.environ, "BENCH_BODY_FILE": str(body_file), "BENCH_REQUEST_ID": tag,
-               "BENCH_N0": str(self._next_n0())}
+               "BENCH_N0": str(self._next_n0()), "BENCH_ACCEPT": accept or ""}
         secs = max(1, math.ceil(duration_s))
         cmd = [self.wrk, "-t1", f"-c{conns}", f"-d{secs}s", "--timeout", "60s", "-s", str(LUA), url]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=secs + 120, check=False)
@@ -232,7 +247,8 @@ class LoadGenerator:
         return Run(d["requests"], d["duration_us"] / 1e6, d["p50_us"] / 1e6, d["p99_us"] / 1e6,
                    d["status"] + d["write"] + d["timeout"])
 
-    def _python(self, url: str, body: bytes, conns: int, duration_s: float, tag: str) -> Run:
+    def _python(self, url: str, body: bytes, conns: int, duration_s: float, tag: str,
+                accept: str | None = None) -> Run:
         host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
         path = "/" + url.split("//", 1)[1].split("/", 1)[1]
         lat: list[float] = []
@@ -241,6 +257,8 @@ class LoadGenerator:
         counter = iter(range(self._next_n0() + 1, 1 << 62))
         deadline = time.perf_counter() + duration_s
         headers = {"Content-Type": "application/json", "X-Request-ID": tag, "Connection": "close"}
+        if accept:
+            headers["Accept"] = accept
 
         def worker() -> None:
             mine = []

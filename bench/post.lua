@@ -1,6 +1,7 @@
 -- wrk script: POST the bytes of $BENCH_BODY_FILE as application/json, tag each
 -- request with X-Request-ID $BENCH_REQUEST_ID (the access log's request_id),
--- and print one machine-readable summary line when done.
+-- send Accept: $BENCH_ACCEPT when it is set (application/x-npz asks /trace for
+-- npz), and print one machine-readable summary line when done.
 -- If the body contains __N__, every request replaces it with a new number
 -- ($BENCH_N0 + 1, + 2, …), so no two requests of a run are the same.
 local f = assert(io.open(os.getenv("BENCH_BODY_FILE"), "rb"))
@@ -9,6 +10,10 @@ wrk.body = f:read("*a")
 f:close()
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["X-Request-ID"] = os.getenv("BENCH_REQUEST_ID") or "bench"
+local accept = os.getenv("BENCH_ACCEPT")
+if accept and accept ~= "" then
+  wrk.headers["Accept"] = accept
+end
 
 local template = wrk.body
 if template:find("__N__", 1, true) then

@@ -3,8 +3,10 @@
 Prints markdown tables: engine time (with torch's multi-head attention as a
 reference), serialization and request options, compression, HTTP throughput
 and latency under real gunicorn against the framework's floor, BLAS threads,
-token scaling, where the time goes, and the issue's targets as ratios from
-this run. Also writes them, with the raw figures as JSON, to artifacts/.
+token scaling, where the time goes, the project's worker against gunicorn's
+stock workers with the whole stack against a plain Flask floor, and the
+targets as ratios from this run. Also writes them, with the raw figures as
+JSON, to artifacts/. ``--workers`` runs the worker comparison alone.
 
 Run it with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset in that command
 alone (see bench/README.md); the header says which BLAS kernel ran.
@@ -37,6 +39,8 @@ from .common import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the sections, in the order they run (--skip and --only take these names)
+SECTIONS = ("engine", "serialize", "compress", "http", "profile", "workers")
 
 
 def _v(dist: str) -> str:
@@ -50,7 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="about a minute: fewer repeats and shorter HTTP runs")
     ap.add_argument("--skip", default="",
-                    help="comma-separated sections to skip: engine,serialize,compress,http,profile")
+                    help="comma-separated sections to skip: " + ",".join(SECTIONS))
+    ap.add_argument("--only", default="",
+                    help="comma-separated sections to run, the others skipped (e.g. --only workers)")
+    ap.add_argument("--workers", action="store_true",
+                    help="the worker comparison alone (= --only workers): the project's worker against gunicorn's "
+                         "sync, gthread and gevent, and the four whole-stack ratios against a plain Flask floor")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="in-process timings on this thread's CPU time (default: other processes on a shared "
                          "machine do not inflate it) or on the wall clock")
@@ -61,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "artifacts"),
                     help="where bench.md and bench.json go (default artifacts/)")
     args = ap.parse_args(argv)
-    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    try:
+        skip = skipped_sections(args.skip, args.only, args.workers)
+    except ValueError as e:
+        ap.error(str(e))
     use_cpu_clock(args.clock == "cpu")
 
     # One BLAS thread in this process too, as every gunicorn worker has; threadpoolctl holds it for the run.
@@ -72,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     limiter = threadpool_limits(1, user_api="blas")  # noqa: F841  (kept for the whole run)
     held = sorted({i.get("num_threads") for i in blas_info()})
 
-    from . import engine_bench, guard, http_bench, profile_bench, serialize_bench, torch_compare
+    from . import engine_bench, guard, http_bench, profile_bench, serialize_bench, torch_compare, worker_bench
 
     http_bench.Server.keep_logs = args.keep_logs
     from .workloads import NARROW_D_MODEL, by_name, distinct_small, scaling_series, workloads
@@ -82,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     budget = 1.5 if q else 6.0
     rounds = 1 if q else 5
     dur = 1.0  # seconds per HTTP run (XL: twice); repetition comes from the rounds
+    worker_rounds = 3 if q else 10  # section 6: rounds of the six load cells, then of the one-connection items
+    worker_seq_rounds = 2 if q else 5
     conns = 2 * cpus()
 
     wl = workloads()
@@ -109,7 +123,10 @@ def main(argv: list[str] | None = None) -> int:
                f"{platform.python_version()} / {_v('numpy')} / {_v('orjson')} / {_v('gunicorn')}")
     header.add("torch (reference only)", torch_compare.version())
     header.add("mode", f"{results['mode']}: {repeats} repeats per in-process figure, HTTP {rounds} round(s) of "
-                       f"{dur:g} s per cell; in-process clock: {clock_name()}")
+                       f"{dur:g} s per cell (section 6: {worker_rounds} under load, {worker_seq_rounds} on one "
+                       f"connection); in-process clock: {clock_name()}")
+    if skip:
+        header.add("sections skipped", ", ".join(s for s in SECTIONS if s in skip))
     busy = os.getloadavg()[0] > 0.5 * cpus()
     header.add("load average at start", loadavg() + ("  (BUSY: other processes share these cores; wall-clock "
                                                       "figures are perturbed, CPU-time figures much less)"
@@ -129,10 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     from . import service_path
 
     s = Settings()
-    for w in wl + series + narrow:
-        responses[w.name] = service_path.render(w.body_bytes, s)
     s_star = distinct_small()
-    responses[s_star.name] = service_path.render(s_star.body_bytes.replace(b"__N__", b"0"), s)
+    if {"compress", "http"} - skip:  # the bodies the static floor answers and compression compresses
+        for w in wl + series + narrow:
+            responses[w.name] = service_path.render(w.body_bytes, s)
+        responses[s_star.name] = service_path.render(s_star.body_bytes.replace(b"__N__", b"0"), s)
     if "serialize" not in skip:
         results["serialize"] = {}
         show(serialize_bench.run_serialization(wl, repeats, budget, results["serialize"],
@@ -171,6 +189,13 @@ def main(argv: list[str] | None = None) -> int:
         show(profile_bench.cprofile_top([names["S"], names["L"]], {"S": 300 if q else 2000, "L": 3 if q else 10},
                                         top=8))
 
+    # ---------------------------------------------------------------- 6. worker classes, whole stack
+    if "workers" not in skip:
+        results["workers"] = {}
+        for t in worker_bench.run(http_bench.LoadGenerator(force_python=args.python_client), worker_rounds, dur,
+                                  conns, worker_seq_rounds, results["workers"]):
+            show(t)
+
     # ---------------------------------------------------------------- targets
     show(targets(results))
     took = time.perf_counter() - started
@@ -184,6 +209,18 @@ def main(argv: list[str] | None = None) -> int:
     (out / "bench.json").write_text(json.dumps(results, indent=1, default=str), encoding="utf-8")
     print(f"tables: {out / 'bench.md'}; figures: {out / 'bench.json'}", flush=True)
     return 0
+
+
+def skipped_sections(skip: str, only: str = "", workers: bool = False) -> set[str]:
+    """The sections not to run, from --skip, --only (both comma-separated) and --workers (= --only workers)."""
+    skipped = {x.strip() for x in skip.split(",") if x.strip()}
+    chosen = {x.strip() for x in only.split(",") if x.strip()} | ({"workers"} if workers else set())
+    unknown = (skipped | chosen) - set(SECTIONS)
+    if unknown:
+        raise ValueError(f"unknown section(s): {', '.join(sorted(unknown))}; sections: {', '.join(SECTIONS)}")
+    if chosen:
+        skipped |= set(SECTIONS) - chosen
+    return skipped
 
 
 def run_http(show: Any, args: Any, results: dict[str, Any], gen: Any, fixture: Any, http_wl: list[Any],
@@ -249,6 +286,9 @@ def targets(r: dict[str, Any]) -> Table:
         t.add(name, fmt_ratio(value) + (f" ({how})" if how else ""),
               ("≤ " if lower_is_better else "≥ ") + fmt_ratio(limit), "yes" if ok else "NO")
 
+    if not any(k in r for k in ("engine", "serialize", "load", "sequential", "scaling_narrow")):
+        _whole_stack_targets(r, row, t)  # only section 6 ran
+        return t
     load = r.get("load", {})
     s = load.get("S*")
     row("S* (uncached: a new sentence every request): req/s vs the static-body floor", s and s["rps_ratio"], 0.75,
@@ -288,7 +328,23 @@ def targets(r: dict[str, Any]) -> Table:
         sc.get("per_byte_spread"), 1.5)
     sc = r.get("scaling", {})
     row("(scaling at d_model 512, 8…256 tokens: issue #6's series)", sc.get("per_byte_spread"), 1.5)
+    _whole_stack_targets(r, row, t)
     return t
+
+
+def _whole_stack_targets(r: dict[str, Any], row: Any, t: Table) -> None:
+    """Section 6's four ratios (against floors started in the same run), and the worker classes for reference."""
+    w = r.get("workers")
+    if not w:
+        return
+    from .worker_bench import TARGETS
+
+    for key, (what, limit, higher) in TARGETS.items():
+        row(f"whole stack: {what}", w["ratios"].get(key), limit, lower_is_better=not higher)
+    proj, sync = w["classes"].get("project"), w["classes"].get("sync")
+    if proj and sync and sync.get("rps_vs_project"):
+        t.add("(/trace S req/s, sync ÷ the project's worker, same app and config, median of rounds: for reference)",
+              fmt_ratio(sync["rps_vs_project"]) + f" ({sync['rps']:,.0f} vs {proj['rps']:,.0f} req/s)", "", "")
 
 
 if __name__ == "__main__":
