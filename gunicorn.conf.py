@@ -87,21 +87,21 @@ control_socket_disable = True
 
 # No server banner: answer "Server: attention-trace" rather than naming the
 # WSGI server. Workers fork from the master, so they inherit this.
-import gunicorn.http.wsgi  # noqa: E402
+import gunicorn.http.wsgi  # noqa: E402 (after the BLAS variables above)
 
 gunicorn.http.wsgi.SERVER = "attention-trace"
 
 # Access log values JSON-escaped; gunicorn's own error answers as problem+json;
 # a slow client timed out gets 408 (see service/gunicorn_support.py).
-from service.gunicorn_support import JsonAccessLogger, install  # noqa: E402
-from service.settings import Settings  # noqa: E402
-from service.worker import configure, malloc_note  # noqa: E402
+from service.gunicorn_support import JsonAccessLogger, install  # noqa: E402 (after the BLAS variables above)
+from service.settings import Settings  # noqa: E402 (after the BLAS variables above)
+from service.worker import configure, malloc_note  # noqa: E402 (after the BLAS variables above)
 
 logger_class = JsonAccessLogger
 install()
 
 
-def on_starting(server) -> None:  # noqa: ANN001 (gunicorn's Arbiter)
+def on_starting(server) -> None:
     note = malloc_note()
     if note:
         server.log.warning(note)

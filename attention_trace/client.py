@@ -227,7 +227,7 @@ class _NpzBody:
     def load(self) -> Any:
         try:
             return load_npz(self.content)
-        except Exception as e:  # a truncated or foreign body: say so rather than a zipfile traceback
+        except Exception as e:  # noqa: BLE001 (a truncated or foreign body: say so, not a zipfile traceback)
             raise ClientError(f"{self.what} answered an {NPZ} body that could not be read: "
                               f"{type(e).__name__}: {e}") from None
 
@@ -800,7 +800,7 @@ class _Base:
     def close(self) -> None:
         pass
 
-    def __enter__(self):  # noqa: ANN204
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc: object) -> None:

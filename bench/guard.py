@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
              "than bench/guard-baseline.json)", "",
              "| ratio | this run | baseline | limit | ok |", "|---|---|---|---|---|"]
     for r in rows:
-        fmt = (lambda v: "–" if v is None else f"{v:.3f}")
+        fmt = (lambda v: "–" if v is None else f"{v:.3f}")  # noqa: E731 (a one-line formatter)
         sign = "≥" if r.get("higher_is_better") else "≤"
         lines.append(f"| {r['ratio']} | {r['now']:.3f} | {fmt(r['baseline'])} | "
                      f"{'–' if r['limit'] is None else sign + ' ' + fmt(r['limit'])} | {'yes' if r['ok'] else 'NO'} |")

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     use_cpu_clock(args.clock == "cpu")
 
     # One BLAS thread in this process too, as every gunicorn worker has; threadpoolctl holds it for the run.
-    import numpy  # noqa: F401
+    import numpy  # noqa: F401 (loads the BLAS that threadpoolctl then finds)
     from threadpoolctl import threadpool_limits
 
     blas_default = blas_summary()

@@ -181,7 +181,7 @@ def run_compression(bodies: dict[str, bytes], server_s: dict[str, float], repeat
                   ["workload", "body", "codec", "compressed", "saved", "compress", "decompress",
                    "compress / server time", "break-even link"])
     try:
-        import brotli  # noqa: F401
+        import brotli  # noqa: F401 (only whether the codec is installed)
     except ImportError:
         table.notes.append("brotli rows skipped: the brotli package is not installed (bench/requirements.txt)")
     for name, body in bodies.items():

@@ -51,7 +51,7 @@ def bench_static(name: str) -> Response:
 
 @app.get("/bench/blas")
 def bench_blas() -> Response:
-    import numpy  # noqa: F401
+    import numpy  # noqa: F401 (loads the BLAS that threadpoolctl then finds)
     import orjson
 
     try:

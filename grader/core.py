@@ -38,8 +38,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import runtime as runtime_mod
-from .assignment import AXES, FUNCTIONS, STAGES_OF_CONFIG, Reference, call_arguments, reference_from_trace, \
-    stages_of_answer
+from .assignment import AXES, FUNCTIONS, STAGES_OF_CONFIG, Reference, call_arguments, stages_of_answer
 from .config import Configuration, Course, Test
 from .reference import AnswerRefused, CheckOutcome, EngineSource, ServiceSource, SourceError, source_for
 from .sandbox import Call, Outcome, RunResult, SandboxError, run_base_for, run_calls

@@ -42,7 +42,7 @@ def read_body() -> bytes:
             else request.get_data(cache=False)
     except HTTPException:
         raise
-    except Exception as e:  # gunicorn's InvalidChunkSize, NoMoreData, ...: the client's framing
+    except Exception as e:  # noqa: BLE001 (gunicorn's InvalidChunkSize, NoMoreData, ...: the client's framing)
         raise ProblemError(400, "Malformed JSON", f"The request body could not be read: {type(e).__name__}.",
                            kind="malformed-json") from None
     if len(body) > limit:

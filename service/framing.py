@@ -153,7 +153,7 @@ class _Reader(ChunkedReader):
         self.driver = driver
         self.limit_trailer_section = min(self.limit_trailer_section, MAX_TRAILERS)
 
-    def parse_chunk_size(self, unreader, data=None):  # noqa: ANN001, ANN201 - gunicorn's signature
+    def parse_chunk_size(self, unreader, data=None):
         self.driver._line(unreader, data)
         size, rest = super().parse_chunk_size(unreader, data)
         self.driver._declared(size, unreader, rest)

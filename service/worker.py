@@ -483,7 +483,7 @@ class BufferedWorker(base.Worker):
             buf = conn.source.buf
             try:
                 parsed = conn.head.parse(self.cfg, buf, conn.addr)
-            except Exception as exc:  # gunicorn's parser refused the head: 400/414/417/431/501
+            except Exception as exc:  # noqa: BLE001 (gunicorn's parser refused the head: 400/414/417/431/501)
                 self._reject_exc(conn, exc, req=getattr(exc, "req", None))
                 return
             if parsed is not None:
@@ -553,7 +553,7 @@ class BufferedWorker(base.Worker):
                          detail=f"The request body is larger than the limit of {body.limit} bytes for "
                                 f"{conn.req.path} ({exc}).")
             return
-        except Exception as exc:  # gunicorn's ChunkedReader refused the framing (InvalidChunkSize, ...)
+        except Exception as exc:  # noqa: BLE001 (gunicorn's ChunkedReader refused the framing: InvalidChunkSize, ...)
             status, reason = _status_of(exc)
             self._reject(conn, status, reason, req=conn.req, why=f"{type(exc).__name__}: {exc}",
                          detail=f"The request body's chunked framing is invalid ({type(exc).__name__}).")
@@ -702,7 +702,7 @@ class BufferedWorker(base.Worker):
                 self.running[name] = (conn, time.monotonic())
             try:
                 result = self._serve(conn)
-            except BaseException as e:  # never let a lane die: answer 500 and go on
+            except BaseException as e:  # noqa: BLE001 (never let a lane die: answer 500 and go on)
                 result = ("error", e)
             finally:
                 self.running[name] = None
@@ -980,7 +980,7 @@ class BufferedWorker(base.Worker):
 
     # ------------------------------------------------------------------ signals
 
-    def handle_abort(self, sig, frame):  # noqa: ANN001 - gunicorn's signature
+    def handle_abort(self, sig, frame):
         """The arbiter timed a request out: tell its client, then exit as gunicorn does."""
         for item in list(self.running.values()):
             if item is not None:

@@ -8,6 +8,6 @@ import os
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-from service import create_app  # noqa: E402
+from service import create_app  # noqa: E402 (after the BLAS variables, before numpy loads)
 
 app = create_app()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import importlib.util
 import shutil
-import sys
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
-from grader import config, runtime, sandbox  # noqa: E402
+from grader import config, runtime, sandbox  # noqa: E402 (beside the paths it is used with)
 
 GRADING = ROOT / "grader"
 STUDENTS = GRADING / "students"

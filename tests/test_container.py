@@ -369,7 +369,7 @@ class _Health(http.server.BaseHTTPRequestHandler):
     status = 200
     body = b'{"status":"ok"}'
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         code, body = (self.status, self.body) if self.path == "/health" else (404, b"{}")
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
@@ -666,7 +666,7 @@ def test_nginx_bounds_every_client():
     """Issue #13: the proxy's own deadlines, body and buffer bounds, per-address
     limits, retries of pure POSTs, and problem+json for its own refusals."""
     conf = load_nginx()
-    one = lambda name: next(directives(conf, name))["args"]  # noqa: E731
+    one = lambda name: next(directives(conf, name))["args"]  # noqa: E731 (a one-line lookup)
     from service.worker import Limits
 
     for name in ("client_header_timeout", "client_body_timeout", "send_timeout"):

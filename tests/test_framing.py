@@ -54,7 +54,7 @@ def incremental(body: bytes, cuts: list[int], limit: int = 1 << 30):
             last = cut
             if decoder.done:
                 break
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 (any refusal of gunicorn's)
         return ("error", type(e))
     if not decoder.done:
         return ("eof",)

@@ -33,6 +33,7 @@ from grader import config
 
 #: runs student code in the real grading sandbox (namespaces, seccomp, rlimits)
 pytestmark = pytest.mark.sandbox
+_ = student_runtime  # a pytest fixture: tests receive it by name
 
 GRADESCOPE = EXAMPLES / "gradescope"
 

@@ -25,6 +25,7 @@ from grader import config
 
 #: runs student code in the real grading sandbox (namespaces, seccomp, rlimits)
 pytestmark = pytest.mark.sandbox
+_ = student_runtime  # a pytest fixture: tests receive it by name
 
 PRAIRIELEARN = EXAMPLES / "prairielearn"
 FLOAT = re.compile(r"-?\d+\.\d+(e[-+]?\d+)?")

@@ -33,19 +33,19 @@ import pytest
 import requests
 
 from conftest import ROOT, Gunicorn
+from selenium import webdriver
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import WebDriverWait
+
+from conftest import ARTIFACTS
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
-from selenium import webdriver  # noqa: E402
-from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.common.keys import Keys  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-
-from conftest import ARTIFACTS  # noqa: E402
 DOCS = ROOT / "docs"
 MINUS = "\u2212"
 WAIT = 15  # seconds; a trace takes milliseconds, this only absorbs a loaded CI machine
