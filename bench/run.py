@@ -327,7 +327,7 @@ def targets(r: dict[str, Any]) -> Table:
     row(f"scaling: server time per byte, max / min over 32…256 tokens at d_model {NARROW_D_MODEL}",
         sc.get("per_byte_spread"), 1.5)
     sc = r.get("scaling", {})
-    row("(scaling at d_model 512, 8…256 tokens: issue #6's series)", sc.get("per_byte_spread"), 1.5)
+    row("(scaling at d_model 512, 8…256 tokens: the first round's series)", sc.get("per_byte_spread"), 1.5)
     _whole_stack_targets(r, row, t)
     return t
 

@@ -167,7 +167,7 @@ SCALING_D_MODEL = 512
 SCALING_HEADS = 4
 
 
-#: issue #14's series: time per byte from 32 to 256 tokens at d_model 64 (where the fixed cost per request shows)
+#: the whole-stack series: time per byte from 32 to 256 tokens at d_model 64 (where the fixed cost per request shows)
 NARROW_D_MODEL = 64
 
 

@@ -1,6 +1,6 @@
 """An independent, deliberately naive reference for the engine (test helper, not a test).
 
-Everything here is written the way the first seed article's JavaScript is:
+Everything here is written the way the 'the cat sat' walkthrough's JavaScript is:
 plain Python lists, ``for`` loops, ``math`` and ``hashlib``. Nothing is
 imported from ``engine``; numpy is not used either, so agreement with the
 engine cannot come from sharing a helper, a broadcasting rule or a BLAS call.

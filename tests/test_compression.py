@@ -54,7 +54,7 @@ def test_compression_off(app_factory):
 
 def test_compression_never_costs_more_than_the_answer(client, app_factory):
     """brotli costs ~6.2 ns a byte; the largest traces cost ~2.6 ns a byte to produce. Compressing
-    them would more than double the request's CPU (issue #13: 270 ms → 643 ms), so they go out
+    them would more than double the request's CPU (measured: 270 ms → 643 ms), so they go out
     as they are, while an answer that was expensive to compute for its size is compressed."""
     import time
 

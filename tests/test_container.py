@@ -1,4 +1,4 @@
-"""The container image and its deployment files (issue #4), checked offline.
+"""The container image and its deployment files, checked offline.
 
 - Dockerfile: hadolint with the committed .hadolint.yaml, and its structure
   through dockerfile-parse: base image as a build argument, dependencies
@@ -663,7 +663,7 @@ def test_k8s_sidecar_config_is_the_compose_nginx_conf_for_one_pod(tmp_path):
 
 
 def test_nginx_bounds_every_client():
-    """Issue #13: the proxy's own deadlines, body and buffer bounds, per-address
+    """The proxy's own deadlines, body and buffer bounds, per-address
     limits, retries of pure POSTs, and problem+json for its own refusals."""
     conf = load_nginx()
     one = lambda name: next(directives(conf, name))["args"]  # noqa: E731 (a one-line lookup)

@@ -1,4 +1,4 @@
-"""Properties every trace must have, and the seed articles' claims shown on the engine.
+"""Properties every trace must have, and the walkthroughs' claims ("the cat sat", and the multi-head one at d_model 512, 8 heads) shown on the engine.
 
 Hypothesis runs are derandomized (fixed seed, no example database) and bounded,
 so a run is reproducible and the whole file takes a few seconds.
@@ -309,7 +309,7 @@ def test_first_seed_articles_softmax_table(divisor, expected_percent):
 
 
 # ---------------------------------------------------------------------------
-# Second seed article: counting matrices, splitting d_model, concat not average
+# The multi-head walkthrough: counting matrices, splitting d_model, concat not average
 # ---------------------------------------------------------------------------
 
 def test_eight_heads_at_d_model_512_use_25_matrices_and_4_d_model_squared_weights():

@@ -184,7 +184,7 @@ def test_explicit_input_and_parameters_match_reference(shape, n, rng_seed, magni
 
 
 def test_sentence_path_matches_reference_for_the_seed_sentence():
-    # The worked example of the first seed article, via tokenize rather than a token list.
+    # The 'the cat sat' walkthrough's worked example, via tokenize rather than a token list.
     tr = engine.trace(engine.TraceConfig(d_model=24, num_heads=1, seed=0), sentence="the cat sat")
     assert [t.text for t in tr.tokens] == ["the", "cat", "sat"]
     ref = reference_trace(["the", "cat", "sat"], d_model=24, num_heads=1, seed=0, scale=True, causal=False,

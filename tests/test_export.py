@@ -1,4 +1,4 @@
-"""Exports to the attention viewers (issue #16): engine/export.py, POST /export, attention_trace.export, the CLI.
+"""Exports to the attention viewers: engine/export.py, POST /export, attention_trace.export, the CLI.
 
 The numbers of every export must be the trace's own, bit for bit. bertviz and
 CircuitsVis are installed from PyPI (requirements-dev.txt), so their own

@@ -1,5 +1,5 @@
 """service/framing.py: gunicorn's parser and ChunkedReader fed as bytes arrive give exactly what they give
-on the whole message at once (issue #23: no home-made HTTP framing).
+on the whole message at once (no home-made HTTP framing).
 
 For generated chunked bodies (valid, or with a byte changed, added or removed), cut into pieces at random
 points: when gunicorn's ChunkedReader, reading the whole body from a socket, decodes it, the incremental

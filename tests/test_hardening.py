@@ -1,4 +1,4 @@
-"""Issue #13: slow clients, bounded costs and the smaller findings, each with a test.
+"""Slow clients, bounded costs and the smaller findings, each with a test.
 
 In process (the Flask app) and over real gunicorn with the committed config
 (service/worker.py's BufferedWorker). docs/reliability.md has the figures.
@@ -104,7 +104,7 @@ def test_http11_without_host_is_400(plain):
 
 
 def test_batch_budget_counts_weight_generation(plain):
-    """Issue #13: 32 one-token items with distinct seeds at d_model 512 are 1.5 KB and cost
+    """32 one-token items with distinct seeds at d_model 512 are 1.5 KB and cost
     ~1.5 s of CPU (a weight set each); the budget refuses them before any work."""
     items = [{"tokens": ["a"], "d_model": 512, "seed": 100 + i} for i in range(32)]
     start = time.thread_time()  # the work itself (the test client runs the app in this thread), not the load
@@ -121,7 +121,7 @@ def test_batch_budget_counts_weight_generation(plain):
 
 
 def test_trace_html_is_inside_the_request_cost_budget(plain):
-    """Issue #23 finding 4: /trace/html was outside the budget. A 313-byte request made a 40 MB page
+    """/trace/html was outside the budget. A 313-byte request made a 40 MB page
     for 0.62-0.94 s of CPU and +275 MiB (the JSON was widened into a str of 2-4 bytes a character and
     encoded back). Now the page's cost (service/budget.py page_cost: its traces plus a unit a number for
     the page) is counted before any work: over the budget, a 422 in milliseconds; within it, the page
@@ -181,7 +181,7 @@ def _health_latency(srv: Gunicorn) -> float:
 
 @pytest.mark.integration
 def test_idle_and_slowloris_clients_never_hold_the_only_worker(server):
-    """Issue #13: two idle connections or two slowloris clients stopped all traffic for
+    """Two idle connections or two slowloris clients stopped all traffic for
     31 s. Here ONE worker keeps answering within a second while ten of each are open,
     and cuts them off after header_timeout (1.5 s here) with 408s that the access log
     records with the client's address."""
@@ -232,7 +232,7 @@ def test_a_full_worker_drops_its_slowest_sender_to_make_room(server):
 
 @pytest.mark.integration
 def test_a_client_that_never_reads_is_cut_off_and_logged(server):
-    """Issue #13: two clients not reading a 19.5 MB trace stopped traffic for 32 s."""
+    """Two clients not reading a 19.5 MB trace stopped traffic for 32 s."""
     body = orjson.dumps({"tokens": [f"w{i}" for i in range(128)], "d_model": 512, "num_heads": 8, "seed": 5})
     readers = []
     for _ in range(2):

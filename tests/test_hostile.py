@@ -523,7 +523,7 @@ def test_slow_client_is_cut_off_without_holding_a_worker():
     event loop, not by the worker: ONE worker serves everyone else meanwhile,
     each within a second, and the slow client is cut off by the body's
     minimum rate (after the 3 s grace set here) with a 408 problem+json that
-    the access log records with its address (issue #13; it used to hold a sync
+    the access log records with its address (it used to hold a sync
     worker until the 30 s worker timeout)."""
     server = Gunicorn(workers=1, env={"GUNICORN_BODY_TIMEOUT": "3"})
     try:

@@ -134,7 +134,7 @@ def compose_app() -> tuple[int, int]:
 
 
 def test_compose_memory_limit_holds_uploads_in_flight_and_pages():
-    """Issue #23 findings 3 and 4: at the compose replica's 448 MiB, 12 connections sending 16 MiB bodies
+    """At the compose replica's 448 MiB, 12 connections sending 16 MiB bodies
     to /check and one /trace/html client caused 3 OOM kills in 12 s (bodies arriving were not bounded by
     max_buffered; the page was outside the cost budget). Now: no OOM kill, every upload answered (a 4xx,
     or a 503 after waiting for room), every page 200."""

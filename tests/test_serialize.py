@@ -64,7 +64,7 @@ def test_the_arrays_outside_stages_are_checked_too():
 
 @pytest.mark.parametrize("shape", [(4 * 131_072 + 1,), (3, 300_000), (9, 256, 256), (2, 3, 200, 500)])
 def test_a_large_document_is_encoded_in_pieces_to_the_same_bytes(shape):
-    """Issue #23: orjson held the interpreter lock for a whole 40 MB answer (60-170 ms, which /health
+    """orjson held the interpreter lock for a whole 40 MB answer (60-170 ms, which /health
     waited for); serialize.dumps encodes a large document a piece at a time, and the bytes are orjson's."""
     rng = np.random.default_rng(1)
     values = rng.standard_normal(shape) * 10.0 ** rng.integers(-300, 300, shape)

@@ -1,4 +1,4 @@
-"""Issue #23: the worker's HTTP framing, over real gunicorn with raw sockets.
+"""The worker's HTTP framing, over real gunicorn with raw sockets.
 
 service/worker.py reads requests on its event loop and leaves every framing
 decision to gunicorn's own parser and readers (the request head to
