@@ -35,6 +35,7 @@ import fcntl
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -70,20 +71,36 @@ def default_location() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attention-trace" / "student-python"
 
 
+def _mapped_libpython() -> str | None:
+    """The libpython file this process has mapped, if any (Linux's /proc/self/maps)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and re.search(r"/libpython3\.\d+[^/]*\.so", parts[5]):
+                    return parts[5].strip()
+    except OSError:
+        return None
+    return None
+
+
+def _static_binary() -> bool:
+    """True when /proc/self/maps is readable and shows no libpython: the interpreter is linked statically."""
+    return os.path.exists("/proc/self/maps") and _mapped_libpython() is None
+
+
 def _source() -> dict:
     """Where this interpreter's binary, stdlib and libpython are."""
     exe = Path(getattr(sys, "_base_executable", sys.executable)).resolve()
     stdlib = Path(sysconfig.get_path("stdlib", vars={"installed_base": sys.base_prefix, "base": sys.base_prefix}))
     ver = f"{sys.version_info.major}.{sys.version_info.minor}"
-    lib = None
-    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+    # The libpython this interpreter runs on, if it is linked to one. sysconfig's Py_ENABLE_SHARED is not
+    # enough: Debian builds a shared libpython but links /usr/bin/python3 statically, so what counts is
+    # what the running binary mapped.
+    lib = _mapped_libpython()
+    if lib is None and sysconfig.get_config_var("Py_ENABLE_SHARED") and not _static_binary():
         name = sysconfig.get_config_var("INSTSONAME") or sysconfig.get_config_var("LDLIBRARY")
-        for d in (sysconfig.get_config_var("LIBDIR"), os.path.join(sys.base_prefix, "lib")):
-            if d and name and os.path.isfile(os.path.join(d, name)):
-                lib = os.path.join(d, name)
-                break
-        if lib is None:
-            raise RuntimeError(f"{exe} is a shared build, but its {name} was not found")
+        raise RuntimeError(f"{exe} is a shared build, but its {name} was not found")
     return {"executable": str(exe), "stdlib": str(stdlib), "libpython": lib, "version": ver,
             "hexversion": sys.hexversion}
 
