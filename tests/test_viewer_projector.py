@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
 DOCS = ROOT / "docs"
 WIDTH, HEIGHT = 1280, 720
-#: the issue's long sentence (13 tokens) and one of 27 tokens
+#: the reported long sentence (13 tokens) and one of 27 tokens
 LONG = "The animal didn't cross the street because it was tired."
 LONGER = ("The animal didn't cross the street because it was too tired, and the dog that followed it home was so "
           "very tired too.")
@@ -112,7 +112,7 @@ def viewport_shot(driver, name: str, docs_name: str | None = None) -> None:
 
 @pytest.mark.parametrize(("view", "dk", "shot"), [
     (fragment(sentence="the cat sat", d_model=64, num_heads=4, q=1, head=2), "16", "viewer-projector.png"),  # = docs/viewer.png
-    (fragment(sentence=LONG, d_model=24, num_heads=1), "24", None),  # the issue's own address
+    (fragment(sentence=LONG, d_model=24, num_heads=1), "24", None),  # the reported address
 ])
 def test_the_first_screen_shows_the_inputs_the_dk_card_and_a_heatmap(driver, server, console, view, dk, shot):
     open_view(driver, server, view)
@@ -175,8 +175,17 @@ def test_a_27_token_map_fits_its_box_with_readable_labels(driver, server, consol
         assert labels == tokens
         assert not js(driver, "return document.querySelector(`figure[data-stage=\"${arguments[0]}\"]`)"
                               ".classList.contains('is-overflowing');", stage)
+    # Scrolled to the weights, the whole map is on the screen below the query bar: both token axes in view.
+    js(driver, "document.querySelector('figure[data-stage=\"weights\"]').scrollIntoView();")
+    bar = rect(driver, ".picker-bar")
+    assert rect(driver, 'table[data-stage="weights"]')["top"] >= bar["bottom"]
+    assert rect(driver, 'table[data-stage="weights"] td[data-row="26"][data-col="0"]')["bottom"] <= HEIGHT
+    # On each row's own scale the pattern shows at 27 tokens (0 … 1 leaves it pale).
+    driver.find_element(By.CSS_SELECTOR, "#colour-scale option[value=row]").click()
+    wait_until(driver, lambda d: "colour=row" in d.current_url)
     js(driver, "document.querySelector('figure[data-stage=\"weights\"]').scrollIntoView();")
     viewport_shot(driver, "viewer-long.png", "viewer-long.png")
+    driver.find_element(By.CSS_SELECTOR, "#colour-scale option[value=abs]").click()
 
 
 def test_a_map_wider_than_its_box_scrolls_with_a_visible_bar_and_keeps_the_query_axis(driver, server, console):
@@ -236,7 +245,7 @@ def click_keeps_the_cell(driver, stage: str, row: int, col: int, query_text: str
 
 
 def test_clicking_a_cell_leaves_it_under_the_pointer_and_named_by_the_readout(driver, server, console):
-    # The address: query "mat", head 2; click Weights, row "on", column "cat".
+    # As reported: query "mat", head 2; click Weights, row "on", column "cat".
     open_view(driver, server, fragment(sentence="the cat sat on the mat", d_model=24, num_heads=4, causal=1, q=5, head=2))
     click_keeps_the_cell(driver, "weights", 3, 1, "on", "cat")
     wait_until(driver, lambda d: d.find_element(By.ID, "explain-status").text.startswith("Head 2: query 3 “on” → key 1 “cat”"))
@@ -360,9 +369,9 @@ def test_present_mode_steps_through_the_stages(driver, server, console):
         if slide == "scores":
             assert "matrices" in shown["parts"]
             assert walkthrough_row(driver, "scores") == [fixed(v, 4) for v in doc["stages"]["scores"]["values"][1][2]]
+            viewport_shot(driver, "viewer-present.png", "viewer-present.png")
         if slide == "weights":
             assert "heads" in shown["parts"] and "explain" in shown["parts"]
-            viewport_shot(driver, "viewer-present.png", "viewer-present.png")
         if slide == "concat":
             assert shown["parts"] == ["walkthrough", "multihead"]
     assert driver.find_element(By.ID, "present-next").get_attribute("disabled") == "true"
