@@ -477,3 +477,21 @@ def test_a_trace_shows_itself_in_a_notebook(client, offline, dirs, tmp_path):
     problems = [e for e in offline.get_log("browser") if e["level"] == "SEVERE" or "Refused" in e["message"]]
     assert problems == []
     assert [u for u in watch.requests() if not u.startswith(("file://", "blob:", "data:", "about:"))] == []
+
+
+@pytest.mark.browser
+def test_a_click_in_a_saved_page_keeps_its_cell_under_the_pointer(client, offline, dirs):
+    """As in the live page (tests/test_viewer_projector.py), at 1280×720: the clicked cell stays where it was, under
+    the pointer, and the readout names it."""
+    from test_viewer_projector import click_keeps_the_cell
+
+    path, _, _ = save_page(client, dirs, BODY)
+    offline.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                            {"width": 1280, "height": 720, "deviceScaleFactor": 1, "mobile": False})
+    try:
+        watch = open_file(offline, path, "#q=5&head=2")
+        click_keeps_the_cell(offline, "weights", 3, 1, "on", "cat")
+        wait_until(offline, lambda d: d.find_element("id", "explain-status").text.startswith("Head 2: query 3 “on” → key 1"))
+        watch.check()
+    finally:
+        offline.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})

@@ -28,8 +28,8 @@ import requests
 
 from conftest import ARTIFACTS, ROOT
 from test_viewer_browser import (  # the viewer's own harness: its server, its browser, the page's rounding
-    WAIT, ActionChains, By, Console, Keys, Server, chromium, fixed, js, pct, trace, ui_words, wait_ready, wait_until,
-    walkthrough_row,
+    WAIT, ActionChains, By, Console, Keys, Server, chromium, clear_downloads, fixed, js, pct, trace, wait_download,
+    wait_ready, wait_until, walkthrough_row,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
@@ -216,6 +216,58 @@ def test_a_map_wider_than_its_box_scrolls_with_a_visible_bar_and_keeps_the_query
     finally:
         driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
                                {"width": WIDTH, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False})
+
+
+def test_at_150_percent_zoom_the_inputs_stay_beside_the_results(driver, server, console):
+    """A laptop at 150% zoom has 853 CSS px: still two columns, not one column of the whole page."""
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": 853, "height": 480, "deviceScaleFactor": 1.5, "mobile": False})
+    try:
+        open_view(driver, server, fragment(sentence=LONG, d_model=24, num_heads=1))
+        assert len(js(driver, "return getComputedStyle(document.querySelector('.layout')).gridTemplateColumns;")
+                   .split()) == 2
+        assert rect(driver, "#maps")["left"] > rect(driver, ".sidebar")["right"]
+        assert js(driver, "return document.documentElement.scrollWidth;") <= 853
+        last = rect(driver, 'table[data-stage="weights"] thead th:last-child')
+        assert last["right"] <= rect(driver, 'figure[data-stage="weights"] .hm-scroll')["right"] + 0.5
+    finally:
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                               {"width": WIDTH, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False})
+
+
+def test_a_27_token_svg_has_no_overlapping_labels_and_the_typed_sentence(driver, server, console, dirs):
+    """The map downloaded as SVG and drawn by Chromium: no two key labels (or row labels) overlap, the caption is
+    the sentence as typed, and the legend is in the cells' unit on the chosen colour scale."""
+    import xml.etree.ElementTree as ET
+
+    open_view(driver, server, fragment(sentence=LONGER, d_model=24, num_heads=4, causal=1, colour="row"))
+    downloads = clear_downloads(dirs)
+    driver.find_element(By.CSS_SELECTOR, 'figure[data-stage="weights"] button[data-svg="weights"]').click()
+    path = wait_download(downloads, "*.svg")
+    ns = "{http://www.w3.org/2000/svg}"
+    root = ET.fromstring(path.read_bytes())
+    texts = ["".join(t.itertext()) for t in root.iter(ns + "text")]
+    assert texts[1] == f"“{LONGER}”", "the sentence as typed, not the tokens put back together"
+    assert "row max (each row on its own scale)" in texts and "0.00" in texts
+    driver.get(path.as_uri())
+    try:
+        for group in ("col-labels", "row-labels"):
+            boxes = js(driver, """return [...document.querySelectorAll(`g.${arguments[0]} text`)].map(t => {
+                const r = t.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; });""", group)
+            assert len(boxes) == 27
+            overlaps = [(i, j) for i in range(27) for j in range(i + 1, 27)
+                        if min(boxes[i][2], boxes[j][2]) - max(boxes[i][0], boxes[j][0]) > 0.5
+                        and min(boxes[i][3], boxes[j][3]) - max(boxes[i][1], boxes[j][1]) > 0.5]
+            assert overlaps == [], (group, overlaps[:5])
+        # Nor do the key labels run into the grid or the caption.
+        grid_top = js(driver, "return document.querySelector('g.cells rect').getBoundingClientRect().top;")
+        caption = js(driver, "return [...document.querySelectorAll('svg > text')].slice(0, 3)"
+                             ".map(t => t.getBoundingClientRect().bottom);")
+        tops = js(driver, "return [...document.querySelectorAll('g.col-labels text')].map(t => {"
+                          " const r = t.getBoundingClientRect(); return [r.top, r.bottom]; });")
+        assert all(bottom <= grid_top + 0.5 and top >= max(caption) for top, bottom in tops)
+    finally:
+        driver.get("about:blank")
 
 
 # ---------------------------------------------------------------- a click
