@@ -31,7 +31,7 @@ import json
 import random
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, Union
 
@@ -323,7 +323,7 @@ class Parameters:
     def keys(self) -> list[str]:
         return [*_PER_HEAD, *(k for k in self.sent if k not in _PER_HEAD)]
 
-    def __iter__(self):  # noqa: ANN204 - the names, as a dict iterates
+    def __iter__(self) -> Iterator[str]:  # the names, as a dict iterates
         return iter(self.keys())
 
     def __contains__(self, name: object) -> bool:
