@@ -117,7 +117,7 @@ def render_walkthrough(t: Trace, query: int, heads: Sequence[int], *, decimals: 
         is_masked = [bool(masked[h, query, j]) if masked is not None else False for j in range(n)]
         raw = [fmt_number(scores[h, query, j], decimals) for j in range(n)]
         sc = [fmt_number(scaled[h, query, j], decimals) for j in range(n)]
-        soft = [fmt_percent(weights[h, query, j], pdec) for j in range(n)]
+        soft = ["masked" if is_masked[j] else fmt_percent(weights[h, query, j], pdec) for j in range(n)]
         ctx = context[h, query]
         if layout == "rows":
             labels, cells = ["Score QKᵀ", scale_label], [raw, sc]

@@ -17,15 +17,21 @@ in time, raises :class:`TransportError`.
 This module needs only ``requests`` and ``numpy`` (and Python ≥ 3.9), so a
 grader can vendor it alone. :class:`LocalClient` also needs the service
 package (``service``, ``engine``, pydantic), imported when it is created.
+
+In a notebook, results show themselves: ``repr`` is one line, ``print``
+gives the command line's text (the walkthrough table of a trace, the verdict
+of a check, one cell's numbers), and a trace draws itself as the viewer's
+offline page, inline (``Trace._repr_html_``; ``Trace.html()`` is the page).
 """
 
 from __future__ import annotations
 
+import html as _html
 import json
 import random
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, Union
 
@@ -295,12 +301,53 @@ class Stats:
     max_weight: np.ndarray  # [head, query]
 
 
+_PER_HEAD = ("W_Q", "W_K", "W_V", "W_O")
+
+
 @dataclass(frozen=True)
 class Parameters:
+    """The layer's weights (``include_parameters``), per head whatever the layout they were sent in.
+
+    Subscriptable like the stages: ``t.parameters["W_Q"]``; a ``parameters_layout: "torch"`` answer's own arrays
+    are there too, ``t.parameters["in_proj_weight"]`` and ``t.parameters["out_proj.weight"]``.
+    """
+
     W_Q: np.ndarray  # [head, d_k, d_model]
-    W_K: np.ndarray  # [head, d_k, d_model]
-    W_V: np.ndarray  # [head, d_k, d_model]
+    W_K: np.ndarray  # [kv head, d_k, d_model]
+    W_V: np.ndarray  # [kv head, d_k, d_model]
     W_O: np.ndarray  # [d_model, num_heads·d_k]
+    layout: str = "per_head"
+    #: the arrays under the names the answer gave them (torch: in_proj_weight, out_proj.weight)
+    sent: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+
+    def keys(self) -> list[str]:
+        return [*_PER_HEAD, *(k for k in self.sent if k not in _PER_HEAD)]
+
+    def __iter__(self) -> Iterator[str]:  # the names, as a dict iterates
+        return iter(self.keys())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.keys()
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in _PER_HEAD:
+            return getattr(self, name)
+        if name in self.sent:
+            return self.sent[name]
+        raise KeyError(f"no parameter {name!r}; the parameters are {', '.join(self.keys())}")
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], config: Mapping[str, Any]) -> Parameters:
+        """Either layout of /trace's ``parameters``: per head (W_Q … W_O), or torch's ``in_proj_weight`` (W_Q, W_K
+        and W_V, each [h·d_k, d_model], stacked) and ``out_proj.weight``, split back into heads."""
+        if "in_proj_weight" in doc:
+            d_model, heads, d_k = config["d_model"], config["num_heads"], config["d_k"]
+            stacked = _to_array(doc["in_proj_weight"])  # [3·d_model, d_model]
+            w_q, w_k, w_v = (stacked[i * heads * d_k:(i + 1) * heads * d_k].reshape(heads, d_k, d_model)
+                             for i in range(3))
+            w_o = _to_array(doc["out_proj.weight"])
+            return cls(w_q, w_k, w_v, w_o, layout="torch", sent={"in_proj_weight": stacked, "out_proj.weight": w_o})
+        return cls(*(_to_array(doc[k]) for k in _PER_HEAD))
 
 
 @dataclass(frozen=True)
@@ -325,6 +372,8 @@ class Trace:
     injected_bug: InjectedBug | None
     raw: dict[str, Any] = field(repr=False, compare=False)
     request_id: str | None = field(default=None, compare=False)
+    #: the /trace request that made it, when this client sent it (the notebook's page shows it as typed)
+    request: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def array(self, stage_id: str) -> np.ndarray:
         """``trace.stages[stage_id].array()``."""
@@ -335,8 +384,73 @@ class Trace:
         """The tokens' texts, in order."""
         return [t.text for t in self.tokens]
 
+    # -- in a notebook
+
+    def __repr__(self) -> str:
+        cfg = self.config
+        text = self._subject()
+        return (f"<Trace of {text}: {len(self.tokens)} token{'s' if len(self.tokens) != 1 else ''}, d_model "
+                f"{cfg.d_model}, {cfg.num_heads} head{'s' if cfg.num_heads != 1 else ''} of d_k {cfg.d_k}, seed "
+                f"{cfg.seed}{'' if cfg.scale else ', not scaled'}{', causal' if cfg.causal else ''}, "
+                f"{len(self.stages)} stages>")
+
+    def __str__(self) -> str:
+        """The command line's walkthrough table: every head, for the second token (the first if there is one)."""
+        try:
+            from .cli import render_walkthrough
+        except ImportError:  # a vendored copy of this module alone
+            return repr(self)
+        try:
+            query = 1 if len(self.tokens) > 1 else 0
+            return render_walkthrough(self, query, range(self.config.num_heads), sentence=self._sentence())
+        except KeyError:  # a trace of some stages only (stages=[...]) has no table
+            return repr(self)
+
+    def _sentence(self) -> str | None:
+        sentence = (self.request or {}).get("sentence")
+        return sentence if isinstance(sentence, str) else None
+
+    def _subject(self) -> str:
+        sentence = self._sentence()
+        text = sentence if sentence is not None else " ".join(self.texts)
+        return repr(text if len(text) <= 60 else text[:59] + "…")
+
+    def request_body(self) -> dict[str, Any]:
+        """The /trace request of this trace: as it was sent, or, for a trace read from JSON, one that asks for the
+        same (the tokens as given, and the configuration from ``config``)."""
+        if self.request is not None:
+            return dict(self.request)
+        cfg = self.raw["config"]
+        body: dict[str, Any] = {"tokens": self.texts}
+        body |= {k: cfg[k] for k in ("d_model", "num_heads", "seed", "scale", "causal", "positional_encoding")}
+        body |= {k: cfg[k] for k in ("rope_base", "rope_pairing", "num_kv_heads", "window", "decode") if k in cfg}
+        if self.raw.get("context_tokens") is not None:
+            body["context_tokens"] = [t["text"] for t in self.raw["context_tokens"]]
+        return body
+
+    def html(self, comparison: Trace | None = None) -> str:
+        """The viewer's offline page of this trace, as ``POST /trace/html`` makes it (one self-contained file: the
+        maps, the walkthrough, a cell explained number by number; no network). ``comparison``: the same request with
+        ``scale`` flipped, for the "why divide by √d_k" section. Needs the service package (``pip install
+        attention-trace``), and a trace with every stage."""
+        from service.standalone import render_html
+
+        return render_html(self.raw, self.request_body(), comparison=None if comparison is None else comparison.raw)
+
+    def _repr_html_(self) -> str | None:
+        """Jupyter's rich display: the offline page in an iframe (``srcdoc``, sandboxed: its scripts run, nothing
+        else). None (so the text repr shows) without the service package or for a trace of some stages only."""
+        try:
+            page = self.html()
+        except (ImportError, ValueError):
+            return None
+        return (f'<iframe srcdoc="{_html.escape(page, quote=True)}" sandbox="allow-scripts allow-downloads" '
+                f'title="attention-trace: {_html.escape(self._subject(), quote=True)}" loading="lazy" '
+                'style="width: 100%; height: 720px; border: 1px solid #d7dbe2; border-radius: 8px"></iframe>')
+
     @classmethod
-    def from_json(cls, doc: dict[str, Any], request_id: str | None = None) -> Trace:
+    def from_json(cls, doc: dict[str, Any], request_id: str | None = None, *,
+                  request: Mapping[str, Any] | None = None) -> Trace:
         st = doc["stats"]
         p = doc.get("parameters")
         bug = doc.get("injected_bug")
@@ -348,10 +462,11 @@ class Trace:
             parameters_digest=doc["parameters_digest"],
             stages=_Stages((sid, Stage.from_json(sid, s)) for sid, s in doc["stages"].items()),
             stats=Stats(tuple(st["axes"]), _to_array(st["entropy"]), _to_array(st["max_weight"])),
-            parameters=None if p is None else Parameters(*(_to_array(p[k]) for k in ("W_Q", "W_K", "W_V", "W_O"))),
+            parameters=None if p is None else Parameters.from_json(p, doc["config"]),
             injected_bug=None if bug is None else InjectedBug(bug["name"], bug["summary"], bug["warning"]),
             raw=doc,
             request_id=request_id,
+            request=None if request is None else dict(request),
         )
 
 
@@ -477,6 +592,22 @@ class CheckResult:
     raw: dict[str, Any] = field(repr=False, compare=False)
     request_id: str | None = field(default=None, compare=False)
 
+    def __repr__(self) -> str:
+        if self.passed:
+            return f"<CheckResult: passed, {len(self.stages)} stage{'s' if len(self.stages) != 1 else ''} checked>"
+        first = self.first_wrong_stage
+        step = f" (step {self.stages[first].step})" if first in self.stages else ""
+        bug = f"; matches the bug {self.diagnosis.bug!r}" if self.diagnosis.bug else ""
+        return f"<CheckResult: not passed; first wrong stage {first!r}{step}{bug}>"
+
+    def __str__(self) -> str:
+        """The command line's verdict: a line per stage, the first wrong one, the diagnosis and the message."""
+        try:
+            from .cli import render_check
+        except ImportError:  # a vendored copy of this module alone
+            return f"{self!r}\n{self.message}"
+        return render_check(self, "the submission")
+
     @classmethod
     def from_json(cls, doc: dict[str, Any], request_id: str | None = None) -> CheckResult:
         return cls(
@@ -518,6 +649,21 @@ class Explanation:
             if s["id"] == step_id:
                 return s
         raise KeyError(f"no step {step_id!r}; the steps are {', '.join(s['id'] for s in self.steps)}")
+
+    def __repr__(self) -> str:
+        cell = f"head {self.head}, query {self.query} {self.query_token!r} → key {self.key} {self.key_token!r}"
+        if self.masked:
+            return f"<Explanation of {cell}: masked>"
+        w = self.step("weight")["value"]
+        return f"<Explanation of {cell}: weight {w:.4f} ({100 * w:.2f}%)>"
+
+    def __str__(self) -> str:
+        """The command line's lines: each step's formula, its numbers and the stage they come from."""
+        try:
+            from .explain_cli import render_explanation
+        except ImportError:  # a vendored copy of this module alone
+            return repr(self)
+        return render_explanation(self)
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], request_id: str | None = None) -> Explanation:
@@ -694,8 +840,9 @@ class _Base:
         ``arrays=True`` asks for ``application/x-npz``: every stage arrives as the exact float64
         array (no decimal text; faster for large traces), and each Stage's ``values`` is that array
         (NaN where masked, with ``mask``). The numbers are the JSON answer's, bit for bit."""
-        doc, rid = self._call("POST", "/trace", _merge(body, fields), request_id, NPZ if arrays else None)
-        return Trace.from_json(_document(doc), rid)
+        request = _merge(body, fields)
+        doc, rid = self._call("POST", "/trace", request, request_id, NPZ if arrays else None)
+        return Trace.from_json(_document(doc), rid, request=request)
 
     def trace_npz(self, body: Request | None = None, /, *, request_id: str | None = None, **fields: Any) -> bytes:
         """POST /trace with ``Accept: application/x-npz``: the archive's bytes exactly as the service sent

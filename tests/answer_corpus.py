@@ -691,7 +691,7 @@ def html_corpus() -> list[Req]:
 
 
 def get_corpus() -> list[Req]:
-    scripts = [get(f"/static/{name}.js") for name in ("format", "trace", "url-state", "svg", "api", "render",
+    scripts = [get(f"/static/{name}.js") for name in ("format", "trace", "url-state", "svg", "cell", "api", "render",
                                                        "explain")]
     return [get("/health"), get("/version"), get("/openapi.yaml"), get("/"), get("/static/app.js"), *scripts,
             get("/static/style.css"), get("/static/favicon.svg"), get("/health", headers=[("Accept", NPZ)]),

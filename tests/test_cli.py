@@ -109,10 +109,10 @@ def test_seed_style_rows_hold_the_trace_numbers(rows_run):
             assert float(rows["Score QKᵀ"][j][1]) == rounded(scores[h, q, j], 3)
             assert float(rows["Scale ÷√d_k"][j][1]) == rounded(scaled[h, q, j], 3)
             masked_text = rows["Mask (causal)"][j][1].strip()
-            if mask[h, q, j]:
-                assert masked_text == "masked" and rows["Softmax"][j][1].strip() == "0.0%"
-            else:
-                assert float(masked_text) == rounded(scaled[h, q, j], 3)
+            if mask[h, q, j]:  # a masked key's weight is the mask's 0, not a probability: "masked", as the viewer says
+                assert masked_text == "masked" and rows["Softmax"][j][1].strip() == "masked"
+                continue
+            assert float(masked_text) == rounded(scaled[h, q, j], 3)
             assert float(rows["Softmax"][j][1].rstrip("%")) == rounded(100 * weights[h, q, j], 1)
         assert [float(v) for _, v in rows["context"]] == [rounded(v, 3) for v in context[h, q]]
     # Each column lines up across the rows of a head.
@@ -145,7 +145,7 @@ def test_variant_flags_reach_the_service_and_label_the_table():
                             num_kv_heads=2, window=3, decode=True)
     assert "RoPE (rotate_half, base 10000) · 2 K/V heads [[0, 1], [2, 3]] · window 3" in run.stdout
     rows = [line.split() for line in run.stdout.splitlines() if re.match(r"^\s+\d+\s", line)]
-    assert [r[-1] for r in rows[:3]] == ["0.0%"] * 3  # more than window − 1 = 2 keys back: masked
+    assert [r[-1] for r in rows[:3]] == ["masked"] * 3  # more than window − 1 = 2 keys back: masked
     assert [float(r[2]) for r in rows] == [rounded(v, 3) for v in t.array("scores")[1, 5]]
     weights = " ".join(f"{100 * w:.1f}%" for w in t.raw["decode"][5]["weights"][1])
     assert f"step 5: the cache holds the keys and values of positions 3…5 (3 of 6); this query's weights over " \

@@ -6,9 +6,11 @@ its own CSP, nothing referenced, the service's exact bytes embedded; the route
 and the command line write the same bytes. Then the file opened from disk in
 headless Chromium with the network off (a proxy that refuses, no name
 resolution, and DevTools' offline mode): the maps and the walkthrough equal the
-trace, picking a token or head and the SVG and JSON downloads still work, no
-console error or CSP violation, and no request leaves the page (DevTools'
-network log and Resource Timing).
+trace, picking a token or head and the SVG and JSON downloads still work, a
+clicked cell is explained number by number as /explain explains it, no console
+error or CSP violation, and no request leaves the page (DevTools' network log and
+Resource Timing). And the page as a notebook shows a trace (the client's
+``Trace._repr_html_``: an iframe whose srcdoc is this page), opened in Chromium.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ import pytest
 from service.standalone import comparison_request, csp_for, export_filename, render_html, viewer_scripts
 from service.viewer import STATIC_DIR
 from test_viewer_browser import (  # the viewer's own helpers: the page's rounding and its maps
-    MINUS, WAIT, WebDriverWait, as_cells, chromium, clear_downloads, fixed, heatmap_labels, heatmap_values, pct,
-    wait_download, walkthrough_row, wait_until,
+    MINUS, WAIT, WebDriverWait, as_cells, chromium, clear_downloads, explain_rows, fixed, heatmap_labels,
+    heatmap_values, js_small, pct, wait_download, walkthrough_row, wait_until,
 )
 
 BODY = {"sentence": "the cat sat on the mat", "d_model": 24, "num_heads": 4, "seed": 0, "scale": True,
@@ -282,14 +284,15 @@ def test_the_file_renders_offline_and_sends_nothing(client, offline, dirs):
     assert rows[:2] == [[pct(d["stages"]["weights"]["values"][0][1][j]) for d in (doc, alt)] for j in range(2)]
     assert rows[2:] == [["masked", "masked"]] * 4
 
-    # Read-only: the inputs show the configuration, disabled; what needs the service is hidden.
+    # Read-only: the inputs show the configuration, disabled; what needs the service is hidden (the explanation of a
+    # cell does not: the page computes it from the trace).
     controls = drv.execute_script(
         "return [...document.getElementById('controls').elements].map(e => [e.id, e.disabled]);")
     assert controls and all(disabled for _, disabled in controls), controls
     assert drv.execute_script("return document.getElementById('sentence').value;") == "the cat sat on the mat"
     assert drv.find_element(By.ID, "causal").is_selected()
-    for hidden in ("explain-section", "download-html"):
-        assert not drv.find_element(By.ID, hidden).is_displayed(), hidden
+    assert not drv.find_element(By.ID, "download-html").is_displayed()
+    assert drv.find_element(By.ID, "explain-section").is_displayed()
     assert drv.find_element(By.ID, "standalone-note").is_displayed()
     curl = drv.execute_script("return document.getElementById('curl-command').textContent;")
     assert curl.startswith('curl -s "$ATTENTION_TRACE_URL/trace" ')
@@ -300,7 +303,7 @@ def test_the_file_renders_offline_and_sends_nothing(client, offline, dirs):
     assert heatmap_values(drv, "weights") == as_cells(S["weights"]["values"][2])
     start = drv.find_element(By.CSS_SELECTOR, 'table[data-stage="weights"] td[tabindex="0"]')
     start.send_keys(Keys.ARROW_DOWN)
-    drv.switch_to.active_element.send_keys(Keys.ENTER)  # that row's token becomes the query (no explanation here)
+    drv.switch_to.active_element.send_keys(Keys.ENTER)  # that row's token becomes the query, the cell is explained
     wait_until(drv, lambda d: "“sat”" in d.find_element(By.ID, "walkthrough-title").text)
     assert walkthrough_row(drv, "scores")[:3] == [fixed(v, 4) for v in S["scores"]["values"][2][2][:3]]
     assert "q=2" in drv.current_url and "head=2" in drv.current_url
@@ -358,3 +361,137 @@ def test_the_variants_render_offline(client, offline, dirs, body, fragment):
 def test_minus_signs_and_rounding_are_the_viewers():
     # The helpers shared with the viewer's tests (a guard that the import above is what it claims).
     assert fixed(-0.125, 2) == MINUS + "0.13" and pct(0.5) == "50.0%"
+
+
+# ---------------------------------------------------------------- one cell, number by number, offline
+
+
+def assert_panel_is_the_services(drv, answer: dict) -> None:
+    """The explain panel drawn in the page equals /explain's answer, as the page writes numbers: every step's
+    formula, value and listed values, the status line, and each note (in the table or behind the toggle)."""
+    rows = explain_rows(drv)
+    order = drv.execute_script("return [...document.querySelectorAll('.explain-table tbody tr')].map(tr => tr.dataset.step);")
+    assert order == [s["id"] for s in answer["steps"]]
+    masked = answer["masked"]
+    for step in answer["steps"]:
+        row = rows[step["id"]]
+        assert row["formula"] == step["formula"], step["id"]
+        if step["value"] is None:
+            assert row["eq"] is None
+        elif masked and step["id"] in ("exp", "weight"):
+            assert row["eq"].startswith("= masked")
+        elif step["id"] == "weight":
+            assert row["eq"] == f"= {js_small(step['value'])} ({pct(step['value'], 2)})"
+        else:
+            assert row["eq"] == f"= {js_small(step['value'])}", step["id"]
+    assert rows["products"]["vec"] == [fixed(v, 4) for v in answer["steps"][0]["values"]]
+    hidden = set(answer["masked_keys"])
+    assert rows["denominator"]["keys"] == ["masked" if j in hidden else js_small(v)
+                                           for j, v in enumerate(answer["steps"][5]["values"])]
+    notes = drv.execute_script("""return Object.fromEntries([...document.querySelectorAll('.explain-table tbody tr')].map(tr =>
+        [tr.dataset.step, tr.querySelector('.explain-note')?.textContent.trim() ?? null]));""")
+    folded = drv.execute_script("""return Object.fromEntries([...document.querySelectorAll('.float-notes li')].map(li =>
+        [li.dataset.step, li.textContent.replace(/^[^:]*: /, '')]));""")
+    for step in answer["steps"]:
+        assert step["note"] in (notes[step["id"]], folded.get(step["id"])), step["id"]
+    key_token = answer["key_token"]
+    summary = (f"masked ({answer['mask_reason']})" if masked else f"weight {pct(answer['steps'][6]['value'], 2)}")
+    assert drv.find_element("id", "explain-status").text == (
+        f"Head {answer['head']}: query {answer['query']} “{answer['query_token']}” → key {answer['key']} “{key_token}”: "
+        f"{summary}.")
+    context = drv.execute_script("return [...document.querySelectorAll('[data-part=\"explain-context\"] .vec-all .num,"
+                                 " [data-part=\"explain-context\"] .vec:not(.vec-all) .num')].map(n => n.textContent);")
+    assert context[-len(answer["steps"][7]["vector"]):] == [fixed(v, 4) for v in answer["steps"][7]["vector"]]
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize(("body", "cells"), [
+    (BODY, [(2, 5, 1), (1, 1, 3)]),  # a cell, and a masked one
+    ({"sentence": "the cat sat on the mat", "d_model": 24, "num_heads": 4, "causal": True, "window": 3,
+      "num_kv_heads": 2, "positional_encoding": "rope", "decode": True}, [(3, 5, 4), (2, 4, 0)]),
+    ({"sentence": "The animal didn't cross the street because it was tired.", "d_model": 24, "num_heads": 1,
+      "context_sentence": "L'animal n'a pas traversé la rue"}, [(0, 3, 2)]),
+])
+def test_a_saved_page_explains_a_cell_as_the_service_does(client, offline, dirs, body, cells):
+    """Offline, no service: a click explains the cell, computed in the page (cell.js) and drawn by the code that
+    draws the live answer (explain.js); the panel equals /explain's answer."""
+    from selenium.webdriver.common.by import By
+
+    path, _, _ = save_page(client, dirs, body)
+    for head, query, key in cells:
+        watch = open_file(offline, path, f"#q=0&head={head}")
+        offline.find_element(By.CSS_SELECTOR, f'table[data-stage="weights"] td[data-row="{query}"][data-col="{key}"]').click()
+        wait_until(offline, lambda d: d.find_elements(By.CSS_SELECTOR, ".explain-table tbody tr"))
+        answer = post(client, "/explain", {**body, "head": head, "query": query, "key": key}).get_json()
+        assert_panel_is_the_services(offline, answer)
+        if "decode" in body:
+            line = offline.find_element(By.CSS_SELECTOR, '[data-part="explain-decode"]').text
+            assert line.startswith(f"KV-cache decoding: {answer['decode']['note']}")
+        assert offline.find_element(By.CSS_SELECTOR, '[data-part="explain-source"]').is_displayed()
+        assert offline.find_elements(By.CSS_SELECTOR, f'td.is-explained[data-row="{query}"][data-col="{key}"]')
+        watch.check()
+
+
+# ---------------------------------------------------------------- in a notebook
+
+
+@pytest.mark.browser
+def test_a_trace_shows_itself_in_a_notebook(client, offline, dirs, tmp_path):
+    """No Jupyter: the client's Trace._repr_html_ is what a notebook puts in its output cell. Written into a page as a
+    notebook would, and opened in Chromium: the iframe draws the viewer's page of the trace, a cell can be explained
+    in it, and nothing leaves it."""
+    from selenium.webdriver.common.by import By
+
+    from attention_trace import LocalClient
+
+    t = LocalClient().trace(BODY)
+    output = t._repr_html_()
+    assert output.startswith("<iframe srcdoc=\"") and 'sandbox="allow-scripts allow-downloads"' in output
+    assert "<script" not in output.split('srcdoc="')[0]
+    path = tmp_path / "notebook.html"
+    path.write_text("<!doctype html><html lang=en><head><meta charset=utf-8><title>a notebook</title></head><body>"
+                    f"<div class=output>{output}</div></body></html>", encoding="utf-8")
+    offline.get("about:blank")
+    watch = Watch(offline)
+    offline.get(path.as_uri())
+    frame = offline.find_element(By.TAG_NAME, "iframe")
+    assert frame.size["height"] >= 700, "a screenful, not a thumbnail"
+    offline.switch_to.frame(frame)
+    try:
+        WebDriverWait(offline, WAIT).until(lambda d: d.execute_script(
+            "return document.getElementById('main').getAttribute('aria-busy') === 'false'"
+            " && !!document.querySelector('.walkthrough-table');"))
+        doc = post(client, "/trace", BODY).get_json()
+        assert heatmap_values(offline, "weights") == as_cells(doc["stages"]["weights"]["values"][0])
+        assert offline.find_element(By.ID, "trace-status").text == "6 tokens · d_model 24 · 4 heads of d_k 6 · a saved trace"
+        assert offline.execute_script("return document.getElementById('sentence').value;") == BODY["sentence"]
+        offline.find_element(By.CSS_SELECTOR, "label[for=head-1]").click()
+        wait_until(offline, lambda d: "head 1 of 4" in d.find_element(By.ID, "walkthrough-title").text)
+        offline.find_element(By.CSS_SELECTOR, 'table[data-stage="weights"] td[data-row="4"][data-col="2"]').click()
+        wait_until(offline, lambda d: d.find_elements(By.CSS_SELECTOR, ".explain-table tbody tr"))
+        assert_panel_is_the_services(offline, post(client, "/explain", {**BODY, "head": 1, "query": 4, "key": 2}).get_json())
+        assert offline.execute_script("return location.href;") == "about:srcdoc"
+        assert offline.execute_script("return document.documentElement.dataset.cspViolations || '0';") == "0"
+    finally:
+        offline.switch_to.default_content()
+    problems = [e for e in offline.get_log("browser") if e["level"] == "SEVERE" or "Refused" in e["message"]]
+    assert problems == []
+    assert [u for u in watch.requests() if not u.startswith(("file://", "blob:", "data:", "about:"))] == []
+
+
+@pytest.mark.browser
+def test_a_click_in_a_saved_page_keeps_its_cell_under_the_pointer(client, offline, dirs):
+    """As in the live page (tests/test_viewer_projector.py), at 1280×720: the clicked cell stays where it was, under
+    the pointer, and the readout names it."""
+    from test_viewer_projector import click_keeps_the_cell
+
+    path, _, _ = save_page(client, dirs, BODY)
+    offline.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                            {"width": 1280, "height": 720, "deviceScaleFactor": 1, "mobile": False})
+    try:
+        watch = open_file(offline, path, "#q=5&head=2")
+        click_keeps_the_cell(offline, "weights", 3, 1, "on", "cat")
+        wait_until(offline, lambda d: d.find_element("id", "explain-status").text.startswith("Head 2: query 3 “on” → key 1"))
+        watch.check()
+    finally:
+        offline.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})

@@ -349,6 +349,12 @@ def assert_card_consistent(s: dict[str, str], messages: dict[int, str], d_model:
         assert s["cls"] in ("invalid", "pending") and s["message"] in ("", messages.get(h)), s
 
 
+def ui_words(driver, message: str) -> str:
+    """A service message as the page shows it: the request's field names in the controls' words (url-state.js's
+    uiWords, pinned by tests/js/url-state.test.js)."""
+    return js(driver, "return AttentionTrace.urlState.uiWords(arguments[0]);", message)
+
+
 def emulate_width(driver, width: int, mobile: bool) -> None:
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
                            {"width": width, "height": 800 if mobile else 900, "deviceScaleFactor": 1, "mobile": mobile})
@@ -423,8 +429,8 @@ def test_five_heads_at_d_model_24_turns_the_card_red(driver, server, console):
 
     problem = trace(server, num_heads=5)
     assert problem.status_code == 422
-    message = problem.json()["errors"][0]["message"]
-    assert "d_k would be 4.8" in message
+    message = ui_words(driver, problem.json()["errors"][0]["message"])
+    assert "d_k would be 4.8" in message and "h = 5" in message and "num_heads" not in message
     wait_until(driver, lambda d: d.find_element(By.ID, "dk-message").text == message, "the service's words")
     # Every number on the card is of 5 heads now: none of the last valid trace's (√6 for 4 heads) lingers.
     assert card_numbers(driver) == {"dmodel": "24", "heads": "5", "dk": "4.8", "matrices": "16", "params": "2,304",
@@ -800,8 +806,8 @@ def test_invalid_kv_heads_are_explained_by_the_service_and_sent_once(driver, ser
     set_field(driver, "num_kv_heads", "3")
     err = driver.find_element(By.ID, "num_kv_heads-error")
     wait_until(driver, lambda d: err.is_displayed())
-    message = trace(server, num_heads=4, num_kv_heads=3).json()["errors"][0]["message"]
-    assert err.text == message and "divisors of num_heads: 1, 2, 4" in message
+    message = ui_words(driver, trace(server, num_heads=4, num_kv_heads=3).json()["errors"][0]["message"])
+    assert err.text == message and "divisors of h: 1, 2, 4" in message
     assert driver.find_element(By.ID, "num_kv_heads").get_attribute("aria-invalid") == "true"
     assert message in driver.find_element(By.ID, "problem").text
     # The page has shown the 422: a comparison request would have been sent before (as it was, in parallel or
@@ -823,7 +829,9 @@ def test_sliding_window_masks_far_keys(driver, server, console):
     set_field(driver, "window", "2")
     err = driver.find_element(By.ID, "window-error")
     wait_until(driver, lambda d: err.is_displayed())
-    assert err.text == trace(server, sentence="the cat sat on the mat", num_heads=2, window=2).json()["errors"][0]["message"]
+    said = trace(server, sentence="the cat sat on the mat", num_heads=2, window=2).json()["errors"][0]["message"]
+    assert said.endswith("set causal: true or drop window")  # the API's words; the page names its controls
+    assert err.text == ui_words(driver, said) and err.text.endswith("switch the causal mask on or clear Sliding window")
 
     driver.find_element(By.CSS_SELECTOR, "label[for=causal]").click()
     wait_until(driver, lambda d: not err.is_displayed())
@@ -898,8 +906,8 @@ def test_cross_attention_labels_keys_with_the_context(driver, server, console):
     driver.find_element(By.CSS_SELECTOR, "label[for=causal]").click()
     err = driver.find_element(By.ID, "causal-error")
     wait_until(driver, lambda d: err.is_displayed())
-    assert err.text == trace(server, sentence="the cat sat on the mat", num_heads=2, causal=True,
-                             context_sentence="le chat était assis").json()["errors"][0]["message"]
+    assert err.text == ui_words(driver, trace(server, sentence="the cat sat on the mat", num_heads=2, causal=True,
+                                              context_sentence="le chat était assis").json()["errors"][0]["message"])
     assert driver.find_element(By.ID, "causal").get_attribute("aria-invalid") == "true"
 
 
@@ -910,7 +918,8 @@ def test_kv_cache_decoding_steps_grow_the_cache(driver, server, console):
     press(driver, "decode", Keys.SPACE)  # the switch, from the keyboard
     err = driver.find_element(By.ID, "decode-error")
     wait_until(driver, lambda d: err.is_displayed())  # decoding needs the causal mask: the service's words
-    assert err.text == trace(server, sentence="the cat sat on the mat", num_heads=4, decode=True).json()["errors"][0]["message"]
+    assert err.text == ui_words(driver, trace(server, sentence="the cat sat on the mat", num_heads=4,
+                                              decode=True).json()["errors"][0]["message"])
 
     press(driver, "causal", Keys.SPACE)
     section = driver.find_element(By.ID, "decode-section")
@@ -918,7 +927,8 @@ def test_kv_cache_decoding_steps_grow_the_cache(driver, server, console):
     full = trace(server, sentence="the cat sat on the mat", num_heads=4, causal=True, decode=True).json()
     steps, hd = full["decode"], 2
     slider = driver.find_element(By.ID, "decode-step")
-    assert slider.get_attribute("max") == str(len(steps) - 1) and slider.get_attribute("value") == "5"
+    # The slider starts at step 0, as generation does.
+    assert slider.get_attribute("max") == str(len(steps) - 1) and slider.get_attribute("value") == "0"
 
     def shown():
         return js(driver, """return {
@@ -930,7 +940,8 @@ def test_kv_cache_decoding_steps_grow_the_cache(driver, server, console):
             roles: [...document.querySelectorAll('.cache-tok')].map(li => li.dataset.role),
         };""")
 
-    for t in (5, 4, 3, 2, 1, 0):  # walk back with the keyboard: the cache shrinks to one entry
+    press(driver, "decode-step", Keys.END)  # to the last step, then back with the keyboard: the cache shrinks
+    for t in (5, 4, 3, 2, 1, 0):
         if t < 5:
             press(driver, "decode-step", Keys.ARROW_LEFT)
         st = steps[t]
@@ -1012,9 +1023,15 @@ def test_nothing_is_loaded_from_another_origin(driver, server, console):
 @pytest.mark.parametrize(("width", "name", "docs_name"), [(1280, "desktop", "viewer.png"),
                                                            (360, "mobile", "viewer-mobile.png")])
 def test_layout_and_screenshots(driver, server, console, width, name, docs_name):
-    emulate_width(driver, width, mobile=width < 600)
+    """The desktop screenshot is a projector's first screen, 1280×720 (inputs, d_k card, maps); the phone's is the
+    whole page. The demonstration's configuration: at d_k 16 the √d_k contrast shows (head 2: 55.1% → 94.0%)."""
+    if width < 600:
+        emulate_width(driver, width, mobile=True)
+    else:
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                               {"width": width, "height": 720, "deviceScaleFactor": 1, "mobile": False})
     try:
-        open_page(driver, server, "#sentence=the+cat+sat&d_model=24&num_heads=4&seed=0&q=1&head=0")
+        open_page(driver, server, "#sentence=the+cat+sat&d_model=64&num_heads=4&seed=0&q=1&head=2")
         metrics = js(driver, """return {
             inner: window.innerWidth, scroll: document.documentElement.scrollWidth,
             font: parseFloat(getComputedStyle(document.body).fontSize),
@@ -1032,7 +1049,13 @@ def test_layout_and_screenshots(driver, server, console, width, name, docs_name)
                              ".map(el => el.getBoundingClientRect().height);")
         assert len(targets) >= 12
         assert min(targets) >= 40, "touch targets of at least 40 px"
-        screenshot(driver, ARTIFACTS / f"viewer-{name}.png")
+        if width < 600:
+            screenshot(driver, ARTIFACTS / f"viewer-{name}.png")
+        else:  # what the projector shows
+            wait_until(driver, lambda d: js(d, "return !document.getElementById('saturation').classList"
+                                               ".contains('is-updating');"))
+            shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png"})
+            (ARTIFACTS / f"viewer-{name}.png").write_bytes(base64.b64decode(shot["data"]))
         if os.environ.get("ATTENTION_TRACE_UPDATE_DOCS") == "1":
             shutil.copyfile(ARTIFACTS / f"viewer-{name}.png", DOCS / docs_name)
     finally:

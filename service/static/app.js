@@ -17,6 +17,7 @@
  *   trace.js      reading a /trace answer: key tokens, K/V heads, export names (pure)
  *   url-state.js  the inputs as data: the request, the d_k card's counts, the address both ways (pure)
  *   svg.js        the SVG exports, as an element tree written as escaped XML (pure)
+ *   cell.js       one cell, number by number, from a trace alone: /explain's answer for a saved page (pure)
  *   api.js        the service's endpoints, or the trace a saved page embeds
  *   render.js     drawing the trace, section by section
  *   explain.js    one cell, number by number (POST /explain)
@@ -34,7 +35,7 @@
   const { fmt, int } = AT.format;
   const { exportName } = AT.trace;
   const { requestFrom, fieldsFromTrace, comparisonBody, divisors, dkCard, fieldError, curlFor, hashFor,
-    fieldsFromHash, selectionFromHash } = AT.urlState;
+    fieldsFromHash, selectionFromHash, uiWords } = AT.urlState;
   const { svgFile, comparisonSvg } = AT.svg;
   const { ServiceError, ENDPOINTS, postJson, getVersion, postHtml, readEmbedded } = AT.api;
   const { h, spoken } = AT.render;
@@ -52,7 +53,10 @@
     query: 1, // selected query token index
     queryText: 'cat',
     head: 0, // selected head index (0-based)
-    step: null, // selected KV-cache decoding step (null: the last one)
+    step: null, // selected KV-cache decoding step (null: the first one)
+    colour: 'abs', // the maps' colour scale (format.js, SCALE_MODES)
+    present: false, // present mode: one stage at a time
+    slide: null, // present mode's slide (trace.js, presentSlides; null: the first)
     main: null, // {doc, text, body, ms}: the trace for the inputs as set
     alt: null, // the same request with scale flipped
     altError: null,
@@ -93,6 +97,10 @@
     saturation: $('saturation-body'), saturationSection: $('saturation'), saturationSvg: $('download-saturation-svg'),
     multihead: $('multihead-body'), footer: $('footer-versions'),
     explainSection: $('explain-section'), explainStatus: $('explain-status'), explainBody: $('explain-body'),
+    matrices: $('matrices-body'), matricesTitle: $('matrices-title'), matricesReadout: $('matrices-readout'),
+    colourScale: $('colour-scale'),
+    presentToggle: $('present-toggle'), presentBar: $('present-bar'), presentPrev: $('present-prev'),
+    presentNext: $('present-next'), presentExit: $('present-exit'), presentWhere: $('present-where'),
   };
   const fieldErrors = {
     '/sentence': $('sentence-error'), '/tokens': $('sentence-error'), '/d_model': $('d_model-error'),
@@ -111,8 +119,9 @@
 
   const explainer = AT.explain.create({ state, ui, saved: STANDALONE });
   const { explainCell, clearExplain } = explainer;
-  const renderer = AT.render.create({ state, ui, saved: STANDALONE, actions: { select, explainCell, downloadSvg } });
-  const { renderSelection, renderPickers, syncPickers, renderStatus, renderFooter, renderDecode, renderSaturation } = renderer;
+  const renderer = AT.render.create({ state, ui, saved: STANDALONE, actions: { select, explainCell, downloadSvg, demo } });
+  const { renderSelection, renderPickers, syncPickers, renderStatus, renderFooter, renderDecode, renderSaturation,
+    renderPresent } = renderer;
 
   // ------------------------------------------------------------------ inputs
 
@@ -239,7 +248,7 @@
       ui.heads.setAttribute('aria-invalid', 'true');
       return true;
     }
-    const placed = fieldError(pointer, message, Object.keys(fieldErrors));
+    const placed = fieldError(pointer, uiWords(message), Object.keys(fieldErrors));
     if (!placed) return false;
     const node = fieldErrors[placed.field];
     node.hidden = false;
@@ -253,9 +262,17 @@
   /** The view into the address (a saved page's inputs are fixed: the selection only). */
   function writeHash() {
     const showStep = STANDALONE ? Array.isArray(state.main?.doc.decode) : ui.decode.checked;
-    const hash = hashFor(STANDALONE ? null : readFields(),
-      { query: state.query, head: state.head, step: showStep ? state.step : null });
-    if (location.hash !== hash) history.replaceState(null, '', hash);
+    const hash = hashFor(STANDALONE ? null : readFields(), {
+      query: state.query, head: state.head, step: showStep ? state.step : null, colour: state.colour,
+      present: state.present, slide: state.slide,
+    });
+    if (location.hash === hash) return;
+    try {
+      history.replaceState(null, '', hash);
+    } catch {
+      // A page in a sandboxed frame (a notebook shows a trace as the saved page in an iframe's srcdoc) has no address
+      // of its own to write: the view lives on the page only.
+    }
   }
 
   function readHash() {
@@ -263,10 +280,12 @@
     readSelection();
   }
 
-  /** The query token, head and decoding step from the address. */
+  /** The query token, head, decoding step, colour scale and present mode from the address. */
   function readSelection() {
     Object.assign(state, selectionFromHash(location.hash));
     state.queryText = null;
+    ui.colourScale.value = state.colour;
+    showPresentMode();
   }
 
   // ------------------------------------------------------------------ asking the service
@@ -402,6 +421,7 @@
   function showError(err) {
     let title;
     let details = [];
+    let unreachable = false;
     const dkMessages = [];
     if (err instanceof ServiceError && err.problem && typeof err.problem === 'object') {
       const p = err.problem;
@@ -410,17 +430,18 @@
       for (const item of items) {
         const pointer = item.pointer || '';
         const message = item.message || p.detail || '';
-        if (pointer === '/num_heads') dkMessages.push(message);
+        if (pointer === '/num_heads') dkMessages.push(uiWords(message));
         showFieldError(pointer, message);
-        details.push(`${pointer ? pointer.slice(1) : 'request'}: ${message}`);
+        details.push(`${pointer ? uiWords(pointer.slice(1)) : 'request'}: ${uiWords(message)}`);
       }
-      if (!items.length) details.push(p.detail || err.text || `HTTP ${err.status}`);
+      if (!items.length) details.push(uiWords(p.detail || err.text || `HTTP ${err.status}`));
     } else if (err instanceof ServiceError) {
       title = `The service answered HTTP ${err.status} without a problem document`;
       details = [String(err.text || '').slice(0, 300) || 'empty body'];
     } else {
       title = 'Could not reach the service';
-      details = [`${err?.message || err}. Is it running? Try again in a moment.`];
+      details = [`${err?.message || err}. Is it running? Change an input (or press Enter) to ask again.`];
+      unreachable = true;
     }
     if (dkMessages.length) {
       setDkState('invalid', 'Not a valid head split', dkMessages.join(' '));
@@ -433,7 +454,8 @@
     ui.downloadHtml.disabled = true;
     clearExplain('No valid trace: fix the inputs, then click a cell to explain it.');
     showProblem({ title, details });
-    markStale(true, dkMessages.length ? 'Pick a head count that divides d_model to update.' : 'Fix the request to update.');
+    markStale(true, unreachable ? 'The service is not answering: the numbers update when it is back.'
+      : dkMessages.length ? 'Pick a head count that divides d_model to update.' : 'Change the inputs to update.');
   }
 
   function showProblem(problem) {
@@ -477,6 +499,7 @@
     writeHash();
     renderPickers();
     renderSelection();
+    showSlide();
     renderStatus();
     renderFooter();
   }
@@ -492,10 +515,88 @@
     writeHash();
     syncPickers();
     renderSelection();
+    showSlide();
     if (focus) focus();
   }
 
+  // ------------------------------------------------------------------ present mode
+
+  /** Present mode on or off as state.present says: the page's class, the bar, the button, the slide. */
+  function showPresentMode() {
+    document.documentElement.classList.toggle('is-present', state.present);
+    ui.presentBar.hidden = !state.present;
+    ui.presentToggle.setAttribute('aria-pressed', String(state.present));
+    ui.presentToggle.textContent = state.present ? 'End present mode' : 'Present';
+    showSlide();
+  }
+
+  /** Draw the slide in state.slide (render.js sets the rest of the page aside) and say where it is. */
+  function showSlide() {
+    const shown = renderPresent();
+    if (!shown) return;
+    const { slides, at } = shown;
+    state.slide = slides[at].id;
+    ui.presentWhere.textContent = `Stage ${at + 1} of ${slides.length}: ${slides[at].title}`;
+    ui.presentPrev.disabled = at === 0;
+    ui.presentNext.disabled = at === slides.length - 1;
+  }
+
+  function setPresent(on) {
+    if (state.present === on) return;
+    state.present = on;
+    if (!on) state.slide = null;
+    showPresentMode();
+    writeHash();
+    window.scrollTo(0, 0);
+    (on ? ui.presentNext : ui.presentToggle).focus({ preventScroll: true });
+  }
+
+  /** The next (+1) or previous (−1) slide. */
+  function step(by) {
+    const shown = renderPresent();
+    if (!shown) return;
+    const at = Math.min(Math.max(shown.at + by, 0), shown.slides.length - 1);
+    if (at === shown.at) return;
+    state.slide = shown.slides[at].id;
+    showSlide();
+    writeHash();
+    window.scrollTo(0, 0);
+  }
+
+  /** Keys in present mode: Page Down / Page Up (a presenter's clicker), the arrows outside the controls, Escape. */
+  function presentKeys(e) {
+    if (!state.present || e.altKey || e.ctrlKey || e.metaKey) return;
+    const t = e.target;
+    const inControl = t instanceof Element && t.closest('input, select, textarea, [role="grid"], summary, .chips')
+      && !t.closest('#present-bar');
+    if (e.key === 'Escape') setPresent(false);
+    else if (e.key === 'PageDown' || (!inControl && e.key === 'ArrowRight')) step(1);
+    else if (e.key === 'PageUp' || (!inControl && e.key === 'ArrowLeft')) step(-1);
+    else return;
+    e.preventDefault();
+  }
+
   // ------------------------------------------------------------------ actions
+
+  /** The saturation section's demonstration: the sentence kept, d_model 64 and one head (d_k 64). */
+  function demo() {
+    if (STANDALONE) return;
+    ui.dModel.value = '64';
+    updateDkLive(); // the head slider's range follows d_model first
+    ui.heads.value = '1';
+    state.head = 0;
+    schedule(0);
+  }
+
+  /** The maps' colour scale chosen. */
+  function setColour() {
+    state.colour = ui.colourScale.value;
+    writeHash();
+    if (state.main) {
+      renderSelection();
+      showSlide();
+    }
+  }
 
   function renderCurl(body) {
     ui.curl.textContent = curlFor(body, { saved: STANDALONE, href: location.href });
@@ -565,13 +666,21 @@
 
   function downloadComparisonSvg() {
     if (!state.main || !state.alt || state.altPending) return;
-    downloadSvg(comparisonSvg(state.main.doc, state.alt.doc, { query: state.query, head: state.head }),
+    const sentence = typeof state.main.body.sentence === 'string' ? state.main.body.sentence : null;
+    downloadSvg(comparisonSvg(state.main.doc, state.alt.doc, { query: state.query, head: state.head, sentence }),
       `${exportNameOnScreen()}_comparison_q${state.query}_head${state.head}.svg`);
   }
 
   // ------------------------------------------------------------------ wiring
 
   function init() {
+    ui.colourScale.addEventListener('change', setColour);
+    ui.presentToggle.addEventListener('click', () => setPresent(!state.present));
+    ui.presentExit.addEventListener('click', () => setPresent(false));
+    ui.presentNext.addEventListener('click', () => step(1));
+    ui.presentPrev.addEventListener('click', () => step(-1));
+    document.addEventListener('keydown', presentKeys);
+    window.addEventListener('resize', () => { if (state.main) renderer.markOverflow(); });
     ui.copy.addEventListener('click', copyCurl);
     ui.download.addEventListener('click', downloadJson);
     ui.downloadHtml.addEventListener('click', downloadHtml);

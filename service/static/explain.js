@@ -4,12 +4,12 @@
  * A map's cell clicked (or Enter on it): POST /explain with the trace's request plus head, query and key, and the
  * answer drawn generically from its `steps` (formula = value, with the values it lists). A masked cell says so:
  * its weight is the mask's 0, never a probability the softmax gave a real key. A saved page has no service to ask:
- * its explain section is hidden, and explainCell does nothing.
+ * it computes the same answer from its embedded trace (cell.js) and draws it with the same code.
  *
  * app.js calls create(view) once: view.state (the trace on screen; `explain`, the cell explained, which the maps
  * mark), view.ui (the explain section, and the maps to unmark) and view.saved.
  *
- * Adds `explain` to globalThis.AttentionTrace (after format.js, trace.js, api.js and render.js).
+ * Adds `explain` to globalThis.AttentionTrace (after format.js, trace.js, cell.js, api.js and render.js).
  */
 'use strict';
 
@@ -18,11 +18,14 @@
   const { keyTokensOf } = globalThis.AttentionTrace.trace;
   const { ServiceError, ENDPOINTS, postJson } = globalThis.AttentionTrace.api;
   const { h, vec } = globalThis.AttentionTrace.render;
+  const cell = globalThis.AttentionTrace.cell;
 
   const STEP_NAMES = {
     products: 'Products', score: 'Score', scaled: 'Scale', row_max: 'Row max', exp: 'Exponential',
     denominator: 'Denominator', weight: 'Weight', contributions: 'Contributions',
   };
+  /** The steps whose note is about floating point (BLAS's order of additions, numpy's exp): behind a toggle. */
+  const FLOAT_NOTES = new Set(['score', 'exp', 'denominator', 'contributions']);
 
   function create(view) {
     const { state, ui } = view;
@@ -40,9 +43,16 @@
 
     /** Ask the service to explain one cell of the trace on screen: the request as traced, plus head, query, key. */
     async function explainCell(head, query, key) {
-      if (view.saved || !state.main) return;
+      if (!state.main) return;
       const { doc, body } = state.main;
       const keyTokens = keyTokensOf(doc);
+      if (view.saved) { // no service: the same answer, from the embedded trace
+        if (state.explainController) state.explainController.abort();
+        state.explainController = null;
+        state.explain = { head, query, key };
+        renderExplain(cell.explainCell(doc, head, query, key));
+        return;
+      }
       if (state.explainController) state.explainController.abort();
       const controller = new AbortController();
       state.explainController = controller;
@@ -108,6 +118,7 @@
               : Array.isArray(v) ? vec(v, 4, 8) : h('span', { class: 'num', text: fmtSmall(v) }));
         }));
       };
+      const floatNotes = [];
       const rows = steps.map((step) => {
         const v = valueOf(step);
         let shown;
@@ -121,12 +132,23 @@
           shown = null;
         }
         const list = listOf(step);
+        // The floating-point notes (which bits BLAS or numpy may round otherwise) go below, behind a toggle; a
+        // masked cell's note on its score stays (it keeps its score: the mask acts in the softmax).
+        const floating = FLOAT_NOTES.has(step.id) && !(masked && step.id === 'exp');
+        const note = floating
+          ? (masked && step.id === 'score' ? 'masked cells keep their score (the mask acts in the softmax)' : null)
+          : step.note;
+        if (floating && step.note) floatNotes.push(h('li', { data: { step: step.id } }, h('strong', { text: `${STEP_NAMES[step.id]}: ` }), step.note));
+        const sum = step.id === 'contributions' && Array.isArray(step.vector)
+          ? h('div', { class: 'vec-line explain-sum', data: { part: 'explain-context' } },
+            h('span', { class: 'vec-name', text: `context[${x.head}, ${x.query}] = Σ =` }), vec(step.vector, 4, 8))
+          : null;
         return h('tr', { data: { step: step.id } },
           h('th', { scope: 'row', class: 'wt-stage' }, STEP_NAMES[step.id] || step.id,
             step.stage ? h('span', { class: 'row-note', text: step.stage }) : null),
           h('td', { class: 'wt-op' }, h('code', { text: step.formula || '' }),
-            step.note ? h('span', { class: 'op-note explain-note', text: ` ${step.note}` }) : null),
-          h('td', { class: 'wt-result' }, shown ? h('span', { class: 'explain-eq' }, '= ', shown) : null, list));
+            note ? h('span', { class: 'op-note explain-note', text: ` ${note}` }) : null),
+          h('td', { class: 'wt-result' }, shown ? h('span', { class: 'explain-eq' }, '= ', shown) : null, list, sum));
       });
       const weightStep = steps.find((s) => s.id === 'weight');
       const summary = masked
@@ -150,7 +172,14 @@
           + (typeof x.decode.weight_difference === 'number'
             ? ` (weight difference ${fmtExp(x.decode.weight_difference, 1)})` : '') + '.')
         : null;
-      ui.explainBody.replaceChildren(...[banner, facts, h('div', { class: 'table-scroll' }, table), decodeNote].filter(Boolean));
+      const notes = floatNotes.length ? h('details', { class: 'float-notes' },
+        h('summary', { text: 'Floating-point notes: why the last digits of a recomputation can differ' }),
+        h('ul', {}, floatNotes)) : null;
+      const source = view.saved ? h('p', { class: 'hint', data: { part: 'explain-source' } },
+        'Computed in this page from the embedded trace, as the service\'s POST /explain computes it: the stages\' numbers '
+        + 'are the trace\'s own; an exponential may differ from the service\'s in its last bit.') : null;
+      ui.explainBody.replaceChildren(...[banner, facts, h('div', { class: 'table-scroll' }, table), decodeNote, notes, source]
+        .filter(Boolean));
     }
 
     return { explainCell, clearExplain };

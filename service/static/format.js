@@ -40,6 +40,9 @@
   /** A token in typographic quotes. */
   const quoted = (t) => `“${t}”`;
 
+  /** A whole number in subscript digits: 12 → "₁₂" (head₁₂). */
+  const subscript = (n) => String(n).replace(/\d/g, (d) => '₀₁₂₃₄₅₆₇₈₉'[d]);
+
   /** A number from the JSON as the request wrote it: 10000.0 arrives as 10000 and prints so. */
   const fmtBase = (base) => String(base);
 
@@ -58,6 +61,40 @@
 
   /** v's place in [lo, hi] as 0 … 1; 0.5 for a range of one value. */
   const unit = (v, [lo, hi]) => (hi > lo ? (v - lo) / (hi - lo) : 0.5);
+
+  /** The colour scales a map can be drawn on (the page's select, the address's `colour`, the SVG exports). */
+  const SCALE_MODES = Object.freeze(['abs', 'map', 'row']);
+
+  /**
+   * How one map's cells are coloured, and its legend. `mode`:
+   *   'abs'  weights on 0 … 1 (scores, which have no fixed range, on the map's min … max);
+   *   'map'  weights on 0 … the map's largest weight (scores on the map's min … max);
+   *   'row'  each row on its own: weights on 0 … the row's largest, scores on the row's min … max.
+   * Masked cells (null, or isMasked(i, j)) take no part. Returns {mode, t(i, v): v's place on row i's scale, 0 … 1;
+   * lo, hi: the legend's two ends, in the unit the cells are written in (weights as fractions, 2 decimals, as the
+   * cells show them; "row max" when each row has its own); ranges: each row's [lo, hi]}.
+   */
+  function mapScale(matrix, { kind = 'score', mode = 'abs', isMasked = null } = {}) {
+    const m = SCALE_MODES.includes(mode) ? mode : 'abs';
+    const weight = kind === 'weight';
+    const shown = (i) => matrix[i].filter((v, j) => v !== null && !(isMasked && isMasked(i, j)));
+    const rows = matrix.map((_, i) => shown(i));
+    let ranges;
+    let lo;
+    let hi;
+    if (m === 'row') {
+      ranges = rows.map((r) => { const [a, b] = extent(r); return weight ? [0, b] : [a, b]; });
+      lo = weight ? fmt(0, 2) : 'row min';
+      hi = 'row max';
+    } else {
+      const [a, b] = extent(rows);
+      const range = weight ? [0, m === 'map' ? b : 1] : [a, b];
+      ranges = rows.map(() => range);
+      lo = fmt(range[0], 2);
+      hi = fmt(range[1], 2);
+    }
+    return { mode: m, t: (i, v) => Math.min(1, Math.max(0, unit(v, ranges[i]))), lo, hi, ranges };
+  }
 
   /** The Euclidean length of a vector. */
   function norm(v) {
@@ -112,7 +149,7 @@
 
   globalThis.AttentionTrace ??= {};
   globalThis.AttentionTrace.format = Object.freeze({
-    MINUS, fmt, pct, fmtSmall, fmtExp, int, quoted, fmtBase, extent, unit, norm,
+    MINUS, fmt, pct, fmtSmall, fmtExp, int, quoted, subscript, fmtBase, extent, unit, norm, SCALE_MODES, mapScale,
     HM_LO, HM_HI, ON_DARK_AT, toOklab, fromOklab, scaleColour, inkOn, shellQuote,
   });
 })();

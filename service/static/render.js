@@ -16,13 +16,15 @@
 'use strict';
 
 (() => {
-  const { fmt, pct, int, quoted, fmtBase, extent, unit, norm, ON_DARK_AT } = globalThis.AttentionTrace.format;
-  const { HEATMAP_MAX_TOKENS, CELL_NUMBERS_MAX_TOKENS, keyTokensOf, isCross, kvHeadOf, exportName } = globalThis.AttentionTrace.trace;
+  const { fmt, pct, int, quoted, fmtBase, extent, unit, norm, mapScale, subscript, ON_DARK_AT } = globalThis.AttentionTrace.format;
+  const { HEATMAP_MAX_TOKENS, CELL_NUMBERS_MAX_TOKENS, keyTokensOf, isCross, kvHeadOf, exportName, presentSlides } = globalThis.AttentionTrace.trace;
   const { heatmapSvg } = globalThis.AttentionTrace.svg;
 
   const THUMBS_MAX_CELLS = 30000;
   const VECTOR_NUMBERS_MAX = 96;
   const KEY_VECTORS_MAX = 12; // context keys listed with their vectors in the walkthrough
+  const MATRIX_MAX_DIMS = 64; // d_k columns of Q (rows of Kᵀ) drawn; the JSON has them all
+  const WEAK_CONTRAST = 0.15; // scaled and unscaled max weights closer than this: offer a configuration that shows it
 
   // ------------------------------------------------------------------ stateless builders
 
@@ -139,10 +141,12 @@
     function renderSelection() {
       renderWalkthrough();
       renderMaps();
+      renderMatrices();
       renderKv();
       renderDecode();
       renderSaturation();
       renderMultihead();
+      renderPresent();
     }
 
     function renderPickers() {
@@ -286,7 +290,7 @@
           h('span', {}, h('code', { text: 'Σ_j w_j · V_j' }), cross ? ' the blend of the context\'s value vectors' : ' the blend of value vectors'),
           h('div', { class: 'vec-line', data: { part: 'context' } }, h('span', { class: 'vec-name', text: 'context ≈' }), vec(context))),
         stageRow('concat', 'Concat',
-          h('span', {}, h('code', { text: `[head₀ | … | head_${cfg.num_heads - 1}]` }), ` ${cfg.num_heads} × ${cfg.d_k} = ${cfg.num_heads * cfg.d_k} values`),
+          h('span', {}, h('code', { text: concatOf(cfg.num_heads) }), ` ${cfg.num_heads} × ${cfg.d_k} = ${cfg.num_heads * cfg.d_k} values`),
           h('div', { class: 'vec-line', data: { part: 'concat' } }, vec(S.concat.values[q]))),
         stageRow('output', h('span', {}, sub('O', 'W')),
           h('span', {}, h('code', { text: 'concat · W_Oᵀ' }), ` mixes the heads back into d_model = ${cfg.d_model}`),
@@ -301,6 +305,12 @@
         h('tbody', {}, rows));
       ui.walkthrough.replaceChildren(h('div', { class: 'table-scroll' }, table),
         explainWeights(tokens, keyTokens, q, weights, masked, cross));
+    }
+
+    /** The concat's formula: [head₀], [head₀ | head₁], [head₀ | … | head₁₁]. */
+    function concatOf(heads) {
+      if (heads <= 3) return `[${Array.from({ length: heads }, (_, i) => `head${subscript(i)}`).join(' | ')}]`;
+      return `[head₀ | … | head${subscript(heads - 1)}]`;
     }
 
     function explainWeights(tokens, keyTokens, q, weights, masked, cross) {
@@ -331,8 +341,14 @@
 
     // -- heatmaps
 
+    /** The text of a map's exact value: a weight as a fraction and a percentage, a score as it is. */
+    const valueText = (v, kind) => (kind === 'weight' ? `${fmt(v, 4)} (${pct(v, 2)})` : fmt(v, 4));
+
+    /** The request's sentence as typed (the SVG's caption), or null for pre-split tokens. */
+    const typedSentence = () => (typeof state.main.body?.sentence === 'string' ? state.main.body.sentence : null);
+
     function heatmap(spec) {
-      const { stage, title, formula, matrix, tokens, range, kind, maskRow } = spec;
+      const { stage, title, formula, matrix, tokens, kind, maskRow } = spec;
       const keyTokens = spec.keyTokens || tokens;
       const n = Math.min(matrix.length, HEATMAP_MAX_TOKENS);
       const m = Math.min(matrix[0]?.length ?? 0, HEATMAP_MAX_TOKENS);
@@ -340,7 +356,7 @@
       const labels = tokens.slice(0, n).map((t) => t.text);
       const keyLabels = keyTokens.slice(0, m).map((t) => t.text);
       const keyWord = spec.keyTokens ? 'context key' : 'key';
-      const valueText = (v) => (kind === 'weight' ? `${fmt(v, 4)} (${pct(v, 2)})` : fmt(v, 4));
+      const scale = mapScale(matrix.slice(0, n).map((r) => r.slice(0, m)), { kind, mode: spec.mode, isMasked: maskRow });
       const head = h('tr', {}, h('th', { class: 'hm-corner', scope: 'col' }, h('span', { class: 'visually-hidden', text: `query \\ ${keyWord}` })),
         keyLabels.map((l, j) => h('th', { scope: 'col', class: 'hm-col', title: `${keyWord} ${j}: ${l}` }, h('span', { class: 'hm-label', text: l }))));
       const body = [];
@@ -353,14 +369,14 @@
           const explained = ex !== null && ex.query === i && ex.key === j;
           const label = (isMasked
             ? `${title}: query ${quoted(labels[i])} → ${keyWord} ${quoted(keyLabels[j])}: masked${kind === 'weight' ? ' (weight 0)' : ' (−∞)'}`
-            : `${title}: query ${quoted(labels[i])} → ${keyWord} ${quoted(keyLabels[j])}: ${valueText(v)}`)
+            : `${title}: query ${quoted(labels[i])} → ${keyWord} ${quoted(keyLabels[j])}: ${valueText(v, kind)}`)
             + (explained ? ' (explained below)' : '');
           const td = h('td', {
             class: `hm-cell${isMasked ? ' is-masked' : ''}${explained ? ' is-explained' : ''}`, tabindex: -1, title: label,
             'aria-label': label,
             data: { row: i, col: j, value: v === null ? 'null' : String(v) },
           }, compact ? '' : (isMasked ? '—' : fmt(v, 2)));
-          if (!isMasked) shade(td, unit(v, range));
+          if (!isMasked) shade(td, scale.t(i, v));
           cells.push(td);
         }
         body.push(h('tr', { class: i === state.query ? 'is-query' : null, data: { row: i } },
@@ -370,7 +386,7 @@
       const table = h('table', {
         class: `hm-grid${compact ? ' is-compact' : ''}`, role: 'grid',
         'aria-label': `${title}, head ${state.head}: rows are queries, columns are ${spec.keyTokens ? 'the context\'s keys' : 'keys'}`,
-        data: { stage },
+        data: { stage }, vars: { '--m': String(m) },
       }, h('thead', {}, head), h('tbody', {}, body));
       // Roving tabindex: one tab stop per grid, arrows move inside it.
       const start = table.querySelector(`td[data-row="${Math.min(state.query, n - 1)}"][data-col="0"]`);
@@ -382,34 +398,42 @@
         const cell = e.target.closest('td.hm-cell, th.hm-row');
         if (!cell) return;
         const row = Number(cell.dataset.row ?? cell.parentElement.dataset.row);
-        if (cell.matches('td')) activateCell(stage, row, Number(cell.dataset.col));
+        if (cell.matches('td')) activateCell(stage, row, Number(cell.dataset.col), cell);
         else if (row !== state.query) actions.select(row, null, { focus: () => focusCell(stage, row, 0) });
       });
+      const svgSpec = { ...spec, mode: scale.mode };
       return h('figure', { class: 'heatmap', data: { stage } },
         h('figcaption', {}, h('span', { class: 'hm-title', text: title }), ' ', h('code', { class: 'hm-formula', text: formula })),
         h('div', { class: 'hm-scroll' }, table),
-        h('div', { class: 'legend-row' }, legend(range, kind, spec.showMasked),
+        h('p', { class: 'hint hm-more', 'aria-hidden': 'true', text: 'Scroll sideways for the other keys →' }),
+        h('div', { class: 'legend-row' }, legend(scale, kind, spec.showMasked),
           h('button', {
             type: 'button', class: 'button button-small', data: { svg: stage },
             'aria-label': `Download the ${title.toLowerCase()} map of head ${state.head} as SVG`,
-            onclick: () => actions.downloadSvg(heatmapSvg(spec, { doc: state.main.doc, head: state.head }),
+            onclick: () => actions.downloadSvg(heatmapSvg(svgSpec, { doc: state.main.doc, head: state.head, sentence: typedSentence() }),
               `${exportName(state.main.doc, state.main.body)}_${stage}_head${state.head}.svg`),
           }, 'Download SVG')));
     }
 
-    /** A cell clicked, or Enter on it: its row's token becomes the query, and the service explains the cell. */
-    function activateCell(stage, row, col) {
+    /**
+     * A cell clicked, or Enter on it: its row's token becomes the query, and the cell is explained. Everything is
+     * drawn again for the new query; a click's cell is kept where it was on the screen (under the pointer), and the
+     * readout names it.
+     */
+    function activateCell(stage, row, col, clicked = null) {
+      const at = clicked ? clicked.getBoundingClientRect() : null;
       actions.explainCell(state.head, row, col);
-      actions.select(row, null, { focus: () => focusCell(stage, row, col) });
+      actions.select(row, null, { focus: () => focusCell(stage, row, col, at) });
     }
 
-    function legend(range, kind, showMasked) {
-      const lo = kind === 'weight' ? '0%' : fmt(range[0], 2);
-      const hi = kind === 'weight' ? '100%' : fmt(range[1], 2);
-      return h('div', { class: 'legend' },
-        h('span', { class: 'legend-end', text: lo }),
-        h('span', { class: 'legend-bar', role: 'img', 'aria-label': `colour scale from ${lo} (light) to ${hi} (dark)` }),
-        h('span', { class: 'legend-end', text: hi }),
+    function legend(scale, kind, showMasked) {
+      const unitName = kind === 'weight' ? 'weight' : 'score';
+      const note = scale.mode === 'row' ? ', each row on its own' : '';
+      return h('div', { class: 'legend', data: { mode: scale.mode } },
+        h('span', { class: 'legend-end', text: scale.lo }),
+        h('span', { class: 'legend-bar', role: 'img',
+          'aria-label': `colour scale of the ${unitName}s from ${scale.lo} (light) to ${scale.hi} (dark)${note}` }),
+        h('span', { class: 'legend-end', text: scale.hi }),
         showMasked ? h('span', { class: 'legend-masked' }, h('span', { class: 'swatch is-masked', 'aria-hidden': 'true' }), 'masked') : null);
     }
 
@@ -419,13 +443,28 @@
       ui.readout.textContent = cell.getAttribute('aria-label');
     }
 
-    function focusCell(stage, row, col) {
+    /**
+     * Focus a map's cell after a redraw. `keepAt`: where the cell was on the screen before (a click's): the page
+     * scrolls so that it is there again, whatever changed above it, and the focus does not scroll.
+     */
+    function focusCell(stage, row, col, keepAt = null) {
       const cell = ui.maps.querySelector(`table[data-stage="${stage}"] td[data-row="${row}"][data-col="${col}"]`);
-      if (cell) {
-        for (const c of cell.closest('table').querySelectorAll('td[tabindex="0"]')) c.tabIndex = -1;
-        cell.tabIndex = 0;
+      if (!cell) return;
+      for (const c of cell.closest('table').querySelectorAll('td[tabindex="0"]')) c.tabIndex = -1;
+      cell.tabIndex = 0;
+      if (keepAt) {
+        const now = cell.getBoundingClientRect();
+        const box = cell.closest('.hm-scroll');
+        if (box && Math.abs(now.left - keepAt.left) >= 0.5) box.scrollLeft += now.left - keepAt.left;
+        const moved = cell.getBoundingClientRect();
+        if (Math.abs(moved.top - keepAt.top) >= 0.5 || Math.abs(moved.left - keepAt.left) >= 0.5) {
+          window.scrollBy(moved.left - keepAt.left, moved.top - keepAt.top);
+        }
+        cell.focus({ preventScroll: true });
+      } else {
         cell.focus();
       }
+      readCell(cell);
     }
 
     function gridKeys(e) {
@@ -454,6 +493,13 @@
       focusCell(table.dataset.stage, row, col);
     }
 
+    /** Mark each map whose columns do not all fit its box, so that its "scroll sideways" hint shows. */
+    function markOverflow() {
+      for (const box of ui.maps.querySelectorAll('.hm-scroll')) {
+        box.closest('figure').classList.toggle('is-overflowing', box.scrollWidth > box.clientWidth + 1);
+      }
+    }
+
     function renderMaps() {
       const { doc } = state.main;
       const S = doc.stages;
@@ -467,32 +513,39 @@
       const rope = cfg.positional_encoding === 'rope';
       const qk = rope ? 'RoPE(Q)RoPE(K)ᵀ' : 'QKᵀ';
       const crossNote = keyTokens ? ' · keys: the context' : '';
+      const mode = state.colour;
       ui.mapsTitle.replaceChildren(`Attention maps${cfg.num_heads > 1 ? ` · head ${hd} of ${cfg.num_heads}` : ''}${crossNote}`);
       const maps = [
-        heatmap({ stage: 'scores', title: 'Scores', formula: qk, matrix: S.scores.values[hd], tokens, keyTokens,
-          range: extent(S.scores.values[hd]), kind: 'score' }),
+        heatmap({ stage: 'scores', title: 'Scores', formula: qk, matrix: S.scores.values[hd], tokens, keyTokens, kind: 'score', mode }),
         heatmap({ stage: 'scaled_scores', title: 'Scaled scores', formula: cfg.scale ? `${qk}/√${cfg.d_k}` : `${qk}/1 (scaling off)`,
-          matrix: S.scaled_scores.values[hd], tokens, keyTokens, range: extent(S.scaled_scores.values[hd]), kind: 'score' }),
+          matrix: S.scaled_scores.values[hd], tokens, keyTokens, kind: 'score', mode }),
       ];
       if (masked) {
         const formula = cfg.window !== undefined ? `future keys and keys ≥ ${cfg.window} back → −∞` : 'future keys → −∞';
         maps.push(heatmap({ stage: 'masked_scores', title: cfg.window !== undefined ? 'Masked scores (sliding window)' : 'Masked scores',
-          formula, matrix: masked.values[hd], tokens, keyTokens, range: extent(masked.values[hd]), kind: 'score', showMasked: true }));
+          formula, matrix: masked.values[hd], tokens, keyTokens, kind: 'score', mode, showMasked: true }));
       }
       maps.push(heatmap({ stage: 'weights', title: 'Weights', formula: 'softmax: rows sum to 1', matrix: S.weights.values[hd],
-        tokens, keyTokens, range: [0, 1], kind: 'weight', maskRow: isMasked, showMasked: !!masked }));
+        tokens, keyTokens, kind: 'weight', mode, maskRow: isMasked, showMasked: !!masked }));
       const longest = Math.max(tokens.length, (keyTokens || tokens).length);
       const note = longest > HEATMAP_MAX_TOKENS
         ? h('p', { class: 'hint', text: `Showing the first ${HEATMAP_MAX_TOKENS} of ${longest} tokens; download the JSON for all of them.` })
         : null;
-      // Columns as wide as one map needs: about 3.6em a cell plus the row labels.
-      const n = Math.min((keyTokens || tokens).length, HEATMAP_MAX_TOKENS);
-      const perCell = n > CELL_NUMBERS_MAX_TOKENS ? 1.05 : 2.8;
-      const grid = h('div', { class: 'heatmaps', vars: { '--hm-min': `${Math.max(14, n * perCell + 5).toFixed(2)}em` } }, maps);
+      // Columns as wide as one map needs: about 2.8em a cell with its number, plus the row labels; above 12 keys
+      // the cells shrink to fit their box (style.css, from 10 px), so a map asks for about 15 px a key.
+      const m = Math.min((keyTokens || tokens).length, HEATMAP_MAX_TOKENS);
+      const compact = Math.max(Math.min(tokens.length, HEATMAP_MAX_TOKENS), m) > CELL_NUMBERS_MAX_TOKENS;
+      const minWidth = compact ? `${(7 * 16 + m * 15).toFixed(0)}px` : `${Math.max(14, m * 2.8 + 5).toFixed(2)}em`;
+      const grid = h('div', { class: `heatmaps${compact ? ' is-compact' : ''}`, vars: { '--hm-min': minWidth } }, maps);
       ui.maps.replaceChildren(...[grid, note].filter(Boolean));
+      markOverflow();
       renderThumbs();
     }
 
+    /**
+     * Every head's weights side by side, each a labelled map at a readable size (and a button that picks its head),
+     * on the maps' colour scale.
+     */
     function renderThumbs() {
       const { doc } = state.main;
       const cfg = doc.config;
@@ -510,30 +563,115 @@
         return;
       }
       const masked = doc.stages.masked_scores;
-      const thumbs = W.map((m, hi) => {
-        const grid = h('span', { class: 'thumb-grid', vars: { '--n': String(nk) }, 'aria-hidden': 'true' });
+      const size = Math.max(n, nk) <= 6 ? 'is-large' : Math.max(n, nk) <= 12 ? 'is-medium' : 'is-small';
+      const numbers = size === 'is-large';
+      const rowLabels = doc.tokens.slice(0, n).map((t) => t.text);
+      const colLabels = keyTokens.slice(0, nk).map((t) => t.text);
+      const thumbs = W.map((mat, hi) => {
+        const isMasked = masked ? (i, j) => masked.values[hi][i][j] === null : null;
+        const scale = mapScale(mat.slice(0, n).map((r) => r.slice(0, nk)), { kind: 'weight', mode: state.colour, isMasked });
+        const grid = h('span', { class: `thumb-grid ${size}`, vars: { '--n': String(nk) }, 'aria-hidden': 'true' },
+          h('span', { class: 'thumb-corner' }),
+          colLabels.map((l) => h('span', { class: 'thumb-col', title: l }, h('span', { class: 'thumb-label', text: l }))));
         for (let i = 0; i < n; i += 1) {
+          grid.append(h('span', { class: `thumb-row${i === state.query ? ' is-query' : ''}`, title: rowLabels[i] },
+            h('span', { class: 'thumb-label', text: rowLabels[i] })));
           for (let j = 0; j < nk; j += 1) {
-            const off = masked && masked.values[hi][i][j] === null;
-            const c = h('span', { class: `thumb-cell${off ? ' is-masked' : ''}${i === state.query ? ' is-query' : ''}` });
-            if (!off) shade(c, m[i][j]);
+            const off = isMasked && isMasked(i, j);
+            const c = h('span', { class: `thumb-cell${off ? ' is-masked' : ''}${i === state.query ? ' is-query' : ''}` },
+              numbers && !off ? fmt(mat[i][j], 2) : '');
+            if (!off) shade(c, scale.t(i, mat[i][j]));
             grid.append(c);
           }
         }
-        const row = m[state.query];
+        const row = mat[state.query];
         const top = row.indexOf(Math.max(...row));
         const kv = cfg.query_heads_of_kv_head ? ` · K/V ${kvHeadOf(cfg, hi)}` : '';
         return h('button', {
-          type: 'button', class: 'thumb', 'aria-pressed': hi === state.head ? 'true' : 'false',
+          type: 'button', class: 'thumb', 'aria-pressed': hi === state.head ? 'true' : 'false', data: { head: hi },
           'aria-label': `Head ${hi}${kv ? ` (reads K/V head ${kvHeadOf(cfg, hi)})` : ''}: ${quoted(doc.tokens[state.query].text)} `
             + `attends most to ${quoted(keyTokens[top].text)} (${pct(row[top])})`,
           onclick: () => actions.select(null, hi),
-        }, grid, h('span', { class: 'thumb-caption' }, `head ${hi}${kv}`, h('span', { class: 'thumb-top', text: `${keyTokens[top].text} ${pct(row[top], 0)}` })));
+        }, h('span', { class: 'thumb-caption' }, `head ${hi}${kv}`,
+          h('span', { class: 'thumb-top', text: `${quoted(doc.tokens[state.query].text)} → ${keyTokens[top].text} ${pct(row[top], 0)}` })), grid);
       });
       ui.thumbs.replaceChildren(
-        h('h3', { class: 'subhead', text: 'Every head\'s weights' }),
-        h('p', { class: 'hint', text: 'Same sentence, different projections, different soft distributions. Pick a head to inspect it.' }),
-        h('div', { class: 'thumbs' }, thumbs));
+        h('h3', { class: 'subhead', text: 'Every head\'s weights, side by side' }),
+        h('p', { class: 'hint', text: 'Same sentence, different projections, different soft distributions; the same colour '
+          + 'scale as the maps. Pick a head to inspect it.' }),
+        h('div', { class: `thumbs ${size}` }, thumbs));
+    }
+
+    // -- Q, Kᵀ and QKᵀ
+
+    /** One matrix as a labelled table: `rows` and `cols` its labels, numbers when `numbers`, coloured on its range. */
+    function matrixTable(name, caption, values, rows, cols, { numbers, queryRow = null, rowHead, colHead }) {
+      const range = extent(values);
+      return h('table', { class: `mx-grid${numbers ? '' : ' is-compact'}`, data: { matrix: name }, vars: { '--m': String(cols.length) } },
+        h('caption', { class: 'mx-caption' }, caption),
+        h('thead', {}, h('tr', {}, h('th', { class: 'mx-corner', scope: 'col' }, h('span', { class: 'visually-hidden', text: `${rowHead} \\ ${colHead}` })),
+          cols.map((c, j) => h('th', { scope: 'col', class: 'mx-col', data: { col: j }, title: `${colHead} ${c}` }, h('span', { class: 'mx-label', text: c }))))),
+        h('tbody', {}, values.map((r, i) => h('tr', { data: { row: i }, class: i === queryRow ? 'is-query' : null },
+          h('th', { scope: 'row', class: 'mx-row', title: `${rowHead} ${rows[i]}` }, h('span', { class: 'mx-label', text: rows[i] })),
+          r.map((v, j) => shade(h('td', { class: 'mx-cell', data: { row: i, col: j }, title: `${name}[${rows[i]}, ${cols[j]}] = ${fmt(v, 4)}` },
+            numbers ? fmt(v, 2) : ''), unit(v, range)))))));
+    }
+
+    function renderMatrices() {
+      const { doc } = state.main;
+      const S = doc.stages;
+      const cfg = doc.config;
+      const hd = state.head;
+      const kvh = kvHeadOf(cfg, hd);
+      const rope = cfg.positional_encoding === 'rope';
+      const keyTokens = keyTokensOf(doc);
+      const n = Math.min(doc.tokens.length, HEATMAP_MAX_TOKENS);
+      const m = Math.min(keyTokens.length, HEATMAP_MAX_TOKENS);
+      const d = Math.min(cfg.d_k, MATRIX_MAX_DIMS);
+      const Q = (rope ? S.q_rotated : S.q).values[hd].slice(0, n).map((r) => r.slice(0, d));
+      const K = (rope ? S.k_rotated : S.k).values[kvh].slice(0, m).map((r) => r.slice(0, d));
+      const KT = Array.from({ length: d }, (_, c) => K.map((r) => r[c]));
+      const scores = S.scores.values[hd].slice(0, n).map((r) => r.slice(0, m));
+      const rows = doc.tokens.slice(0, n).map((t) => t.text);
+      const keys = keyTokens.slice(0, m).map((t) => t.text);
+      const dims = Array.from({ length: d }, (_, c) => String(c));
+      const numbers = cfg.d_k <= 8 && Math.max(n, m) <= CELL_NUMBERS_MAX_TOKENS;
+      const qName = rope ? 'RoPE(Q)' : 'Q';
+      const kName = rope ? 'RoPE(K)ᵀ' : 'Kᵀ';
+      const head = cfg.num_heads > 1 ? `, head ${hd}` : '';
+      const kvText = cfg.num_kv_heads !== undefined && cfg.num_kv_heads !== cfg.num_heads ? ` (K/V head ${kvh})` : '';
+      ui.matricesTitle.replaceChildren(`${qName} · ${kName} = scores${head}`);
+      const q = state.query < n ? state.query : null;
+      const tables = [
+        matrixTable('Q', `${qName}: ${n} × ${cfg.d_k}`, Q, rows, dims, { numbers, queryRow: q, rowHead: 'query', colHead: 'dimension' }),
+        h('span', { class: 'mx-op', 'aria-hidden': 'true', text: '·' }),
+        matrixTable('KT', `${kName}${kvText}: ${cfg.d_k} × ${m}`, KT, dims, keys, { numbers, rowHead: 'dimension', colHead: isCross(doc) ? 'context key' : 'key' }),
+        h('span', { class: 'mx-op', 'aria-hidden': 'true', text: '=' }),
+        matrixTable('scores', `scores: ${n} × ${m}`, scores, rows, keys, { numbers: Math.max(n, m) <= CELL_NUMBERS_MAX_TOKENS, queryRow: q,
+          rowHead: 'query', colHead: 'key' }),
+      ];
+      const cut = cfg.d_k > d || doc.tokens.length > n || keyTokens.length > m
+        ? h('p', { class: 'hint', text: `Showing ${n} × ${d} of Q and ${d} × ${m} of Kᵀ; download the JSON for all of them.` }) : null;
+      const eq = h('div', { class: 'mx-equation' }, tables);
+      eq.addEventListener('mouseover', (e) => pointMatrices(e.target));
+      eq.addEventListener('mouseleave', () => pointMatrices(null));
+      ui.matrices.replaceChildren(...[h('div', { class: 'mx-scroll' }, eq), cut].filter(Boolean));
+    }
+
+    /** A score pointed at: its row of Q and its column of Kᵀ light up, and the readout says so. */
+    function pointMatrices(target) {
+      for (const el of ui.matrices.querySelectorAll('.is-pointed')) el.classList.remove('is-pointed');
+      const cell = target && target.closest && target.closest('table[data-matrix="scores"] td.mx-cell');
+      if (!cell) return;
+      const { row, col } = cell.dataset;
+      cell.classList.add('is-pointed');
+      for (const el of ui.matrices.querySelectorAll(`table[data-matrix="Q"] tr[data-row="${row}"] td, `
+        + `table[data-matrix="KT"] td[data-col="${col}"]`)) el.classList.add('is-pointed');
+      const doc = state.main.doc;
+      const keyTokens = keyTokensOf(doc);
+      const v = doc.stages.scores.values[state.head][Number(row)][Number(col)];
+      ui.matricesReadout.textContent = `scores[${quoted(doc.tokens[row].text)}, ${quoted(keyTokens[col].text)}] = `
+        + `row ${row} of Q · column ${col} of Kᵀ = Σ over the ${doc.config.d_k} dimensions of q·k = ${fmt(v, 4)}`;
     }
 
     // -- grouped-query attention
@@ -587,7 +725,7 @@
       }
       ui.decodeSection.hidden = false;
       const last = steps.length - 1;
-      const t = state.step === null ? last : Math.min(Math.max(state.step, 0), last);
+      const t = state.step === null ? 0 : Math.min(Math.max(state.step, 0), last); // from the first step, as generated
       const st = steps[t];
       const hd = state.head;
       const kvh = kvHeadOf(cfg, hd);
@@ -628,7 +766,7 @@
         : null;
       const bytes = cfg.kv_cache_bytes_per_token;
       const kvName = cfg.num_kv_heads !== undefined ? ` (K/V head ${kvh})` : '';
-      ui.decodeBody.replaceChildren(
+      ui.decodeBody.replaceChildren(...[
         strip,
         h('p', { class: 'explain decode-summary' },
           `Step ${t}: ${quoted(st.token)} at position ${st.position}. Its q${rope ? ', rotated,' : ''} attends to the `
@@ -645,7 +783,8 @@
           vecLine('decode-output', 'output =', st.output)),
         h('p', { class: 'hint', data: { check: 'decode' } },
           `Same weights as row ${st.position} of the full causal trace above (largest difference ${diff.toExponential(1)}): `
-          + 'the cache changes the cost, not the numbers.'));
+          + 'the cache changes the cost, not the numbers.'),
+      ].filter(Boolean));
     }
 
     // -- saturation
@@ -710,8 +849,16 @@
           + `${fmt(eu, 3)} nats (a uniform row over ${visible} keys would be ln ${visible} = ${fmt(Math.log(visible), 3)}). `
           + 'Large dot products saturate softmax towards one-hot, and the other tokens get almost no gradient; the wider d_k, '
           + 'the larger the raw scores, which is why the divisor is √d_k.';
+      // A small d_k hardly saturates: the lesson needs a wider head. One click sets up one that shows it (the
+      // sentence kept): d_model 64 with one head, d_k 64 (e.g. "the cat sat": 44.1% → 94.6% for "cat").
+      const weak = visible > 1 && Math.abs(mu - ms) < WEAK_CONTRAST && !view.saved && actions.demo;
+      const demo = weak ? h('p', { class: 'explain demo-note' },
+        `Here the largest weight moves by ${fmt(Math.abs(mu - ms) * 100, 1)} points only: with d_k = ${scaled.config.d_k} the raw `
+        + 'scores are still small. ',
+        h('button', { type: 'button', class: 'button button-small', id: 'saturation-demo', onclick: () => actions.demo() },
+          'Show it with d_k = 64 (d_model 64, one head)')) : null;
       ui.saturation.replaceChildren(h('div', { class: 'saturation-layout' },
-        h('div', { class: 'table-scroll' }, table), h('p', { class: 'explain', text })));
+        h('div', { class: 'table-scroll' }, table), h('div', {}, h('p', { class: 'explain', text }), demo)));
     }
 
     // -- concat vs average
@@ -764,7 +911,49 @@
       ui.multihead.replaceChildren(...kids);
     }
 
-    return { renderStatus, renderFooter, renderSelection, renderPickers, syncPickers, renderDecode, renderSaturation };
+    // -- present mode
+
+    /**
+     * Present mode: one stage at a time (trace.js's presentSlides), the slide in state.slide (an id; null or unknown:
+     * the first). The walkthrough keeps the stage's rows, the maps the stage's map; every other part of the page that
+     * the slide does not name is set aside. Out of present mode everything shows. Returns the slides and the index
+     * of the one shown (or null).
+     */
+    function renderPresent() {
+      const root = document.documentElement;
+      const off = (el, hide) => el.classList.toggle('present-off', hide);
+      if (!state.present || !state.main) {
+        for (const el of document.querySelectorAll('.present-off')) off(el, false);
+        delete root.dataset.slide;
+        return null;
+      }
+      const slides = presentSlides(state.main.doc);
+      let at = slides.findIndex((sl) => sl.id === state.slide);
+      if (at < 0) at = 0;
+      const slide = slides[at];
+      root.dataset.slide = slide.id;
+      const maps = slide.parts.filter((p) => p.startsWith('map:')).map((p) => p.slice(4));
+      for (const el of document.querySelectorAll('#results [data-present]')) {
+        const part = el.dataset.present;
+        const shown = part === 'walkthrough' ? slide.rows.length > 0 : part === 'maps' ? maps.length > 0 || slide.parts.includes('heads')
+          : slide.parts.includes(part);
+        off(el, !shown);
+      }
+      for (const tr of ui.walkthrough.querySelectorAll('.walkthrough-table tbody > tr[data-stage]')) off(tr, !slide.rows.includes(tr.dataset.stage));
+      const explainLine = ui.walkthrough.querySelector(':scope > .explain');
+      if (explainLine) off(explainLine, !slide.rows.includes('weights'));
+      for (const fig of ui.maps.querySelectorAll('figure.heatmap')) off(fig, !maps.includes(fig.dataset.stage));
+      for (const el of ui.maps.parentElement.querySelectorAll(':scope > .section-lede, :scope > #colour-scale-hint, :scope > #maps-readout')) {
+        off(el, maps.length === 0);
+      }
+      off(ui.thumbs, !slide.parts.includes('heads'));
+      return { slides, at };
+    }
+
+    return {
+      renderStatus, renderFooter, renderSelection, renderPickers, syncPickers, renderDecode, renderSaturation, renderPresent,
+      markOverflow,
+    };
   }
 
   globalThis.AttentionTrace.render = Object.freeze({ h, spoken, sub, shade, vec, create });

@@ -15,7 +15,7 @@
 'use strict';
 
 (() => {
-  const { fmt, pct, fmtBase, unit, scaleColour, inkOn } = globalThis.AttentionTrace.format;
+  const { fmt, pct, fmtBase, mapScale, scaleColour, inkOn } = globalThis.AttentionTrace.format;
   const { HEATMAP_MAX_TOKENS, CELL_NUMBERS_MAX_TOKENS, keyTokensOf, isCross } = globalThis.AttentionTrace.trace;
 
   const SVG_NS = 'http://www.w3.org/2000/svg'; // an XML namespace name, never fetched
@@ -62,8 +62,8 @@
 
   // ---------------------------------------------------------------- shared parts
 
-  /** Title lines of an export: what was traced, and how. */
-  function configLines(doc) {
+  /** Title lines of an export: what was traced (`sentence`: as typed; else the tokens, spaced), and how. */
+  function configLines(doc, sentence = null) {
     const cfg = doc.config;
     const extras = [];
     if (cfg.positional_encoding === 'rope') extras.push(`RoPE ${cfg.rope_pairing}, base ${fmtBase(cfg.rope_base)}`);
@@ -71,7 +71,8 @@
     if (cfg.num_kv_heads !== undefined) extras.push(`${cfg.num_kv_heads} K/V head${cfg.num_kv_heads === 1 ? '' : 's'}`);
     if (cfg.window !== undefined) extras.push(`window ${cfg.window}`);
     if (isCross(doc)) extras.push(`cross-attention to “${doc.context_tokens.map((t) => t.text).join(' ')}”`);
-    return [`“${doc.tokens.map((t) => t.text).join(' ')}”`,
+    const text = typeof sentence === 'string' ? sentence : doc.tokens.map((t) => t.text).join(' ');
+    return [`“${text}”`,
       [`d_model ${cfg.d_model}`, `${cfg.num_heads} head${cfg.num_heads === 1 ? '' : 's'} of d_k ${cfg.d_k}`, `seed ${cfg.seed}`,
         cfg.scale ? `scaled ÷ √${cfg.d_k}` : 'not scaled (÷ 1)', cfg.causal ? 'causal' : null, ...extras,
         `engine ${doc.engine_version}`].filter(Boolean).join(' · ')];
@@ -95,11 +96,12 @@
 
   /**
    * One attention map as a stand-alone SVG: title and configuration, both token axes, every cell's number, legend.
-   * `spec` is the page's map (stage, title, formula, matrix, tokens, keyTokens, range, kind, maskRow, showMasked);
-   * `doc` the trace it comes from, `head` the head it shows.
+   * `spec` is the page's map (stage, title, formula, matrix, tokens, keyTokens, kind, maskRow, showMasked, and
+   * mode: the colour scale, format.js's mapScale, 'abs' by default); `doc` the trace it comes from, `head` the head
+   * it shows, `sentence` the sentence as typed (the caption; the tokens, spaced, without it).
    */
-  function heatmapSvg(spec, { doc, head }) {
-    const { title, formula, matrix, tokens, range, kind, maskRow } = spec;
+  function heatmapSvg(spec, { doc, head, sentence = null }) {
+    const { title, formula, matrix, tokens, kind, maskRow } = spec;
     const keyTokens = spec.keyTokens || tokens;
     const n = Math.min(matrix.length, HEATMAP_MAX_TOKENS);
     const m = Math.min(matrix[0]?.length ?? 0, HEATMAP_MAX_TOKENS);
@@ -109,15 +111,25 @@
     const rows = tokens.slice(0, n).map((t) => t.text);
     const cols = keyTokens.slice(0, m).map((t) => t.text);
     const keyWord = spec.keyTokens ? 'context key' : 'key';
+    const scale = mapScale(matrix.slice(0, n).map((r) => r.slice(0, m)), { kind, mode: spec.mode, isMasked: maskRow });
     const heading = `${title} · head ${head} of ${doc.config.num_heads} · ${formula}`;
-    const lines = [heading, ...configLines(doc)];
+    const lines = [heading, ...configLines(doc, sentence)];
     const rowW = Math.min(180, Math.max(40, ...rows.map((r) => textWidth(r)))) + 12;
-    const colH = Math.min(140, Math.max(30, ...cols.map((c) => textWidth(c) * 0.71))) + 14;
+    // Column labels at 45° while the cells are wide; upright (90°) on narrow cells, one text line a column, so
+    // that neighbours never overlap.
+    const upright = !numbers;
+    const labelSize = upright ? 11 : 12;
+    const colH = Math.min(140, Math.max(30, ...cols.map((c) => textWidth(c, labelSize) * (upright ? 1 : 0.71)))) + 14;
     const left = 24 + 22 + rowW;
     const top = 20 + lines.length * 18 + 22 + colH;
     const gridW = m * cw;
     const gridH = n * ch;
-    const width = Math.max(left + gridW + 24, 48 + Math.max(...lines.map((l, i) => textWidth(l, i ? 12 : 14))), 380);
+    // The legend in the cells' unit: weights as fractions (as the cells are written), scores as they are.
+    const { lo } = scale;
+    const hi = scale.hi + (scale.mode === 'row' ? ' (each row on its own scale)' : '');
+    const barX = 24 + textWidth('colour scale') + 12 + textWidth(lo) + 6;
+    const width = Math.max(left + gridW + 24, 48 + Math.max(...lines.map((l, i) => textWidth(l, i ? 12 : 14))), 380,
+      barX + 146 + textWidth(hi) + 24);
     const height = top + gridH + 84;
     const root = svgRoot(width, height, `${title}, head ${head}: attention-trace`,
       `${lines.join('. ')}. Rows are queries, columns are ${keyWord}s; masked cells are hatched and labelled.`);
@@ -129,9 +141,10 @@
       `${keyWord} →`));
     append(root, node('text', { x: 0, y: 0, 'text-anchor': 'middle', fill: '#444b57',
       transform: `translate(${24 + 8} ${top + gridH / 2}) rotate(-90)` }, 'query →'));
-    const colLabels = node('g', { class: 'col-labels', 'font-weight': 600 },
+    const colLabels = node('g', { class: 'col-labels', 'font-weight': 600, 'font-size': labelSize },
       cols.map((c, j) => node('text', { x: 0, y: 0, 'data-col': j,
-        transform: `translate(${left + j * cw + cw / 2 + 4} ${top - 6}) rotate(-45)` }, c)));
+        transform: upright ? `translate(${left + j * cw + cw / 2 + labelSize * 0.35} ${top - 6}) rotate(-90)`
+          : `translate(${left + j * cw + cw / 2 + 4} ${top - 6}) rotate(-45)` }, c)));
     const rowLabels = node('g', { class: 'row-labels', 'font-weight': 600, 'text-anchor': 'end' },
       rows.map((r, i) => node('text', { x: left - 8, y: top + i * ch + ch / 2 + 4, 'data-row': i }, r)));
     const cells = node('g', { class: 'cells', 'text-anchor': 'middle', 'font-size': 11 });
@@ -141,7 +154,7 @@
         const off = v === null || (maskRow && maskRow(i, j));
         const x = left + j * cw;
         const y = top + i * ch;
-        const t = off ? 0 : unit(v, range);
+        const t = off ? 0 : scale.t(i, v);
         const exact = off ? 'masked' : kind === 'weight' ? `${fmt(v, 4)} (${pct(v, 2)})` : fmt(v, 4);
         append(cells, node('g', { 'data-row': i, 'data-col': j, 'data-value': v === null ? 'null' : String(v) },
           node('title', {}, `query “${rows[i]}” → ${keyWord} “${cols[j]}”: ${exact}`),
@@ -152,10 +165,7 @@
       }
     }
     const ly = top + gridH + 30;
-    const lo = kind === 'weight' ? '0%' : fmt(range[0], 2);
-    const hi = kind === 'weight' ? '100%' : fmt(range[1], 2);
-    const barX = 24 + textWidth('colour scale') + 12 + textWidth(lo) + 6;
-    const legendG = node('g', { class: 'legend', fill: '#444b57' },
+    const legendG = node('g', { class: 'legend', fill: '#444b57', 'data-mode': scale.mode },
       node('text', { x: 24, y: ly + 11 }, 'colour scale'),
       node('text', { x: barX - 6, y: ly + 11, 'text-anchor': 'end' }, lo),
       node('rect', { x: barX, y: ly, width: 140, height: 14, fill: 'url(#scale)', stroke: '#d7dbe2' }),
@@ -171,7 +181,7 @@
    * The saturation comparison as SVG: the query's weights with the scores divided by √d_k and without, per key;
    * entropy and max weight. `main` is the trace on screen, `alt` the same request with scale flipped.
    */
-  function comparisonSvg(main, alt, { query: q, head: hd }) {
+  function comparisonSvg(main, alt, { query: q, head: hd, sentence = null }) {
     const scaled = main.config.scale ? main : alt;
     const unscaled = main.config.scale ? alt : main;
     const keys = keyTokensOf(scaled).map((t) => t.text);
@@ -181,7 +191,7 @@
       { name: 'unscaled (÷ 1)', doc: unscaled, fill: scaleColour(0.45) },
     ];
     const lines = [`Why divide by √d_k: the weights of “${scaled.tokens[q].text}” (query ${q}), head ${hd}`,
-      ...configLines(scaled).map((l) => l.replace(/ · scaled ÷ √\d+| · not scaled \(÷ 1\)/, ''))];
+      ...configLines(scaled, sentence).map((l) => l.replace(/ · scaled ÷ √\d+| · not scaled \(÷ 1\)/, ''))];
     const labelW = Math.min(180, Math.max(40, ...keys.map((k) => textWidth(k)))) + 12;
     const left = 24 + labelW;
     const barW = 320;

@@ -2,8 +2,8 @@
  * attention-trace viewer: reading a /trace answer. Pure: no DOM, no state.
  *
  * The tokens along the key axis (the context's, in cross-attention), the K/V head a query head reads (grouped-query
- * attention), how much of a long trace the page draws, and the file name of an export (service/standalone.py
- * names the HTML file alike, export_filename).
+ * attention), how much of a long trace the page draws, the file name of an export (service/standalone.py
+ * names the HTML file alike, export_filename), and present mode's slides.
  *
  * Adds `trace` to globalThis.AttentionTrace; tests/js/trace.test.js runs it under Node.
  */
@@ -41,8 +41,39 @@
       + `${cfg.causal ? '_causal' : ''}${variant}`;
   }
 
+  /**
+   * Present mode's slides for a trace: one stage of the layer at a time, in the order a lecture tells it. Each is
+   * {id, title, rows, parts}: `rows` the walkthrough's rows it shows (their data-stage), `parts` the rest of the page
+   * it shows: 'matrices' (Q, Kᵀ and QKᵀ), 'map:<stage>' (one attention map), 'heads' (every head's weights),
+   * 'explain', 'saturation', 'kv', 'multihead', 'decode'. A stage the trace does not have has no slide.
+   */
+  function presentSlides(doc) {
+    const cfg = doc.config;
+    const rope = cfg.positional_encoding === 'rope';
+    const qk = rope ? 'RoPE(Q)·RoPE(K)ᵀ' : 'Q·Kᵀ';
+    const masked = !!doc.stages.masked_scores;
+    const gqa = cfg.num_kv_heads !== undefined;
+    const slides = [
+      { id: 'input', title: isCross(doc) ? 'Embed the sentence and the context' : 'Embed the tokens',
+        rows: ['input', 'context_input'], parts: [] },
+      { id: 'project', title: rope ? 'Project to Q, K and V, then rotate Q and K' : 'Project to Q, K and V',
+        rows: ['project', 'rotate'], parts: ['matrices', ...(gqa ? ['kv'] : [])] },
+      { id: 'scores', title: `Score: ${qk}`, rows: ['scores'], parts: ['matrices', 'map:scores'] },
+      { id: 'scaled_scores', title: cfg.scale ? 'Scale by √d_k' : 'Scale (off: divide by 1)', rows: ['scaled_scores'],
+        parts: ['map:scaled_scores', 'saturation'] },
+      masked ? { id: 'masked_scores', title: cfg.window !== undefined ? 'Mask (sliding window)' : 'Mask (causal)',
+        rows: ['masked_scores'], parts: ['map:masked_scores'] } : null,
+      { id: 'weights', title: 'Softmax: the weights', rows: ['weights'], parts: ['map:weights', 'heads', 'explain'] },
+      { id: 'context', title: 'Weight the values: Σ w·V', rows: ['context'], parts: ['explain'] },
+      { id: 'concat', title: cfg.num_heads > 1 ? 'Concatenate the heads, then W_O' : 'Concat and W_O',
+        rows: ['concat', 'output'], parts: ['multihead'] },
+      Array.isArray(doc.decode) ? { id: 'decode', title: 'KV-cache decoding', rows: [], parts: ['decode'] } : null,
+    ];
+    return slides.filter(Boolean);
+  }
+
   globalThis.AttentionTrace ??= {};
   globalThis.AttentionTrace.trace = Object.freeze({
-    HEATMAP_MAX_TOKENS, CELL_NUMBERS_MAX_TOKENS, keyTokensOf, isCross, kvHeadOf, exportName,
+    HEATMAP_MAX_TOKENS, CELL_NUMBERS_MAX_TOKENS, keyTokensOf, isCross, kvHeadOf, exportName, presentSlides,
   });
 })();

@@ -12,7 +12,7 @@
 'use strict';
 
 (() => {
-  const { fmt, int, fmtBase, shellQuote } = globalThis.AttentionTrace.format;
+  const { fmt, int, fmtBase, shellQuote, SCALE_MODES } = globalThis.AttentionTrace.format;
 
   const DEFAULTS = Object.freeze({
     sentence: 'the cat sat', d_model: 24, num_heads: 1, seed: 0, scale: true, causal: false,
@@ -159,6 +159,37 @@
     return { field, text };
   }
 
+  /**
+   * The service's words for a field, in the page's: a message names the request's fields (`causal: true`, `drop
+   * window`, `num_heads 5`), the page shows the controls that set them ("the causal mask on", "clear Sliding
+   * window", "h = 5"). Only these phrasings change; the rest of the message, numbers included, is the service's.
+   */
+  const UI_WORDS = Object.freeze([
+    [/\bset causal: true\b/g, 'switch the causal mask on'],
+    [/\bset causal: false\b/g, 'switch the causal mask off'],
+    [/\bcausal: true\b/g, 'the causal mask'],
+    [/\bcausal: false\b/g, 'the causal mask off'],
+    [/\bdrop window\b/g, 'clear Sliding window'],
+    [/\bdrop decode\b/g, 'switch KV-cache decoding off'],
+    [/\bdrop the context\b/g, 'clear the context sentence and tokens'],
+    [/\buse positional_encoding "([a-z]+)"( or "([a-z]+)")?/g,
+      (all, a, or, b) => `choose the positional encoding ${a}${or ? ` or ${b}` : ''}`],
+    [/\bpositional_encoding "([a-z]+)"/g, 'the positional encoding $1'],
+    [/\bpositional_encoding\b/g, 'the positional encoding'],
+    [/\bnum_kv_heads\b/g, 'K/V heads'],
+    [/\bnum_heads (\d+)/g, 'h = $1'],
+    [/\bnum_heads\b/g, 'h'],
+    [/\bcontext_sentence\b/g, 'Context sentence'],
+    [/\bcontext_tokens\b(?!\[)/g, 'Context tokens'], // context_tokens[0]: the line is named already
+    [/\brope_base\b/g, 'RoPE base'],
+    [/\brope_pairing\b/g, 'RoPE pairing'],
+    [/\bor null\b/g, 'or empty'],
+  ]);
+
+  function uiWords(message) {
+    return UI_WORDS.reduce((text, [pattern, words]) => text.replace(pattern, words), String(message));
+  }
+
   /** The request as a curl command: to this page's service, or, from a saved page, to $ATTENTION_TRACE_URL. */
   function curlFor(body, { saved = false, href = '' } = {}) {
     // A saved page does not know where the service runs: the shell fills it in.
@@ -198,6 +229,10 @@
     if (selection.step !== null && selection.step !== undefined) p.set('step', String(selection.step));
     p.set('q', String(selection.query));
     p.set('head', String(selection.head)); // 0-based, as in the API
+    // The view's own settings, each only when it is not the default (a plain address stays plain).
+    if (selection.colour && selection.colour !== 'abs') p.set('colour', selection.colour);
+    if (selection.present) p.set('present', '1');
+    if (selection.present && selection.slide) p.set('slide', selection.slide);
     return `#${p.toString()}`;
   }
 
@@ -227,22 +262,31 @@
     };
   }
 
-  /** The query token, head and decoding step an address selects (step null: the last one). */
+  /**
+   * The view an address selects: the query token, head and decoding step (step null: the first one), the maps'
+   * colour scale (format.js's SCALE_MODES), and present mode with its slide (an id of trace.js's presentSlides;
+   * null: the first).
+   */
   function selectionFromHash(hash) {
     const p = params(hash);
     const get = (k, d) => (p.has(k) ? p.get(k) : d);
     const step = Number(get('step', 'x'));
     const q = Number(get('q', '1'));
     const head = Number(get('head', '0'));
+    const colour = get('colour', 'abs');
+    const slide = get('slide', '');
     return {
       step: Number.isInteger(step) && step >= 0 ? step : null,
       query: Number.isInteger(q) && q >= 0 ? q : 1,
       head: Number.isInteger(head) && head >= 0 ? head : 0,
+      colour: SCALE_MODES.includes(colour) ? colour : 'abs',
+      present: get('present', '0') === '1',
+      slide: /^[a-z_]{1,32}$/.test(slide) ? slide : null,
     };
   }
 
   globalThis.AttentionTrace.urlState = Object.freeze({
     DEFAULTS, DEFAULT_FIELDS, readInt, splitLines, requestFrom, fieldsFromTrace, comparisonBody, divisors, dkCard, fieldError, curlFor,
-    hashFor, fieldsFromHash, selectionFromHash,
+    hashFor, fieldsFromHash, selectionFromHash, UI_WORDS, uiWords,
   });
 })();

@@ -137,3 +137,43 @@ test('shellQuote makes one shell word that the shell gives back unchanged', () =
     assert.equal(execFileSync('/bin/sh', ['-c', `printf %s ${F.shellQuote(s)}`], { encoding: 'utf8' }), s);
   }
 });
+
+test('mapScale: weights on 0 … 1, on the map\'s largest, or on each row\'s; the legend in the cells\' unit', () => {
+  const W = [[1, 0], [0.2, 0.05], [0.1, 0.3]];
+  const abs = F.mapScale(W, { kind: 'weight' });
+  assert.equal(abs.mode, 'abs');
+  assert.deepEqual([abs.lo, abs.hi], ['0.00', '1.00']);
+  assert.equal(abs.t(1, 0.2), 0.2);
+  const masked = (i, j) => i === 0 && j === 0; // the 1 is masked: out of the map's range
+  const map = F.mapScale(W, { kind: 'weight', mode: 'map', isMasked: masked });
+  assert.deepEqual([map.lo, map.hi], ['0.00', '0.30']);
+  assert.equal(map.t(2, 0.3), 1);
+  assert.ok(Math.abs(map.t(1, 0.2) - 2 / 3) < 1e-15);
+  const row = F.mapScale(W, { kind: 'weight', mode: 'row' });
+  assert.deepEqual([row.lo, row.hi], ['0.00', 'row max']);
+  assert.equal(row.t(1, 0.2), 1);
+  assert.equal(row.t(1, 0.05), 0.25);
+  assert.equal(row.t(2, 0.3), 1);
+  assert.deepEqual(row.ranges, [[0, 1], [0, 0.2], [0, 0.3]]);
+});
+
+test('mapScale: scores on the map\'s range (they have no fixed one), or each row\'s; nulls take no part', () => {
+  const S = [[-2, null, 4], [1, 2, 3]];
+  for (const mode of ['abs', 'map']) {
+    const s = F.mapScale(S, { mode });
+    assert.deepEqual([s.lo, s.hi], [`${F.MINUS}2.00`, '4.00'], mode);
+    assert.equal(s.t(1, 1), 0.5);
+  }
+  const row = F.mapScale(S, { mode: 'row' });
+  assert.deepEqual([row.lo, row.hi], ['row min', 'row max']);
+  assert.deepEqual(row.ranges, [[-2, 4], [1, 3]]);
+  assert.equal(row.t(1, 2), 0.5);
+  assert.equal(F.mapScale(S, { mode: 'rainbow' }).mode, 'abs', 'an unknown mode is the default');
+  assert.equal(F.mapScale([[5, 5]], { mode: 'row' }).t(0, 5), 0.5, 'one value: mid-scale');
+  assert.deepEqual(F.SCALE_MODES, ['abs', 'map', 'row']);
+});
+
+test('subscript: head numbers as the formulas write them', () => {
+  assert.equal(F.subscript(0), '₀');
+  assert.equal(F.subscript(12), '₁₂');
+});

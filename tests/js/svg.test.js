@@ -104,7 +104,8 @@ test('a map as SVG: well-formed, with the tokens exactly, escaped, and every cel
     if (!masked) assert.equal(label.attrs.fill, F.inkOn(W[i][j]));
   }
   const legend = byClass(root, 'legend').children.filter((el) => el.tag === 'text').map(textOf);
-  assert.deepEqual(legend, ['colour scale', '0%', '100%', 'masked: excluded from the softmax (weight 0)']);
+  // The legend in the cells' unit: fractions, as the cells are written.
+  assert.deepEqual(legend, ['colour scale', '0.00', '1.00', 'masked: excluded from the softmax (weight 0)']);
   const stops = [...walk(root)].filter((el) => el.tag === 'stop');
   assert.deepEqual(stops.map((s) => s.attrs['stop-color']), Array.from({ length: 11 }, (_, i) => F.scaleColour(i / 10)));
   assert.deepEqual([stops[0].attrs['stop-color'], stops[10].attrs['stop-color']], ['#f4f7fb', '#0b2a55']);
@@ -172,4 +173,53 @@ test('configLines names every variant', () => {
     + 'RoPE interleaved, base 500000 · 1 K/V head · window 2 · engine 1.0.0']);
   assert.equal(S.textWidth('abc'), 3 * 12 * 0.62);
   assert.equal(S.textWidth('🐈'), 12 * 0.62, 'one character, not two UTF-16 units');
+});
+
+test('a map as SVG on the other colour scales: the map\'s largest weight, or each row\'s', () => {
+  const doc = fakeTrace(['a', 'b', 'c', 'd']);
+  const W = doc.stages.weights.values[0];
+  const masked = (i, j) => j > i;
+  for (const mode of ['map', 'row']) {
+    const spec = { ...weightsSpec(doc, 0), mode };
+    const root = parseXml(S.svgFile(S.heatmapSvg(spec, { doc, head: 0 })));
+    const scale = F.mapScale(W, { kind: 'weight', mode, isMasked: masked });
+    for (const g of byClass(root, 'cells').children) {
+      const i = Number(g.attrs['data-row']);
+      const j = Number(g.attrs['data-col']);
+      if (masked(i, j)) continue;
+      assert.equal(g.children[1].attrs.fill, F.scaleColour(scale.t(i, W[i][j])), `${mode} ${i} ${j}`);
+    }
+    const legend = byClass(root, 'legend');
+    assert.equal(legend.attrs['data-mode'], mode);
+    const ends = legend.children.filter((el) => el.tag === 'text').map(textOf).slice(1, 3);
+    assert.deepEqual(ends, mode === 'map' ? ['0.00', F.fmt(Math.max(...W.flat()), 2)] : ['0.00', 'row max (each row on its own scale)']);
+  }
+});
+
+test('the caption is the sentence as typed, not the tokens put back together', () => {
+  const doc = fakeTrace(['The', 'animal', 'didn', "'", 't', 'cross', '.']);
+  const root = parseXml(S.svgFile(S.heatmapSvg(weightsSpec(doc, 0), { doc, head: 0, sentence: "The animal  didn't cross." })));
+  assert.equal(root.children.filter((el) => el.tag === 'text').map(textOf)[1], "“The animal  didn't cross.”");
+  const cmp = parseXml(S.svgFile(S.comparisonSvg(doc, fakeTrace(doc.tokens.map((t) => t.text), { scale: false }),
+    { query: 1, head: 0, sentence: "The animal  didn't cross." })));
+  assert.ok([...walk(cmp)].some((el) => el.tag === 'text' && textOf(el) === "“The animal  didn't cross.”"));
+  assert.equal(S.configLines(doc)[0], "“The animal didn ' t cross .”", 'without it, the tokens, spaced');
+});
+
+test('27 keys: the column labels stand upright, one text line a column apart, so none overlaps the next', () => {
+  const words = Array.from({ length: 27 }, (_, i) => ['because', 'tired', 'animal', 'the', ','][i % 5]);
+  const doc = fakeTrace(words);
+  const root = parseXml(S.svgFile(S.heatmapSvg(weightsSpec(doc, 0), { doc, head: 0 })));
+  const labels = byClass(root, 'col-labels');
+  const size = Number(labels.attrs['font-size']);
+  const xs = labels.children.map((t) => {
+    const m = /^translate\(([\d.]+) ([\d.]+)\) rotate\(-90\)$/.exec(t.attrs.transform);
+    assert.ok(m, t.attrs.transform);
+    return Number(m[1]);
+  });
+  // Upright text is one line `size` high (its glyphs fit in about 1.2 × size); columns are 16 apart.
+  for (let j = 1; j < xs.length; j += 1) assert.ok(xs[j] - xs[j - 1] >= size * 1.2, `${xs[j - 1]} → ${xs[j]}`);
+  // The labels fit above the grid: the top of the longest is below the title lines.
+  const top = Number(labels.children[0].attrs.transform.match(/translate\([\d.]+ ([\d.]+)\)/)[1]);
+  assert.ok(top - S.textWidth('because', size) > 20 + 3 * 18, 'the tallest label clears the caption');
 });

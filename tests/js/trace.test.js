@@ -52,3 +52,22 @@ test('the drawing limits', () => {
   assert.equal(T.HEATMAP_MAX_TOKENS, 48);
   assert.equal(T.CELL_NUMBERS_MAX_TOKENS, 12);
 });
+
+test('presentSlides: one stage at a time, in the lecture\'s order; a stage the trace lacks has no slide', () => {
+  const doc = (config, extra = {}) => ({ config: { num_heads: 1, scale: true, positional_encoding: 'sinusoidal', ...config },
+    stages: { scores: {}, weights: {}, ...(extra.masked ? { masked_scores: {} } : {}) }, ...extra.doc });
+  const ids = (d) => T.presentSlides(d).map((s) => s.id);
+  assert.deepEqual(ids(doc({})), ['input', 'project', 'scores', 'scaled_scores', 'weights', 'context', 'concat']);
+  assert.deepEqual(ids(doc({ causal: true }, { masked: true, doc: { decode: [] } })),
+    ['input', 'project', 'scores', 'scaled_scores', 'masked_scores', 'weights', 'context', 'concat', 'decode']);
+  const slides = T.presentSlides(doc({ positional_encoding: 'rope', num_kv_heads: 1, num_heads: 4, window: 2 }, { masked: true }));
+  const byId = Object.fromEntries(slides.map((s) => [s.id, s]));
+  assert.equal(byId.scores.title, 'Score: RoPE(Q)·RoPE(K)ᵀ');
+  assert.deepEqual(byId.project.rows, ['project', 'rotate']);
+  assert.deepEqual(byId.project.parts, ['matrices', 'kv']);
+  assert.equal(byId.masked_scores.title, 'Mask (sliding window)');
+  assert.deepEqual(byId.weights.parts, ['map:weights', 'heads', 'explain']);
+  assert.equal(byId.concat.title, 'Concatenate the heads, then W_O');
+  assert.equal(T.presentSlides(doc({ scale: false }))[3].title, 'Scale (off: divide by 1)');
+  for (const s of slides) assert.ok(s.title && Array.isArray(s.rows) && Array.isArray(s.parts), s.id);
+});

@@ -119,15 +119,15 @@ test('the address: the defaults, and the example in docs/viewer.md', () => {
     '#sentence=the+cat+sat&d_model=24&num_heads=1&seed=0&scale=1&causal=0&q=1&head=0');
   assert.deepEqual(U.fieldsFromHash(''), U.DEFAULT_FIELDS);
   assert.deepEqual(U.fieldsFromHash('#'), U.DEFAULT_FIELDS);
-  assert.deepEqual(U.selectionFromHash(''), { step: null, query: 1, head: 0 });
+  assert.deepEqual(U.selectionFromHash(''), { step: null, query: 1, head: 0, colour: 'abs', present: false, slide: null });
   const hash = '#sentence=the+cat+sat&d_model=24&num_heads=4&q=1&head=2&causal=1';
   assert.deepEqual(U.fieldsFromHash(hash), fields({ num_heads: '4', causal: true }));
   assert.deepEqual(U.fieldsFromHash(hash.slice(1)), U.fieldsFromHash(hash), 'with or without the #');
-  assert.deepEqual(U.selectionFromHash(hash), { step: null, query: 1, head: 2 });
+  assert.deepEqual(U.selectionFromHash(hash), { step: null, query: 1, head: 2, colour: 'abs', present: false, slide: null });
   const variants = '#sentence=the+cat+sat+on+the+mat&d_model=24&num_heads=4&kv=2&causal=1&window=3&decode=1&step=4';
   assert.deepEqual(U.fieldsFromHash(variants), fields({ sentence: 'the cat sat on the mat', num_heads: '4',
     num_kv_heads: '2', causal: true, window: '3', decode: true }));
-  assert.deepEqual(U.selectionFromHash(variants), { step: 4, query: 1, head: 0 });
+  assert.deepEqual(U.selectionFromHash(variants), { step: 4, query: 1, head: 0, colour: 'abs', present: false, slide: null });
 });
 
 test('the address round trip: every field and the selection come back as they were', () => {
@@ -140,7 +140,9 @@ test('the address round trip: every field and the selection come back as they we
     fields({ context_sentence: 'le chat était assis' }),
     fields({ context_tokens: 'le\nchat\n\n##ait\n“</script>”' }),
   ];
-  const selections = [{ query: 0, head: 0, step: null }, { query: 5, head: 3, step: 2 }];
+  const selections = [{ query: 0, head: 0, step: null, colour: 'abs', present: false, slide: null }, { query: 5, head: 3, step: 2, colour: 'abs', present: false, slide: null },
+    { query: 2, head: 1, step: null, colour: 'row', present: true, slide: 'masked_scores' },
+    { query: 2, head: 1, step: 3, colour: 'map', present: true, slide: null }];
   for (const f of cases) {
     for (const sel of selections) {
       const hash = U.hashFor(f, sel);
@@ -172,9 +174,11 @@ test('the address rejects what it cannot hold: each such value falls back to its
   assert.equal(U.fieldsFromHash(`#rope_base=${'9'.repeat(25)}`).rope_base, '10000', 'more than 24 characters');
   assert.equal(U.fieldsFromHash('#rope_base=5e5').rope_base, '5e5');
   assert.equal(U.fieldsFromHash('#kv=%20%202').num_kv_heads, '', 'spaces are not digits');
-  assert.deepEqual(U.selectionFromHash('#q=-1&head=1.5&step=abc'), { step: null, query: 1, head: 0 });
-  assert.deepEqual(U.selectionFromHash('#q=2&head=3&step=-1'), { step: null, query: 2, head: 3 });
-  assert.deepEqual(U.selectionFromHash('#q=1e1&head=0x2&step=4.0'), { step: 4, query: 10, head: 2 });
+  assert.deepEqual(U.selectionFromHash('#q=-1&head=1.5&step=abc'), { step: null, query: 1, head: 0, colour: 'abs', present: false, slide: null });
+  assert.deepEqual(U.selectionFromHash('#q=2&head=3&step=-1'), { step: null, query: 2, head: 3, colour: 'abs', present: false, slide: null });
+  assert.deepEqual(U.selectionFromHash('#q=1e1&head=0x2&step=4.0'), { step: 4, query: 10, head: 2, colour: 'abs', present: false, slide: null });
+  assert.deepEqual(U.selectionFromHash('#colour=rainbow&present=yes&slide=</script>'), { step: null, query: 1, head: 0, colour: 'abs', present: false, slide: null });
+  assert.equal(U.selectionFromHash('#present=1&slide=' + 'a'.repeat(33)).slide, null, 'at most 32 letters');
 });
 
 test('a saved trace shows the fields it was made with', () => {
@@ -193,4 +197,38 @@ test('a saved trace shows the fields it was made with', () => {
   assert.equal(shown.context_tokens, 'le\nchat');
   assert.equal(shown.rope_base, '10000');
   assert.equal(U.requestFrom(shown).body.context_tokens.join('|'), 'le|chat', 'the fields describe the same request');
+});
+
+test('the view\'s own settings join the address only when not the defaults', () => {
+  const base = { query: 1, head: 0, step: null };
+  assert.equal(U.hashFor(null, { ...base, colour: 'abs', present: false, slide: null }), '#q=1&head=0');
+  assert.equal(U.hashFor(null, { ...base, colour: 'row', present: false, slide: 'weights' }), '#q=1&head=0&colour=row',
+    'a slide only in present mode');
+  assert.equal(U.hashFor(null, { ...base, colour: 'map', present: true, slide: 'weights' }),
+    '#q=1&head=0&colour=map&present=1&slide=weights');
+  assert.equal(U.hashFor(null, { ...base, present: true, slide: null }), '#q=1&head=0&present=1');
+});
+
+test('uiWords: the service\'s field names in the page\'s words, the rest of the message as sent', () => {
+  // engine/checks.py's messages, as the page shows them next to the controls.
+  assert.equal(U.uiWords('a sliding window limits how far back a query looks under the causal mask, so it needs causal: true; '
+    + 'set causal: true or drop window'), 'a sliding window limits how far back a query looks under the causal mask, so it '
+    + 'needs the causal mask; switch the causal mask on or clear Sliding window');
+  assert.equal(U.uiWords('… every query sees the whole context (as in the Transformer decoder\'s cross-attention); '
+    + 'set causal: false and drop window'), '… every query sees the whole context (as in the Transformer decoder\'s '
+    + 'cross-attention); switch the causal mask off and clear Sliding window');
+  assert.equal(U.uiWords('KV-cache decoding generates one token at a time, so each query sees only the tokens before it: '
+    + 'it needs causal: true'), 'KV-cache decoding generates one token at a time, so each query sees only the tokens '
+    + 'before it: it needs the causal mask');
+  assert.equal(U.uiWords('d_model 24 is not divisible by num_heads 5 (d_k would be 4.8); choose num_heads among the '
+    + 'divisors of d_model: 1, 2, 3, 4, 6, 8, 12, 24'), 'd_model 24 is not divisible by h = 5 (d_k would be 4.8); choose '
+    + 'h among the divisors of d_model: 1, 2, 3, 4, 6, 8, 12, 24');
+  assert.equal(U.uiWords('… = 24 / 8 = 3; choose num_heads among 1, 2, 3 (d_k even), or use positional_encoding "sinusoidal"'),
+    '… = 24 / 8 = 3; choose h among 1, 2, 3 (d_k even), or choose the positional encoding sinusoidal');
+  assert.equal(U.uiWords('cross-attention adds each one\'s own encoding instead: use positional_encoding "sinusoidal" or "none"'),
+    'cross-attention adds each one\'s own encoding instead: choose the positional encoding sinusoidal or none');
+  assert.equal(U.uiWords('num_kv_heads 3 must divide num_heads 4'), 'K/V heads 3 must divide h = 4');
+  assert.equal(U.uiWords('window must be a positive integer (how many keys a query sees, its own included) or null, got -2'),
+    'window must be a positive integer (how many keys a query sees, its own included) or empty, got -2');
+  assert.equal(U.uiWords('the sentence is empty'), 'the sentence is empty', 'nothing else changes');
 });
