@@ -539,8 +539,9 @@ def block_wiring(norm_kind: str, pre_norm: bool, ffn_kind: str) -> tuple[tuple[S
     h = x + MHA(LN₁(x)) → h + FFN(LN₂(h))."""
     N = _NORM_SYMBOL[norm_kind]
     if pre_norm:
-        before = (*norm_steps("norm1", "stream", norm_kind, "x", "₁"),
-                  Step("attention_input", B.same, ("norm1",)))
+        *stats, norm1 = norm_steps("norm1", "stream", norm_kind, "x", "₁")
+        norm1 = replace(norm1, note=": the attention's input (the x that q, k and v project)")
+        before = (*stats, norm1, Step("attention_input", B.same, ("norm1",)))
         after = (Step("residual1", B.add, ("stream", "output"), f"h = x + MHA({N}₁(x))"),
                  *norm_steps("norm2", "residual1", norm_kind, "h", "₂"),
                  *ffn_steps("norm2", f"{N}₂(h)", ffn_kind),
@@ -562,9 +563,6 @@ def block_template(mask: str, scale: bool, rope_pairing: str | None, grouped: bo
                    ffn_kind: str) -> tuple[Step, ...]:
     """One layer of the stack with base names: the block's steps around the attention's (``_steps`` with x given)."""
     attention = _steps("sinusoidal", mask, scale, True, rope_pairing, grouped)
-    if pre_norm:  # the attention's x is the normalised stream: said on the projections' own stages
-        said = f"; x here is the attention's input, {_NORM_SYMBOL[norm_kind]}₁(x)"
-        attention = tuple(replace(s, note=s.note + said) if s.name in ("q", "k", "v") else s for s in attention)
     before, after = block_wiring(norm_kind, pre_norm, ffn_kind)
     return (*before, *attention, *after)
 
@@ -755,7 +753,12 @@ class Rewrite:
 
 @lru_cache(maxsize=None)  # per rewrite and step (each made once): the same wrong step each time, so caches hit
 def rewritten(rewrite: Rewrite, step: Step) -> Step:
-    return rewrite.make(step)
+    """``rewrite``'s wrong step for ``step``; in a layer, the base names its formula refers to are that layer's."""
+    made = rewrite.make(step)
+    layer = layer_of(step.name)
+    if layer is None:
+        return made
+    return replace(made, formula=_PLACEHOLDER.sub(lambda m: "{" + at_layer(m.group(1), layer) + "}", made.formula))
 
 
 @lru_cache(maxsize=1024)  # a function of two tuples of steps (each made once): /check asks per bug, per request
