@@ -195,6 +195,16 @@ def layer_conflicts(num_layers: int, block: bool) -> list[VariantConflictError]:
         "drop num_layers for the single attention layer", field="num_layers", code="layers_need_block")]
 
 
+def block_parameter_conflicts(*, block: bool, parameters_given: bool) -> list[VariantConflictError]:
+    """A request's own weights are one attention layer's (W_Q, W_K, W_V, W_O): a stack's come from the seed."""
+    if not (block and parameters_given):
+        return []
+    return [VariantConflictError(
+        "parameters are one attention layer's W_Q, W_K, W_V and W_O; a stack of blocks also has norms and a "
+        "feed-forward network per layer, which come from the seed here: drop parameters, or the block fields",
+        field="parameters", code="block_parameters")]
+
+
 def block_context_conflicts(*, block: bool, cross: bool) -> list[VariantConflictError]:
     """The block is an encoder or decoder-only block: its attention is self-attention."""
     if not (block and cross):
@@ -281,7 +291,7 @@ def check_decodable(*, causal: bool, cross: bool, bug: str | None, block: bool =
 def check_variants(*, d_model: int, num_heads: int, causal: bool, window: int | None, positional_encoding: str,
                    cross: bool, input_given: bool = False, context_input_given: bool = False,
                    decode: bool = False, bug: str | None = None, block: bool = False,
-                   num_layers: int = 1) -> None:
+                   num_layers: int = 1, parameters_given: bool = False) -> None:
     """Every conflict between the variants' settings, all reported at once (the first raised, carrying the
     others), in the order of docs/engine.md's table; the sizes must have been checked (``head_dim``)."""
     raise_all([
@@ -293,6 +303,7 @@ def check_variants(*, d_model: int, num_heads: int, causal: bool, window: int | 
         *(decode_conflicts(causal=causal, cross=cross, bug=bug, block=block) if decode else []),
         *layer_conflicts(num_layers, block),
         *block_context_conflicts(block=block, cross=cross),
+        *block_parameter_conflicts(block=block, parameters_given=parameters_given),
     ])
 
 
@@ -447,6 +458,16 @@ def check_input_shape(x: Any, n: int, d_model: int, name: str = "input") -> None
 def given_input(x: Any, n: int, d_model: int, name: str = "input") -> np.ndarray:
     """A given x (``input`` or ``context_input``): [n, d_model], finite, as a read-only float64 copy."""
     return explicit_array(name, x, (n, d_model), INPUT_AXES[name])
+
+
+def check_block_cost(values: int, weights: int, limit: int, *, num_layers: int) -> None:
+    """A stack generates every layer's weights: its numbers and weights together may cost at most ``limit``
+    units (the request-cost budget, one unit a number or weight), checked before anything is generated."""
+    if values + weights > limit:
+        raise TraceTooLargeError(
+            f"this stack of {num_layers} block(s) would compute {values} numbers and generate {weights} weights, "
+            f"{values + weights} in all, above the request-cost limit of {limit}; use fewer layers, a smaller "
+            "d_model or d_ff, or fewer tokens")
 
 
 def check_trace_size(count: int, limit: int, *, n: int, d_model: int, num_heads: int,
