@@ -527,7 +527,7 @@ BLOCK_BUGS: dict[str, Bug] = {
                   for name in _NORMS), _needs_block),
         Bug("pre_norm_for_post_norm",
             "a pre-norm block, x + Sublayer(Norm(x)), was written where the post-norm block Norm(x + Sublayer(x)) "
-            "was asked for", "norm1", (), first(_needs_block, _needs_post_norm), _other_position(True)),
+            "was asked for", "q", (), first(_needs_block, _needs_post_norm), _other_position(True)),
         Bug("post_norm_for_pre_norm",
             "a post-norm block, Norm(x + Sublayer(x)), was written where the pre-norm block x + Sublayer(Norm(x)) "
             "was asked for", "norm1", (), first(_needs_block, _needs_pre_norm), _other_position(False)),

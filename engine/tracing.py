@@ -17,6 +17,11 @@ Walkthrough order (stage ids are a public contract)::
     11 concat               Concat(head₁…head_h)             [token, h·d_k]
     12 output               concat·W_Oᵀ                      [token, d_model]
 
+A stack of blocks (``TraceConfig`` with a block field) stacks every stage of a layer on a leading ``layer``
+axis and adds the block's: the norms' statistics and outputs, the residual sums, the FFN's stages, then
+``residual_stream`` [depth, token, d_model] and, in pre-norm, the final norm (docs/engine.md, "The
+Transformer block").
+
 ``trace`` checks the request (``engine.checks``), runs the configuration's
 steps (``engine.layer``) and keeps every array; ``inject_bug`` recomputes a
 trace from one known mistake's step on (``engine.bugs``).

@@ -228,3 +228,19 @@ def test_a_known_mistake_recomputes_from_its_step_and_reuses_the_arrays_before_i
         assert wrong.state[name] is t.state[name]
     assert not np.array_equal(wrong.stages["ffn_activation"].values, t.stages["ffn_activation"].values)
     assert np.abs(wrong.stages["ffn_activation"].values - t.stages["ffn_activation"].values).max() < 1e-3
+
+
+def test_docs_engine_md_gives_these_check_values_and_keys():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "engine.md").read_text(encoding="utf-8")
+    section = doc.split("## The Transformer block", 1)[1].split("## Versions and reproducibility", 1)[0]
+    for config, sid, index, value in CHECK_VALUES:
+        assert f"`{value!r}`" in section, (sid, value)
+    p = engine.trace(VASWANI, sentence="the cat sat").parameters
+    for value in (p.layers[0].W_1[0, 0], p.layers[0].W_2[0, 0], p.layers[1].attention.W_Q[0, 0, 0],
+                  p.layers[1].attention.W_O[0, 0], p.layers[0].norm1.gamma[0], p.layers[0].norm1.beta[0],
+                  engine.trace(LLAMA, sentence="a").parameters.layers[0].W_3[0, 0]):
+        assert f"`{float(value)!r}`" in section, value
+    for name in engine.bugs.BLOCK_BUGS:
+        assert f"| `{name}` | `{engine.bugs.BLOCK_BUGS[name].stage}` |" in section, name
