@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="about a minute: fewer repeats and shorter HTTP runs")
     ap.add_argument("--skip", default="",
-                    help="comma-separated sections to skip: engine,serialize,compress,http,profile")
+                    help="comma-separated sections to skip: engine,block,serialize,compress,http,profile")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="in-process timings on this thread's CPU time (default: other processes on a shared "
                          "machine do not inflate it) or on the wall clock")
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     limiter = threadpool_limits(1, user_api="blas")  # noqa: F841  (kept for the whole run)
     held = sorted({i.get("num_threads") for i in blas_info()})
 
-    from . import engine_bench, guard, http_bench, profile_bench, serialize_bench, torch_compare
+    from . import block_bench, engine_bench, guard, http_bench, profile_bench, serialize_bench, torch_compare
 
     http_bench.Server.keep_logs = args.keep_logs
     from .workloads import NARROW_D_MODEL, by_name, distinct_small, scaling_series, workloads
@@ -121,6 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     if "engine" not in skip:
         results["engine"] = {}
         show(engine_bench.run(wl, repeats, budget, results["engine"]))
+
+    # ---------------------------------------------------------------- 1b. a stack of blocks vs torch
+    if "block" not in skip:
+        results["block"] = {}
+        show(block_bench.run(max(3, repeats // 3), budget * 4, results["block"]))
 
     # ---------------------------------------------------------------- 2. serialization
     responses: dict[str, bytes] = {}
@@ -283,6 +288,9 @@ def targets(r: dict[str, Any]) -> Table:
                 how=f"{e['core_numpy_s'] * 1e3:.3f} vs {e['core_torch_s'] * 1e3:.3f} ms")
         else:
             row(f"{name}: attention core vs torch MHA (float64, 1 thread)", None, 1.0)
+    b = r.get("block", {})
+    row("GPT-2-small stack (768, 12 heads, 12 layers, 64 tokens): engine trace vs torch float64 + hooks",
+        b.get("ratio"), 1.5, how=b.get("ratio") and f"{b['engine_s'] * 1e3:.0f} vs {b['torch_s'] * 1e3:.0f} ms")
     sc = r.get("scaling_narrow", {})
     row(f"scaling: server time per byte, max / min over 32…256 tokens at d_model {NARROW_D_MODEL}",
         sc.get("per_byte_spread"), 1.5)
