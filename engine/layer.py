@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from types import MappingProxyType
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Literal
@@ -355,7 +355,7 @@ class TraceConfig:
 
     # ------------------------------------------------------- the block
 
-    @property
+    @cached_property  # asked for every stage of every trace: computed once per configuration
     def has_block(self) -> bool:
         """Whether this is a stack of Transformer blocks (any block field given), not one attention layer."""
         return any(getattr(self, name) is not None for name in BLOCK_FIELDS)
