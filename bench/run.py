@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="about a minute: fewer repeats and shorter HTTP runs")
     ap.add_argument("--skip", default="",
-                    help="comma-separated sections to skip: engine,block,serialize,compress,http,profile")
+                    help="comma-separated sections to skip: engine,serialize,compress,http,profile")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="in-process timings on this thread's CPU time (default: other processes on a shared "
                          "machine do not inflate it) or on the wall clock")
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     limiter = threadpool_limits(1, user_api="blas")  # noqa: F841  (kept for the whole run)
     held = sorted({i.get("num_threads") for i in blas_info()})
 
-    from . import block_bench, engine_bench, guard, http_bench, profile_bench, serialize_bench, torch_compare
+    from . import engine_bench, guard, http_bench, profile_bench, serialize_bench, torch_compare
 
     http_bench.Server.keep_logs = args.keep_logs
     from .workloads import NARROW_D_MODEL, by_name, distinct_small, scaling_series, workloads
@@ -123,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         show(engine_bench.run(wl, repeats, budget, results["engine"]))
 
     # ---------------------------------------------------------------- 1b. a stack of blocks vs torch
-    if "block" not in skip:
+    if "block" not in skip:  # 1b: the stack of blocks (bench/block_bench.py; --skip block leaves it out)
+        from . import block_bench
+
         results["block"] = {}
         show(block_bench.run(max(3, repeats // 3), budget * 4, results["block"]))
 
