@@ -139,6 +139,13 @@ def main(argv: list[str] | None = None) -> int:
         results["engine"] = {}
         show(engine_bench.run(wl, repeats, budget, results["engine"]))
 
+    # ---------------------------------------------------------------- 1b. a stack of blocks vs torch
+    if "block" not in skip:  # 1b: the stack of blocks (bench/block_bench.py; --skip block leaves it out)
+        from . import block_bench
+
+        results["block"] = {}
+        show(block_bench.run(max(3, repeats // 3), budget * 4, results["block"]))
+
     # ---------------------------------------------------------------- 2. serialization
     responses: dict[str, bytes] = {}
     from service.settings import Settings
@@ -323,6 +330,9 @@ def targets(r: dict[str, Any]) -> Table:
                 how=f"{e['core_numpy_s'] * 1e3:.3f} vs {e['core_torch_s'] * 1e3:.3f} ms")
         else:
             row(f"{name}: attention core vs torch MHA (float64, 1 thread)", None, 1.0)
+    b = r.get("block", {})
+    row("GPT-2-small stack (768, 12 heads, 12 layers, 64 tokens): engine trace vs torch float64 + hooks",
+        b.get("ratio"), 1.5, how=b.get("ratio") and f"{b['engine_s'] * 1e3:.0f} vs {b['torch_s'] * 1e3:.0f} ms")
     sc = r.get("scaling_narrow", {})
     row(f"scaling: server time per byte, max / min over 32…256 tokens at d_model {NARROW_D_MODEL}",
         sc.get("per_byte_spread"), 1.5)

@@ -3,7 +3,8 @@
 No web framework, validation library or HTTP here. Where things live:
 
 * ``attention``: the correct steps, one small pure function each;
-* ``layer``: the configuration (``TraceConfig``) and the steps it chooses;
+* ``block``: the Transformer block's steps around the attention (norms, feed-forward network, residual sums);
+* ``layer``: the configuration (``TraceConfig``) and the steps it chooses (one layer, or a stack of blocks);
 * ``bugs``: the known mistakes, each a swapped step;
 * ``checks``: every rule a request must meet, defined once;
 * ``tracing``: ``trace`` runs the steps and keeps every stage; ``recompute`` and ``diagnose`` swap in a bug;

@@ -25,6 +25,7 @@ since diagnosis names the first match in this order.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, Literal
@@ -32,8 +33,9 @@ from typing import Callable, Literal
 import numpy as np
 
 from . import attention as A
+from . import block as B
 from .errors import BugNotApplicableError, UnknownBugError
-from .layer import Step, TraceConfig
+from .layer import Rewrite, Step, TraceConfig, block_wiring
 
 
 @dataclass(frozen=True)
@@ -82,8 +84,15 @@ class Bug:
     name: str
     summary: str  # one line, fit to show a student
     stage: str  # the first stage it changes
-    replaces: tuple[Step, ...]  # the wrong steps, each replacing the correct step of its name
+    replaces: tuple[Step | Rewrite, ...]  # the wrong steps, each replacing the correct step of its name
     refuse: Rule = never  # why it cannot show, or changes nothing, here (None: it shows)
+    #: the wrong steps for a configuration, when they depend on it (a pre-norm block written for a post-norm one
+    #: is the pre-norm block of the same norm and FFN); ``replaces`` otherwise
+    replaces_for: Callable[[TraceConfig], tuple[Step | Rewrite, ...]] | None = None
+
+    def steps(self, config: TraceConfig) -> tuple[Step | Rewrite, ...]:
+        """The wrong steps this mistake swaps into a trace of ``config``."""
+        return self.replaces if self.replaces_for is None else self.replaces_for(config)
 
     @cached_property
     def needs_causal(self) -> bool:
@@ -364,6 +373,189 @@ BUGS: dict[str, Bug] = {
 BUG_NAMES: tuple[str, ...] = tuple(BUGS)
 
 
+# ---------------------------------------------------------------- the block's mistakes
+#
+# Each is written as a student writes it: a ``layer_norm``, ``ffn`` or ``block`` function with the mistake in it,
+# called wherever the correct one is (every layer, and the final norm). They are kept apart from BUGS, the
+# attention's mistakes that the API publishes (inject_bug's names, GET /version), so that a trace without a block
+# answers exactly as before; ``ALL_BUGS`` is both, and diagnosis tries the block's after the attention's.
+
+
+def _layer_norm_over_tokens(x: np.ndarray, mean: np.ndarray, variance: np.ndarray, eps: float, gamma: np.ndarray,
+                            beta: np.ndarray) -> np.ndarray:
+    mu = x.mean(axis=0)  # [n, d] -> [d]: one mean per feature, over the tokens (axis 0, not -1)
+    var = ((x - mu) ** 2).mean(axis=0)  # [n, d] -> [d]
+    return (x - mu) / np.sqrt(var + eps) * gamma + beta  # [n, d]: each feature normalised across the sentence
+
+
+def _rms_norm_over_tokens(x: np.ndarray, mean_sq: np.ndarray, eps: float, gamma: np.ndarray) -> np.ndarray:
+    ms = (x * x).mean(axis=0)  # [n, d] -> [d]: over the tokens
+    return x / np.sqrt(ms + eps) * gamma  # [n, d]
+
+
+def _unbiased_variance(x: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    return x.var(axis=-1, ddof=1)  # [n, d] -> [n]: ÷ (d_model − 1), Bessel's correction (torch.var's default)
+
+
+def _layer_norm_eps_outside(x: np.ndarray, mean: np.ndarray, variance: np.ndarray, eps: float, gamma: np.ndarray,
+                            beta: np.ndarray) -> np.ndarray:
+    return (x - mean[..., None]) / (np.sqrt(variance[..., None]) + eps) * gamma + beta  # [n, d]: √σ² + ε
+
+
+def _rms_norm_eps_outside(x: np.ndarray, mean_sq: np.ndarray, eps: float, gamma: np.ndarray) -> np.ndarray:
+    return x / (np.sqrt(mean_sq[..., None]) + eps) * gamma  # [n, d]: √mean(x²) + ε
+
+
+def _sublayer_only(x: np.ndarray, sublayer: np.ndarray) -> np.ndarray:
+    return sublayer  # [n, d]: x = sublayer(x), the x + forgotten
+
+
+def _no_activation(x: np.ndarray) -> np.ndarray:
+    return x.copy()  # [n, f]: the activation was left out, so the FFN is linear
+
+
+def _norm_rewrite(layer_norm: Callable[..., np.ndarray], rms_norm: Callable[..., np.ndarray],
+                  mark: str | Callable[[str], str], note: str) -> Callable[[Step], Step]:
+    """A wrong norm made from the correct step: the same inputs, LayerNorm's or RMSNorm's wrong function."""
+    def make(step: Step) -> Step:
+        fn = layer_norm if step.fn is B.layer_norm else rms_norm
+        return Step(step.name, fn, step.inputs, mark(step.formula) if callable(mark) else step.formula + mark,
+                    note=note, outputs=step.outputs)
+    return make
+
+
+def _eps_outside(formula: str) -> str:
+    return re.sub(r"√\((.*) \+ ε\)", r"(√\1 + ε)", formula)  # "√(σ² + ε)" -> "(√σ² + ε)"
+
+
+def _unbiased_formula(formula: str) -> str:
+    return formula.replace("mean over j of", "Σ over j of") + " / (d_model − 1)"
+
+
+def _forget_residual(step: Step) -> Step:
+    formula = re.sub(r"\b[xh] \+ ", "", step.formula, count=1)  # "h = x + MHA(…)" -> "h = MHA(…)"
+    return Step(step.name, _sublayer_only, step.inputs, formula, note=": the residual connection was forgotten")
+
+
+def _swap_gelu(step: Step) -> Step:
+    if step.fn is B.gelu:
+        return Step(step.name, B.gelu_tanh, step.inputs, "GELU_tanh({ffn_pre_activation})",
+                    note=": GELU's tanh approximation where the exact (erf) GELU was asked for")
+    return Step(step.name, B.gelu, step.inputs, "GELU({ffn_pre_activation})",
+                note=": the exact (erf) GELU where the tanh approximation was asked for")
+
+
+def _without_activation(step: Step) -> Step:
+    return Step(step.name, _no_activation, step.inputs, "{ffn_pre_activation}",
+                note=": the activation was left out, so the feed-forward network is linear")
+
+
+def _needs_block(here: Here) -> Refusal | None:
+    return _cannot(None if here.config.has_block else
+                   "it is a mistake in a Transformer block, and this trace is one attention layer; give block "
+                   "(\"vaswani2017\", \"gpt2\" or \"llama\") or another block field")
+
+
+def _needs_layer_norm(here: Here) -> Refusal | None:
+    if here.config.norm_kind != "layer_norm":
+        return _cannot("RMSNorm has no variance: it divides by the root mean square; show it with norm \"layer_norm\"")
+    if here.config.d_model == 1:
+        return _cannot("with d_model 1 the unbiased variance divides by d_model − 1 = 0")
+    return None
+
+
+def _needs_post_norm(here: Here) -> Refusal | None:
+    return _cannot("the block asked for is pre-norm already; its mistake is post_norm_for_pre_norm"
+                   if here.config.pre_norm else None)
+
+
+def _needs_pre_norm(here: Here) -> Refusal | None:
+    return _cannot(None if here.config.pre_norm else
+                   "the block asked for is post-norm already; its mistake is pre_norm_for_post_norm")
+
+
+def _needs_gelu(here: Here) -> Refusal | None:
+    return _cannot(None if here.config.ffn_kind in ("gelu", "gelu_tanh") else
+                   "the feed-forward network has no GELU; show it with ffn \"gelu\" or \"gelu_tanh\"")
+
+
+def _needs_swiglu(here: Here) -> Refusal | None:
+    return _cannot(None if here.config.gated else
+                   "the feed-forward network has no gate; show it with ffn \"swiglu\"")
+
+
+def _needs_final_norm(here: Here) -> Refusal | None:
+    return _cannot(None if here.config.final_norm else
+                   "a post-norm stack has no final norm (its last layer ends with one); show it in pre-norm")
+
+
+def _other_position(pre_norm: bool) -> Callable[[TraceConfig], tuple[Step, ...]]:
+    """The block of the other norm position, same norm and FFN: what a student wrote instead."""
+    def steps(config: TraceConfig) -> tuple[Step, ...]:
+        before, after = block_wiring(config.norm_kind, pre_norm, config.ffn_kind)
+        return (*before, *after)
+    return steps
+
+
+_NORMS = ("norm1", "norm2", "final_norm")
+
+BLOCK_BUGS: dict[str, Bug] = {
+    b.name: b
+    for b in (
+        Bug("residual_forgotten",
+            "the residual connections were forgotten, x = Sublayer(x) instead of x + Sublayer(x), so each layer "
+            "replaces the stream instead of adding to it", "residual1",
+            (Rewrite("residual1", _forget_residual), Rewrite("residual2", _forget_residual)), _needs_block),
+        Bug("norm_over_tokens",
+            "the norm's statistics were taken over the tokens (axis 0) instead of over each token's features "
+            "(axis −1), so each token is normalised with the whole sentence", "norm1",
+            tuple(Rewrite(name, _norm_rewrite(_layer_norm_over_tokens, _rms_norm_over_tokens, " [over the tokens]",
+                                              ": the statistics were taken over the tokens, not the features"))
+                  for name in _NORMS), _needs_block),
+        Bug("unbiased_variance",
+            "LayerNorm's variance divided by d_model − 1 (Bessel's correction, torch.var's default) instead of "
+            "d_model", "norm1_variance",
+            tuple(Rewrite(f"{name}_variance", lambda s: Step(s.name, _unbiased_variance, s.inputs,
+                                                             _unbiased_formula(s.formula),
+                                                             note=": unbiased, ÷ (d_model − 1)"))
+                  for name in _NORMS), first(_needs_block, _needs_layer_norm)),
+        Bug("eps_outside_sqrt",
+            "ε was added after the square root, (x − μ)/(√σ² + ε), instead of inside it, (x − μ)/√(σ² + ε)",
+            "norm1",
+            tuple(Rewrite(name, _norm_rewrite(_layer_norm_eps_outside, _rms_norm_eps_outside, _eps_outside,
+                                              ": ε was added outside the square root"))
+                  for name in _NORMS), _needs_block),
+        Bug("pre_norm_for_post_norm",
+            "a pre-norm block, x + Sublayer(Norm(x)), was written where the post-norm block Norm(x + Sublayer(x)) "
+            "was asked for", "q", (), first(_needs_block, _needs_post_norm), _other_position(True)),
+        Bug("post_norm_for_pre_norm",
+            "a post-norm block, Norm(x + Sublayer(x)), was written where the pre-norm block x + Sublayer(Norm(x)) "
+            "was asked for", "norm1", (), first(_needs_block, _needs_pre_norm), _other_position(False)),
+        Bug("gelu_approximation_swapped",
+            "the other GELU was used: the tanh approximation where the exact erf GELU was asked for, or the "
+            "reverse (they differ by up to ~5e-4)", "ffn_activation",
+            (Rewrite("ffn_activation", _swap_gelu),), first(_needs_block, _needs_gelu)),
+        Bug("swiglu_gate_up_swapped",
+            "SwiGLU's gate and up projections were swapped, SiLU(x·W_3ᵀ) ⊙ x·W_1ᵀ instead of "
+            "SiLU(x·W_1ᵀ) ⊙ x·W_3ᵀ", "ffn_activation",
+            (Step("ffn_activation", B.silu, ("ffn_up",), "SiLU({ffn_up})", note=": the up projection was activated"),
+             Step("ffn_gated", B.multiply, ("ffn_activation", "ffn_pre_activation"),
+                  "{ffn_activation} ⊙ {ffn_pre_activation}")),
+            first(_needs_block, _needs_swiglu)),
+        Bug("ffn_without_activation",
+            "the feed-forward network's activation was left out, so it is one linear map", "ffn_activation",
+            (Rewrite("ffn_activation", _without_activation),), _needs_block),
+        Bug("final_norm_forgotten",
+            "the pre-norm stack's final norm was forgotten, so its output is the raw last residual stream",
+            "final_norm", (Step("final_norm", B.same, ("stack_output",), "x_L (the final norm forgotten)"),),
+            first(_needs_block, _needs_final_norm)),
+    )
+}
+BLOCK_BUG_NAMES: tuple[str, ...] = tuple(BLOCK_BUGS)
+#: every known mistake, the attention's first: diagnosis names the first match in this order
+ALL_BUGS: dict[str, Bug] = {**BUGS, **BLOCK_BUGS}
+
+
 def refusal(bug: Bug, config: TraceConfig, n: int, *, explicit_input: bool = False,
             n_context: int | None = None) -> BugNotApplicableError | None:
     """The error that says why ``bug`` cannot be shown here or would change no number, or None when it would.
@@ -386,16 +578,17 @@ def refusal(bug: Bug, config: TraceConfig, n: int, *, explicit_input: bool = Fal
 def check_bug(name: str, config: TraceConfig, n: int, *, explicit_input: bool = False,
               n_context: int | None = None) -> Bug:
     """The bug of that name, if it exists and changes this trace; else an EngineError that says why."""
-    if name not in BUGS:
-        raise UnknownBugError(f"unknown bug {name!r}; known bugs: {', '.join(BUGS)}")
-    error = refusal(BUGS[name], config, n, explicit_input=explicit_input, n_context=n_context)
+    if name not in ALL_BUGS:
+        known = ALL_BUGS if config.has_block else BUGS  # a trace without a block names engine 1.0's list, as before
+        raise UnknownBugError(f"unknown bug {name!r}; known bugs: {', '.join(known)}")
+    error = refusal(ALL_BUGS[name], config, n, explicit_input=explicit_input, n_context=n_context)
     if error:
         raise error
-    return BUGS[name]
+    return ALL_BUGS[name]
 
 
 def applicable_bugs(config: TraceConfig, n: int, *, explicit_input: bool = False,
                     n_context: int | None = None) -> list[Bug]:
     """The bugs that change a trace of this configuration, in the documented order (for diagnosis)."""
-    return [b for b in BUGS.values()
+    return [b for b in (ALL_BUGS if config.has_block else BUGS).values()
             if refusal(b, config, n, explicit_input=explicit_input, n_context=n_context) is None]

@@ -149,6 +149,73 @@ def check_window(window: Any, causal: bool) -> None:
     raise_all(window_conflicts(window, causal))
 
 
+#: the most layers a stack may have (the trace-size limit usually binds long before)
+MAX_LAYERS = 96
+#: the widest feed-forward layer (d_ff) a request may ask for
+D_FF_MAX = 65_536
+
+
+def check_num_layers(num_layers: Any) -> None:
+    """num_layers: how many blocks are stacked, a positive integer (1, the default, with no block field: engine
+    1.0's single attention layer)."""
+    if not _is_int(num_layers) or not 1 <= num_layers <= MAX_LAYERS:
+        raise InvalidSizeError(f"num_layers must be an integer from 1 to {MAX_LAYERS}, got {_shown(num_layers)}",
+                               field="num_layers")
+
+
+def check_d_ff(d_ff: Any) -> None:
+    """d_ff: the feed-forward network's inner width, a positive integer, or None for the default."""
+    if d_ff is not None and (not _is_int(d_ff) or not 1 <= d_ff <= D_FF_MAX):
+        raise InvalidSizeError(f"d_ff must be an integer from 1 to {D_FF_MAX} (or null for the default: 4·d_model, "
+                               f"and Llama's rounding of 8·d_model/3 for swiglu), got {_shown(d_ff)}", field="d_ff")
+
+
+def check_norm_eps(eps: Any) -> None:
+    """norm_eps: the ε added to the variance (or mean square) inside the square root, a finite number in (0, 1]."""
+    number = not isinstance(eps, bool) and isinstance(eps, (int, float, np.integer, np.floating))
+    if eps is not None and (not number or not 0 < eps <= 1 or not math.isfinite(eps)):
+        raise InvalidSizeError(f"norm_eps must be a finite number greater than 0 and at most 1 (1e-05 in "
+                               f"torch.nn.LayerNorm and GPT-2, 1e-06 in Llama), or null for the block's default, got "
+                               f"{_shown(eps)}", field="norm_eps")
+
+
+def check_optional_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    """A block setting: one of ``choices``, or None for the preset's."""
+    if value is not None:
+        check_choice(name, value, choices)
+
+
+def layer_conflicts(num_layers: int, block: bool) -> list[VariantConflictError]:
+    """A stack is a stack of blocks: more than one layer needs a block (attention alone is one layer)."""
+    if num_layers == 1 or block:
+        return []
+    return [VariantConflictError(
+        f"num_layers {num_layers} stacks Transformer blocks, and no block is asked for: give block (\"vaswani2017\", "
+        "\"gpt2\" or \"llama\") or a block setting (norm, norm_position, ffn, d_ff, norm_eps, norm_weights), or "
+        "drop num_layers for the single attention layer", field="num_layers", code="layers_need_block")]
+
+
+def block_parameter_conflicts(*, block: bool, parameters_given: bool) -> list[VariantConflictError]:
+    """A request's own weights are one attention layer's (W_Q, W_K, W_V, W_O): a stack's come from the seed."""
+    if not (block and parameters_given):
+        return []
+    return [VariantConflictError(
+        "parameters are one attention layer's W_Q, W_K, W_V and W_O; a stack of blocks also has norms and a "
+        "feed-forward network per layer, which come from the seed here: drop parameters, or the block fields",
+        field="parameters", code="block_parameters")]
+
+
+def block_context_conflicts(*, block: bool, cross: bool) -> list[VariantConflictError]:
+    """The block is an encoder or decoder-only block: its attention is self-attention."""
+    if not (block and cross):
+        return []
+    return [VariantConflictError(
+        "a block here is an encoder's or a decoder-only model's (Vaswani's encoder, GPT-2, Llama): its attention is "
+        "self-attention, and an encoder–decoder block's cross-attention sublayer is not traced; drop the context, "
+        "or drop the block fields to trace cross-attention alone", field="context_sentence",
+        code="block_cross_attention")]
+
+
 def cross_attention_conflicts(*, causal: bool, window: int | None,
                               positional_encoding: str) -> list[VariantConflictError]:
     """Cross-attention (keys and values from a context) has no causal mask and no RoPE."""
@@ -193,8 +260,9 @@ def check_explicit_context(*, input_given: bool, context_input_given: bool, cros
                                          cross=cross))
 
 
-def decode_conflicts(*, causal: bool, cross: bool, bug: str | None) -> list[DecodeUnavailableError]:
-    """KV-cache decoding re-runs causal self-attention, one token at a time, without a mistake."""
+def decode_conflicts(*, causal: bool, cross: bool, bug: str | None, block: bool = False
+                     ) -> list[DecodeUnavailableError]:
+    """KV-cache decoding re-runs causal self-attention, one token at a time, without a mistake, in one layer."""
     out = []
     if cross:
         out.append(DecodeUnavailableError(
@@ -209,16 +277,21 @@ def decode_conflicts(*, causal: bool, cross: bool, bug: str | None) -> list[Deco
         out.append(DecodeUnavailableError(
             "decoding re-runs the correct layer step by step; trace without inject_bug to decode",
             code="decode_with_bug"))
+    if block:
+        out.append(DecodeUnavailableError(
+            "KV-cache decoding re-runs one attention layer token by token; a stack of blocks keeps a cache per layer, "
+            "which is not traced: drop decode, or the block fields", code="decode_block"))
     return out
 
 
-def check_decodable(*, causal: bool, cross: bool, bug: str | None) -> None:
-    raise_all(decode_conflicts(causal=causal, cross=cross, bug=bug))
+def check_decodable(*, causal: bool, cross: bool, bug: str | None, block: bool = False) -> None:
+    raise_all(decode_conflicts(causal=causal, cross=cross, bug=bug, block=block))
 
 
 def check_variants(*, d_model: int, num_heads: int, causal: bool, window: int | None, positional_encoding: str,
                    cross: bool, input_given: bool = False, context_input_given: bool = False,
-                   decode: bool = False, bug: str | None = None) -> None:
+                   decode: bool = False, bug: str | None = None, block: bool = False,
+                   num_layers: int = 1, parameters_given: bool = False) -> None:
     """Every conflict between the variants' settings, all reported at once (the first raised, carrying the
     others), in the order of docs/engine.md's table; the sizes must have been checked (``head_dim``)."""
     raise_all([
@@ -227,7 +300,10 @@ def check_variants(*, d_model: int, num_heads: int, causal: bool, window: int | 
         *(cross_attention_conflicts(causal=causal, window=window, positional_encoding=positional_encoding)
           if cross else []),
         *explicit_context_conflicts(input_given=input_given, context_input_given=context_input_given, cross=cross),
-        *(decode_conflicts(causal=causal, cross=cross, bug=bug) if decode else []),
+        *(decode_conflicts(causal=causal, cross=cross, bug=bug, block=block) if decode else []),
+        *layer_conflicts(num_layers, block),
+        *block_context_conflicts(block=block, cross=cross),
+        *block_parameter_conflicts(block=block, parameters_given=parameters_given),
     ])
 
 
@@ -382,6 +458,16 @@ def check_input_shape(x: Any, n: int, d_model: int, name: str = "input") -> None
 def given_input(x: Any, n: int, d_model: int, name: str = "input") -> np.ndarray:
     """A given x (``input`` or ``context_input``): [n, d_model], finite, as a read-only float64 copy."""
     return explicit_array(name, x, (n, d_model), INPUT_AXES[name])
+
+
+def check_block_cost(values: int, weights: int, limit: int, *, num_layers: int) -> None:
+    """A stack generates every layer's weights: its numbers and weights together may cost at most ``limit``
+    units (the request-cost budget, one unit a number or weight), checked before anything is generated."""
+    if values + weights > limit:
+        raise TraceTooLargeError(
+            f"this stack of {num_layers} block(s) would compute {values} numbers and generate {weights} weights, "
+            f"{values + weights} in all, above the request-cost limit of {limit}; use fewer layers, a smaller "
+            "d_model or d_ff, or fewer tokens")
 
 
 def check_trace_size(count: int, limit: int, *, n: int, d_model: int, num_heads: int,

@@ -56,7 +56,7 @@ class DecodeStep:
 def decode(t: Trace) -> list[DecodeStep]:
     """Re-run ``t`` (causal self-attention, no injected bug) token by token with a growing K/V cache."""
     config = t.config
-    check_decodable(causal=config.causal, cross=t.cross, bug=t.bug)
+    check_decodable(causal=config.causal, cross=t.cross, bug=t.bug, block=config.has_block)
     steps = decode_steps(config)
     x = t.state["input"]  # [n, d_model], generated or given
     base = initial_state(config, [], vars(t.parameters))

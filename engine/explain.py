@@ -43,6 +43,7 @@ m = keys, d_k = d_model / h.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -130,15 +131,33 @@ def _vec(a: np.ndarray) -> list[float]:
     return [float(x) for x in a]
 
 
-def explain_cell(trace: Trace, head: int, query: int, key: int, *, decode: Sequence[Any] | None = None
-                 ) -> dict[str, Any]:
+def check_layer(trace: Trace, layer: int) -> None:
+    """``layer`` must index the trace's layers (0 for a single attention layer)."""
+    if not 0 <= layer < trace.num_layers:
+        raise InvalidSizeError(f"layer {layer} is out of range: {_range_text('layer', trace.num_layers, 'layers')}",
+                               field="layer", code="layer_out_of_range")
+
+
+class _LayerState(dict):
+    """One layer's values of a stack under their base names (``q`` for ``q@2``), as a single layer's state."""
+
+    def __init__(self, state: dict[str, Any], layer: int) -> None:
+        super().__init__(state)
+        self.update({name.partition("@")[0]: v for name, v in state.items() if name.endswith(f"@{layer}")})
+
+
+def explain_cell(trace: Trace, head: int, query: int, key: int, *, decode: Sequence[Any] | None = None,
+                 layer: int = 0) -> dict[str, Any]:
     """Every number of the seed's worked example for one cell, from the trace's own arrays.
 
     ``decode``: ``engine.decode(trace)``, to compare the query's KV-cache step with the cell.
+    ``layer``: in a stack of blocks, the layer whose attention the cell is in.
     Returns a JSON-ready dict of Python numbers (see the module's docstring).
     """
     check_explainable(trace.bug)
-    cfg, st = trace.config, trace.state
+    check_layer(trace, layer)
+    cfg = trace.config
+    st = _LayerState(trace.state, layer) if cfg.has_block else trace.state
     key_tokens = trace.context_tokens if trace.cross else trace.tokens
     n, m = trace.n_tokens, len(key_tokens)
     check_cell(cfg, n, m, head, query, key, cross=trace.cross)
@@ -255,9 +274,200 @@ def explain_cell(trace: Trace, head: int, query: int, key: int, *, decode: Seque
         "masked": masked, "mask_reason": reason, "masked_keys": masked_keys,
         "steps": steps,
     }
+    if cfg.has_block:
+        out["layer"] = layer
     if decode is not None:
         out["decode"] = decode_cell(decode, head, query, key, score=score, weight=weight)
     return out
+
+
+# ------------------------------------------------------------------ a norm's cell and an FFN's cell
+
+NORMS: tuple[str, ...] = ("norm1", "norm2", "final_norm")
+
+
+def _source(trace: Trace, step_name: str) -> tuple[np.ndarray, str, list[int]]:
+    """What a norm or the FFN reads, as the trace shows it: its array [n, d_model], the stage, and the index of
+    that array in the stage (the residual stream's depth, or the layer)."""
+    step = next(s for s in trace.steps if s.name == step_name)
+    name = step.inputs[0]
+    base, _, at = name.partition("@")
+    L = trace.num_layers
+    if base in ("input", "stack_output", "layer_output", "attention_input"):
+        # the residual stream: the stack's input, a layer's output, or (post-norm) the stream a layer reads
+        depth = 0 if base == "input" else L if base == "stack_output" else int(at) + (base == "layer_output")
+        return trace.stages["residual_stream"].values[depth], "residual_stream", [depth]
+    return trace.state[name], base, [int(at)]
+
+
+def check_norm_cell(trace: Trace, which: str, layer: int, token: int, feature: int) -> None:
+    """The norm must be one this trace has, and layer, token and feature must index it."""
+    if not trace.config.has_block:
+        raise VariantConflictError("this trace is one attention layer, without norms: give a block field",
+                                   field="norm", code="explain_needs_block")
+    if which not in NORMS or (which == "final_norm" and not trace.config.final_norm):
+        has = ", ".join(NORMS if trace.config.final_norm else NORMS[:2])
+        raise InvalidSizeError(f"norm must be one of this stack's norms ({has}), got {which!r}", field="norm",
+                               code="norm_not_in_block")
+    check_layer(trace, layer)
+    for name, value, count, what in (("token", token, trace.n_tokens, "tokens"),
+                                     ("feature", feature, trace.config.d_model, "features")):
+        if not 0 <= value < count:
+            raise InvalidSizeError(f"{name} {value} is out of range: {_range_text(name, count, what)}", field=name,
+                                   code=f"{name}_out_of_range")
+
+
+def explain_norm_cell(trace: Trace, which: str, token: int, feature: int, *, layer: int = 0) -> dict[str, Any]:
+    """One value of a norm (``norm1``, ``norm2`` or ``final_norm``): its token's statistics over the features,
+    the normalised value, then the gain and bias. Each step's number is the trace's own; ``recomputed`` is the
+    step redone from the numbers shown (sums in feature order), ``exact`` whether the two agree bit for bit."""
+    check_explainable(trace.bug)
+    check_norm_cell(trace, which, layer, token, feature)
+    cfg = trace.config
+    at = "" if which == "final_norm" else f"@{layer}"
+    index = [token] if which == "final_norm" else [layer, token]
+    row, source, source_index = _source(trace, f"{which}{at}")
+    x = row[token]  # [n, d_model] -> [d_model]
+    d = cfg.d_model
+    eps = float(trace.state["norm_eps"])
+    gamma = trace.state[f"{which}_gamma{at}"]
+    value = _f(trace.stages[which].values[(*index, feature)])
+    text = trace.tokens[token].text
+    steps: list[dict[str, Any]] = []
+    if cfg.norm_kind == "layer_norm":
+        mean = _f(trace.stages[f"{which}_mean"].values[tuple(index)])
+        variance = _f(trace.stages[f"{which}_variance"].values[tuple(index)])
+        mean_re = _f(sum_in_order(x)) / d
+        centred = x - mean  # [d_model]
+        squares = centred * centred  # [d_model]
+        var_re = _f(sum_in_order(squares)) / d
+        normalised = (float(x[feature]) - mean) / float(np.sqrt(variance + eps))
+        beta = trace.state[f"{which}_beta{at}"]
+        scaled_re = normalised * float(gamma[feature]) + float(beta[feature])
+        steps += [
+            {"id": "mean", "stage": f"{which}_mean", "index": index, "formula": f"μ = Σⱼ x[j] / {d}",
+             "value": mean, "values": _vec(x), "recomputed": mean_re, "exact": mean_re == mean,
+             "note": f"values: token {text!r}'s {d} features, x = {source}{source_index}[{token}]; recomputed: "
+                     "added in feature order (numpy sums pairwise, so the last bits can differ)"},
+            {"id": "variance", "stage": f"{which}_variance", "index": index, "formula": f"σ² = Σⱼ (x[j] − μ)² / {d}",
+             "value": variance, "values": _vec(squares), "recomputed": var_re, "exact": var_re == variance,
+             "note": f"values: each (x[j] − μ)²; biased: divided by d_model = {d}, not d_model − 1"},
+            {"id": "normalised", "stage": which, "index": [*index, feature], "formula": "x̂ = (x[f] − μ) / √(σ² + ε)",
+             "value": normalised, "x": float(x[feature]), "epsilon": eps,
+             "note": f"ε = {eps!r} inside the square root, so a constant row gives 0, not a division by 0"},
+            {"id": "scaled", "stage": which, "index": [*index, feature], "formula": "γ[f]·x̂ + β[f]", "value": value,
+             "gamma": float(gamma[feature]), "beta": float(beta[feature]), "recomputed": scaled_re,
+             "exact": scaled_re == value,
+             "note": f"{which}[{', '.join(map(str, [*index, feature]))}]; γ = 1 and β = 0 unless norm_weights is "
+                     "seeded"},
+        ]
+    else:
+        ms = _f(trace.stages[f"{which}_mean_square"].values[tuple(index)])
+        squares = x * x  # [d_model]
+        ms_re = _f(sum_in_order(squares)) / d
+        normalised = float(x[feature]) / float(np.sqrt(ms + eps))
+        scaled_re = normalised * float(gamma[feature])
+        steps += [
+            {"id": "mean_square", "stage": f"{which}_mean_square", "index": index, "formula": f"Σⱼ x[j]² / {d}",
+             "value": ms, "values": _vec(squares), "recomputed": ms_re, "exact": ms_re == ms,
+             "note": f"values: each x[j]² of token {text!r}, x = {source}{source_index}[{token}]; no mean is "
+                     "subtracted (RMSNorm)"},
+            {"id": "normalised", "stage": which, "index": [*index, feature], "formula": "x̂ = x[f] / √(mean(x²) + ε)",
+             "value": normalised, "x": float(x[feature]), "epsilon": eps,
+             "note": f"ε = {eps!r} inside the square root"},
+            {"id": "scaled", "stage": which, "index": [*index, feature], "formula": "γ[f]·x̂", "value": value,
+             "gamma": float(gamma[feature]), "recomputed": scaled_re, "exact": scaled_re == value,
+             "note": "RMSNorm has a gain and no bias"},
+        ]
+    out: dict[str, Any] = {"norm": which, "norm_kind": cfg.norm_kind, "token": token, "token_text": text,
+                           "feature": feature, "source_stage": source, "source_index": [*source_index, token],
+                           "steps": steps}
+    if which != "final_norm":
+        out["layer"] = layer
+    return out
+
+
+_ACTIVATION_NAME = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU_tanh", "swiglu": "SiLU"}
+_ACTIVATION_FORMULA = {"relu": "max(0, a)", "gelu": "½·a·(1 + erf(a/√2))",
+                       "gelu_tanh": "½·a·(1 + tanh(√(2/π)·(a + 0.044715·a³)))", "swiglu": "a / (1 + e^(−a))"}
+
+
+def _activation(kind: str, a: float) -> float:
+    """The activation of one number, written out (not the engine's vectorised step)."""
+    if kind == "relu":
+        return max(0.0, a)
+    if kind == "gelu":
+        return 0.5 * a * (1.0 + math.erf(a / math.sqrt(2.0)))
+    if kind == "gelu_tanh":
+        return 0.5 * a * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (a + 0.044715 * (a * a * a))))
+    return a / (1.0 + math.exp(-a)) if a > -709 else -0.0
+
+
+def check_ffn_cell(trace: Trace, layer: int, token: int, unit: int) -> None:
+    if not trace.config.has_block:
+        raise VariantConflictError("this trace is one attention layer, without a feed-forward network: give a "
+                                   "block field", field="unit", code="explain_needs_block")
+    check_layer(trace, layer)
+    for name, value, count, what in (("token", token, trace.n_tokens, "tokens"),
+                                     ("unit", unit, trace.config.ff_width, "units")):
+        if not 0 <= value < count:
+            raise InvalidSizeError(f"{name} {value} is out of range: {_range_text(name, count, what)}", field=name,
+                                   code=f"{name}_out_of_range")
+
+
+def explain_ffn_cell(trace: Trace, token: int, unit: int, *, layer: int = 0) -> dict[str, Any]:
+    """One hidden unit of a layer's feed-forward network for one token: the products with its row of W_1, their
+    sum (the pre-activation), SwiGLU's up projection, the activation (and gating), and what the unit adds to the
+    output, ``h[u]·W_2[:, u]``."""
+    check_explainable(trace.bug)
+    check_ffn_cell(trace, layer, token, unit)
+    cfg, st = trace.config, trace.state
+    kind = cfg.ffn_kind
+    row, source, source_index = _source(trace, f"ffn_pre_activation@{layer}")
+    x = row[token]  # [n, d_model] -> [d_model]
+    at = f"@{layer}"
+    cell = [layer, token, unit]
+    W_1, W_2 = st[f"W_1{at}"], st[f"W_2{at}"]
+    prods = products(x, W_1[unit])  # [d_model]
+    pre = _f(trace.stages["ffn_pre_activation"].values[tuple(cell)])
+    pre_re = _f(sum_in_order(prods))
+    act = _f(trace.stages["ffn_activation"].values[tuple(cell)])
+    act_re = _activation(kind, pre)
+    steps: list[dict[str, Any]] = [
+        {"id": "products", "stage": "ffn_pre_activation", "index": cell, "value": None, "values": _vec(prods),
+         "formula": f"x[j]·W_1[{unit}, j] for j = 0 … {cfg.d_model - 1}", "x": _vec(x), "w": _vec(W_1[unit]),
+         "note": f"x = {source}{[*source_index, token]}, the FFN's input (the normalised stream)"},
+        {"id": "pre_activation", "stage": "ffn_pre_activation", "index": cell, "formula": "a = Σⱼ x[j]·W_1[u, j]",
+         "value": pre, "recomputed": pre_re, "exact": pre_re == pre,
+         "note": "recomputed: the products added in order; the trace's value is BLAS's matrix product"},
+    ]
+    hidden = act
+    if kind == "swiglu":
+        W_3 = st[f"W_3{at}"]
+        up = _f(trace.stages["ffn_up"].values[tuple(cell)])
+        up_re = _f(sum_in_order(products(x, W_3[unit])))
+        gated = _f(trace.stages["ffn_gated"].values[tuple(cell)])
+        steps.append({"id": "up", "stage": "ffn_up", "index": cell, "formula": "b = Σⱼ x[j]·W_3[u, j]", "value": up,
+                      "recomputed": up_re, "exact": up_re == up, "note": "SwiGLU's up projection (Llama's up_proj)"})
+    steps.append({"id": "activation", "stage": "ffn_activation", "index": cell,
+                  "formula": f"{_ACTIVATION_NAME[kind]}(a) = {_ACTIVATION_FORMULA[kind]}",
+                  "value": act, "recomputed": act_re, "exact": act_re == act,
+                  "note": "recomputed: the formula on this one number with Python's math module"})
+    if kind == "swiglu":
+        gated_re = act * up
+        steps.append({"id": "gated", "stage": "ffn_gated", "index": cell, "formula": "SiLU(a)·b", "value": gated,
+                      "recomputed": gated_re, "exact": gated_re == gated,
+                      "note": "the gate (the activated W_1 projection) times the up projection"})
+        hidden = gated
+    contribution = hidden * W_2[:, unit]  # [d_model]: this unit's share of the FFN's output row
+    output = trace.stages["ffn_output"].values[layer, token]  # [d_model]
+    steps.append({"id": "contribution", "stage": "ffn_output", "index": [layer, token], "value": None,
+                  "formula": f"h[{unit}]·W_2[:, {unit}]; ffn_output[{layer}, {token}] = Σᵤ h[u]·W_2[:, u]",
+                  "values": _vec(contribution), "vector": _vec(output),
+                  "note": f"what unit {unit} adds to token {trace.tokens[token].text!r}'s output; the other "
+                          f"{cfg.ff_width - 1} units add the rest"})
+    return {"layer": layer, "token": token, "token_text": trace.tokens[token].text, "unit": unit, "ffn": kind,
+            "d_ff": cfg.ff_width, "source_stage": source, "steps": steps}
 
 
 def decode_cell(steps: Sequence[Any], head: int, query: int, key: int, *, score: float, weight: float

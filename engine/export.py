@@ -8,8 +8,9 @@ attention the K/V heads are shared, but ``A`` still has one [n, m] matrix per
 *query* head, so every format has h heads.
 
 * **bertviz** (github.com/jessevig/bertviz, ``bertviz/head_view.py``):
-  ``head_view(attention=…, tokens=…)`` takes one array [batch=1, h, n, n] per
-  layer; this trace is one layer. Cross-attention uses head_view's
+  ``head_view(attention=…, tokens=…)`` and ``model_view`` take one array
+  [batch=1, h, n, n] per layer: one for an attention layer, one per layer for a
+  stack of blocks (``model_view`` then draws every layer's heads). Cross-attention uses head_view's
   encoder-decoder form instead: ``cross_attention`` [1, h, n, m] per layer,
   ``encoder_tokens`` (the context, the keys) and ``decoder_tokens`` (the
   sentence, the queries).
@@ -72,11 +73,16 @@ _CROSS_REFUSED = {
 }
 
 
-def check_export(fmt: str, *, cross: bool) -> None:
+def check_export(fmt: str, *, cross: bool, num_layers: int = 1) -> None:
     """The format must be known, and able to show this trace: raises VariantConflictError (field "format")."""
     if fmt not in EXPORT_FORMATS:
         raise VariantConflictError(f"format {fmt!r} is not one of {', '.join(EXPORT_FORMATS)}", field="format",
                                    code="unknown_export_format")
+    if fmt == "circuitsvis" and num_layers > 1:
+        raise VariantConflictError(f"CircuitsVis' attention_heads draws the heads of one layer, and this stack has "
+                                   f"{num_layers}; export it with format \"bertviz\" (model_view takes every layer) "
+                                   "or \"transformer-explainer\" (one block per layer)", field="format",
+                                   code="export_needs_one_layer")
     if cross and fmt in SELF_ATTENTION_ONLY:
         raise VariantConflictError(f"{_CROSS_REFUSED[fmt]}; export this trace with format \"bertviz\" (its "
                                    "cross_attention view), or drop context_sentence/context_tokens",
@@ -86,7 +92,7 @@ def check_export(fmt: str, *, cross: bool) -> None:
 def export_value_count(fmt: str, config: TraceConfig, n: int, n_context: int | None = None) -> int:
     """How many numbers the export holds: h·n·m for bertviz and CircuitsVis, 5·h·n·n for Transformer Explainer."""
     m = n if n_context is None else n_context
-    return config.num_heads * n * m * (len(TE_SUFFIXES) if fmt == "transformer-explainer" else 1)
+    return config.num_layers * config.num_heads * n * m * (len(TE_SUFFIXES) if fmt == "transformer-explainer" else 1)
 
 
 def _exact(a: np.ndarray, decimals: int | None) -> np.ndarray:
@@ -102,17 +108,18 @@ def _texts(tokens: list[Any] | None) -> list[str]:
 
 def bertviz_layout(weights: np.ndarray, queries: list[str], context: list[str] | None = None,
                    decimals: int | None = None) -> dict[str, Any]:
-    """bertviz head_view's keyword arguments for one layer of weights [h, n, m].
+    """bertviz head_view's (and model_view's) keyword arguments for weights [h, n, m], one layer, or [L, h, n, m],
+    a stack of L layers.
 
-    Self-attention (``context`` None): ``attention`` (a list of one [1, h, n, n] array) and ``tokens``.
+    Self-attention (``context`` None): ``attention`` (a list of one [1, h, n, n] array per layer) and ``tokens``.
     Cross-attention: ``cross_attention`` (a list of one [1, h, n, m] array),
     ``encoder_tokens`` (the context: the keys) and ``decoder_tokens`` (the sentence: the queries).
     """
-    A = _exact(weights, decimals)  # [h, n, m]
-    layer = A[np.newaxis]  # [h, n, m] -> [1, h, n, m]: a batch of one
+    A = _exact(weights, decimals)  # [h, n, m] or [L, h, n, m]
+    layers = [A[np.newaxis]] if A.ndim == 3 else [a[np.newaxis] for a in A]  # each [h, n, m] -> [1, h, n, m]
     if context is not None:
-        return {"cross_attention": [layer], "encoder_tokens": context, "decoder_tokens": queries}
-    return {"attention": [layer], "tokens": queries}
+        return {"cross_attention": layers, "encoder_tokens": context, "decoder_tokens": queries}
+    return {"attention": layers, "tokens": queries}
 
 
 def circuitsvis_props(weights: np.ndarray, queries: list[str], causal: bool,
@@ -126,15 +133,17 @@ def circuitsvis_props(weights: np.ndarray, queries: list[str], causal: bool,
 
 
 def bertviz(t: Trace, decimals: int | None = None) -> dict[str, Any]:
-    """bertviz head_view's keyword arguments for this one layer (:func:`bertviz_layout` of its weights)."""
+    """bertviz head_view's and model_view's keyword arguments: every layer's weights (:func:`bertviz_layout`)."""
     return bertviz_layout(t.stages["weights"].values, _texts(t.tokens),
                           _texts(t.context_tokens) if t.cross else None, decimals)
 
 
 def circuitsvis(t: Trace, decimals: int | None = None) -> dict[str, Any]:
     """CircuitsVis AttentionHeads' props (:func:`circuitsvis_props` of its weights)."""
-    check_export("circuitsvis", cross=t.cross)
-    return circuitsvis_props(t.stages["weights"].values, _texts(t.tokens), t.config.causal, decimals)
+    check_export("circuitsvis", cross=t.cross, num_layers=t.num_layers)
+    weights = t.stages["weights"].values  # [h, n, n], or [1, h, n, n] for one block
+    return circuitsvis_props(weights[0] if t.config.has_block else weights, _texts(t.tokens), t.config.causal,
+                             decimals)
 
 
 def _masked_rows(values: np.ndarray, mask: np.ndarray | None) -> list[Any]:
@@ -145,15 +154,31 @@ def _masked_rows(values: np.ndarray, mask: np.ndarray | None) -> list[Any]:
 
 
 def transformer_explainer(t: Trace, decimals: int | None = None, block: int = 0) -> dict[str, Any]:
-    """Transformer Explainer's ``outputs`` for this layer as block ``block``: five [n, n] matrices per head."""
+    """Transformer Explainer's ``outputs`` for this layer as block ``block``: five [n, n] matrices per head.
+    A stack of blocks gives every layer, layer l as block ``block + l``."""
     check_export("transformer-explainer", cross=t.cross)
     s = t.stages
-    scores = _exact(s["scores"].values, decimals)  # [h, n, n]  QKᵀ
-    scaled = _exact(s["scaled_scores"].values, decimals)  # [h, n, n]  QKᵀ/√d_k
+    if t.config.has_block:
+        out: dict[str, Any] = {}
+        for layer in range(t.num_layers):
+            out |= _te_block(*(None if s.get(sid) is None else s[sid].values[layer]
+                               for sid in ("scores", "scaled_scores", "masked_scores", "weights")),
+                             None if s.get("masked_scores") is None else s["masked_scores"].mask[layer],
+                             decimals, block + layer)
+        return out
     masked_stage = s.get("masked_scores")  # absent when nothing is masked
-    masked = scaled if masked_stage is None else _exact(masked_stage.values, decimals)  # [h, n, n]
-    mask = None if masked_stage is None else masked_stage.mask  # [h, n, n] booleans, or None
-    weights = _exact(s["weights"].values, decimals)  # [h, n, n]
+    return _te_block(s["scores"].values, s["scaled_scores"].values,
+                     None if masked_stage is None else masked_stage.values, s["weights"].values,
+                     None if masked_stage is None else masked_stage.mask, decimals, block)
+
+
+def _te_block(scores_in: np.ndarray, scaled_in: np.ndarray, masked_in: np.ndarray | None, weights_in: np.ndarray,
+              mask: np.ndarray | None, decimals: int | None, block: int) -> dict[str, Any]:
+    """One layer's Transformer Explainer matrices: scores, scaled, masked (None where masked) and weights [h, n, n]."""
+    scores = _exact(scores_in, decimals)  # [h, n, n]  QKᵀ
+    scaled = _exact(scaled_in, decimals)  # [h, n, n]  QKᵀ/√d_k
+    masked = scaled if masked_in is None else _exact(masked_in, decimals)  # [h, n, n]
+    weights = _exact(weights_in, decimals)  # [h, n, n]
     h, n, _ = weights.shape
 
     def matrix(data: Any) -> dict[str, Any]:
@@ -183,5 +208,5 @@ EXPORTERS: dict[str, Callable[..., dict[str, Any]]] = {
 
 def export(t: Trace, fmt: str, decimals: int | None = None) -> dict[str, Any]:
     """The trace in format ``fmt`` (one of EXPORT_FORMATS); raises VariantConflictError when it cannot show it."""
-    check_export(fmt, cross=t.cross)
+    check_export(fmt, cross=t.cross, num_layers=t.num_layers)
     return EXPORTERS[fmt](t, decimals)

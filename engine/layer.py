@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from types import MappingProxyType
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Literal
@@ -35,13 +35,19 @@ from typing import Any, Callable, Literal
 import numpy as np
 
 from . import attention as A
+from . import block as B
 from .checks import (
     check_choice,
+    check_d_ff,
+    check_norm_eps,
+    check_num_layers,
+    check_optional_choice,
     check_rope_base,
     check_seed,
     check_window_size,
     head_dim,
     kv_heads,
+    layer_conflicts,
     rope_conflicts,
     window_conflicts,
 )
@@ -50,6 +56,63 @@ from .params import token_embeddings
 
 PositionalEncoding = Literal["sinusoidal", "none", "rope"]
 RopePairing = Literal["rotate_half", "interleaved"]
+NormKind = Literal["layer_norm", "rms_norm"]
+NormPosition = Literal["post", "pre"]
+FFNKind = Literal["relu", "gelu", "gelu_tanh", "swiglu"]
+NormWeights = Literal["unit", "seeded"]
+
+NORM_KINDS: tuple[str, ...] = ("layer_norm", "rms_norm")
+NORM_POSITIONS: tuple[str, ...] = ("post", "pre")
+FFN_KINDS: tuple[str, ...] = ("relu", "gelu", "gelu_tanh", "swiglu")
+NORM_WEIGHTS: tuple[str, ...] = ("unit", "seeded")
+#: Llama's SwiGLU width rounds ⌊2·(4·d_model)/3⌋ up to a multiple of this (Meta's llama/model.py, multiple_of)
+SWIGLU_MULTIPLE_OF = 256
+
+
+@dataclass(frozen=True)
+class BlockPreset:
+    """A published block's choices, set together by ``block``; any block field given overrides its own."""
+
+    norm: str
+    norm_position: str
+    ffn: str
+    norm_eps: float
+    #: what the preset also sets in the attention, unless the request gives it (``preset_fields``)
+    positional_encoding: str
+    causal: bool
+
+
+BLOCK_PRESETS: dict[str, BlockPreset] = {
+    # Vaswani et al. 2017's encoder block: post-norm LayerNorm, ReLU, d_ff = 4·d_model, sinusoidal positions
+    # (torch.nn.TransformerEncoderLayer's defaults; ε as torch.nn.LayerNorm's).
+    "vaswani2017": BlockPreset("layer_norm", "post", "relu", 1e-5, "sinusoidal", False),
+    # GPT-2: pre-norm LayerNorm with a final ln_f, GELU's tanh approximation (gelu_new), causal. Its learned
+    # position embeddings are not seeded here: the encoding stays the request's (sinusoidal by default).
+    "gpt2": BlockPreset("layer_norm", "pre", "gelu_tanh", 1e-5, "sinusoidal", True),
+    # Llama: pre-norm RMSNorm with a final norm, SwiGLU, RoPE, causal; GQA with num_kv_heads.
+    "llama": BlockPreset("rms_norm", "pre", "swiglu", 1e-6, "rope", True),
+}
+#: the block of a request that gives block fields but no preset
+DEFAULT_BLOCK = "vaswani2017"
+#: the TraceConfig fields that ask for a block (any one of them given: a stack of blocks, not attention alone)
+BLOCK_FIELDS: tuple[str, ...] = ("block", "norm", "norm_position", "ffn", "d_ff", "norm_eps", "norm_weights")
+
+
+def preset_fields(block: str | None, given: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
+    """What a preset sets outside the block, for the fields not ``given``: llama's RoPE, gpt2's and llama's
+    causal mask. (The block's own choices are resolved by ``TraceConfig`` itself.)"""
+    if block not in BLOCK_PRESETS:
+        return {}
+    p = BLOCK_PRESETS[block]
+    return {name: value for name, value in (("positional_encoding", p.positional_encoding), ("causal", p.causal))
+            if name not in given}
+
+
+def swiglu_width(d_model: int, multiple_of: int = SWIGLU_MULTIPLE_OF) -> int:
+    """Llama's SwiGLU d_ff: ⌊2·(4·d_model)/3⌋ rounded up to a multiple of ``multiple_of`` (11008 at d_model 4096),
+    so that the three matrices hold about as many weights as a 4·d_model FFN's two."""
+    hidden = 2 * (4 * d_model) // 3
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_ROPE_BASE = 10000.0
@@ -177,6 +240,15 @@ class TraceConfig:
     window: int | None = None
     rope_base: float = DEFAULT_ROPE_BASE
     rope_pairing: RopePairing = "rotate_half"
+    # The block (any of these given: a stack of Transformer blocks around the attention; all None: attention alone)
+    num_layers: int = 1
+    block: str | None = None  # a preset: "vaswani2017", "gpt2" or "llama"; the fields below override it
+    norm: NormKind | None = None
+    norm_position: NormPosition | None = None
+    ffn: FFNKind | None = None
+    d_ff: int | None = None
+    norm_eps: float | None = None
+    norm_weights: NormWeights | None = None
 
     def __post_init__(self) -> None:
         head_dim(self.d_model, self.num_heads)  # raises on bad sizes or fractional d_k
@@ -187,8 +259,16 @@ class TraceConfig:
         check_rope_base(self.rope_base)
         check_window_size(self.window)
         # Both conflicts a configuration can have on its own, reported together (a context's come in trace()).
+        check_num_layers(self.num_layers)
+        check_optional_choice("block", self.block, tuple(BLOCK_PRESETS))
+        check_optional_choice("norm", self.norm, NORM_KINDS)
+        check_optional_choice("norm_position", self.norm_position, NORM_POSITIONS)
+        check_optional_choice("ffn", self.ffn, FFN_KINDS)
+        check_d_ff(self.d_ff)
+        check_norm_eps(self.norm_eps)
+        check_optional_choice("norm_weights", self.norm_weights, NORM_WEIGHTS)
         raise_all([*(rope_conflicts(self.d_model, self.num_heads) if self.positional_encoding == "rope" else []),
-                   *window_conflicts(self.window, self.causal)])
+                   *window_conflicts(self.window, self.causal), *layer_conflicts(self.num_layers, self.has_block)])
         if self.max_tokens < 1:
             raise InvalidSizeError(f"max_tokens must be at least 1, got {self.max_tokens}", field="max_tokens")
 
@@ -251,13 +331,85 @@ class TraceConfig:
 
     @property
     def n_matrices(self) -> int:
-        """W_Qᵢ per query head, W_Kⱼ and W_Vⱼ per K/V head, and W_O: h + 2·g + 1."""
-        return self.num_heads + 2 * self.kv_heads + 1
+        """W_Qᵢ per query head, W_Kⱼ and W_Vⱼ per K/V head, and W_O: h + 2·g + 1; a block adds its FFN's 2 (SwiGLU 3)
+        matrices, per layer."""
+        attention = self.num_heads + 2 * self.kv_heads + 1
+        if not self.has_block:
+            return attention
+        return self.num_layers * (attention + (3 if self.gated else 2))
+
+    @property
+    def n_attention_parameters(self) -> int:
+        """One attention layer's weights: 2·d_model² (W_Q, W_O) + 2·g·d_k·d_model (W_K, W_V)."""
+        return 2 * self.d_model * self.d_model + 2 * self.kv_heads * self.d_k * self.d_model
 
     @property
     def n_parameters(self) -> int:
-        """2·d_model² (W_Q, W_O) + 2·g·d_k·d_model (W_K, W_V): 4·d_model² without shared K/V heads."""
-        return 2 * self.d_model * self.d_model + 2 * self.kv_heads * self.d_k * self.d_model
+        """2·d_model² (W_Q, W_O) + 2·g·d_k·d_model (W_K, W_V): 4·d_model² without shared K/V heads. A stack adds,
+        per layer, the FFN's 2·d_ff·d_model (SwiGLU 3·d_ff·d_model) and two norms' γ (and β), then the final norm's."""
+        if not self.has_block:
+            return self.n_attention_parameters
+        norm = self.d_model * (2 if self.norm_kind == "layer_norm" else 1)
+        ffn = (3 if self.gated else 2) * self.ff_width * self.d_model
+        return self.num_layers * (self.n_attention_parameters + ffn + 2 * norm) + (norm if self.final_norm else 0)
+
+    # ------------------------------------------------------- the block
+
+    @cached_property  # asked for every stage of every trace: computed once per configuration
+    def has_block(self) -> bool:
+        """Whether this is a stack of Transformer blocks (any block field given), not one attention layer."""
+        return any(getattr(self, name) is not None for name in BLOCK_FIELDS)
+
+    @property
+    def preset(self) -> BlockPreset:
+        """The preset whose choices fill the block fields not given (vaswani2017 without ``block``)."""
+        return BLOCK_PRESETS[self.block or DEFAULT_BLOCK]
+
+    @property
+    def norm_kind(self) -> str:
+        return self.norm or self.preset.norm
+
+    @property
+    def pre_norm(self) -> bool:
+        """Pre-norm (GPT-2, Llama: x + Sublayer(Norm(x)), and a final norm) rather than post-norm (2017)."""
+        return (self.norm_position or self.preset.norm_position) == "pre"
+
+    @property
+    def ffn_kind(self) -> str:
+        return self.ffn or self.preset.ffn
+
+    @property
+    def gated(self) -> bool:
+        """SwiGLU: a third matrix, W_3, whose projection the activated gate multiplies."""
+        return self.ffn_kind == "swiglu"
+
+    @property
+    def ff_width(self) -> int:
+        """d_ff: as given, else 4·d_model, or for SwiGLU Llama's ``swiglu_width(d_model)``."""
+        if self.d_ff is not None:
+            return self.d_ff
+        return swiglu_width(self.d_model) if self.gated else 4 * self.d_model
+
+    @property
+    def eps(self) -> float:
+        return float(self.norm_eps if self.norm_eps is not None else self.preset.norm_eps)
+
+    @property
+    def seeded_norm(self) -> bool:
+        """Whether the norms' γ and β are seeded (else γ = 1, β = 0)."""
+        return self.norm_weights == "seeded"
+
+    @property
+    def final_norm(self) -> bool:
+        """A pre-norm stack ends with a norm of the last residual stream (GPT-2's ln_f, Llama's norm)."""
+        return self.has_block and self.pre_norm
+
+    @classmethod
+    def preset_config(cls, block: str, **fields: Any) -> TraceConfig:
+        """A configuration of the preset ``block``, with what it sets outside the block (llama's RoPE, gpt2's and
+        llama's causal mask) unless ``fields`` gives it: ``TraceConfig.preset_config("llama", d_model=32,
+        num_heads=4, num_kv_heads=2, num_layers=2)``."""
+        return cls(block=block, **{**preset_fields(block, set(fields)), **fields})
 
 
 def layer_steps(config: TraceConfig, *, explicit_input: bool = False, cross: bool = False,
@@ -269,6 +421,10 @@ def layer_steps(config: TraceConfig, *, explicit_input: bool = False, cross: boo
     come from the context (``context_input``) instead of the sentence.
     ``decode``: one step of KV-cache decoding (:func:`decode_steps`).
     """
+    if config.has_block:  # cross-attention and decoding are refused with a block (engine.checks)
+        return _stack_steps(config.positional_encoding, config.mask, config.scale, explicit_input,
+                            config.rope_pairing if config.rope else None, config.grouped, config.norm_kind,
+                            config.pre_norm, config.ffn_kind, config.num_layers)
     return _steps(config.positional_encoding, config.mask, config.scale, explicit_input or decode,
                   config.rope_pairing if config.rope else None, config.grouped, cross, decode)
 
@@ -282,6 +438,149 @@ def decode_steps(config: TraceConfig) -> tuple[Step, ...]:
     exactly the keys the new query may see (the last ``window`` with a sliding window), so nothing is masked.
     """
     return layer_steps(config, decode=True)
+
+
+# ------------------------------------------------------------------ the block and the stack
+#
+# A stack is the embedding steps, then each layer's steps, then the stack's last steps. Every layer runs the
+# same *template*: the attention's steps (as ``_steps`` makes them, reading ``input``) and the block's around
+# them, with base names. Layer l's copy (``in_layer``) renames each value ``name@l``, except the sizes and
+# settings every layer shares (``SHARED``); the template's ``stream`` is the layer's input (``input`` for
+# layer 0, else ``layer_output@{l−1}``), and its ``input`` (what the attention reads) is ``attention_input@l``,
+# the normalised stream in pre-norm and the stream itself in post-norm. So a mistake swaps a step by its base
+# name in every layer (a student's function is wrong wherever it is called), and a stage is its layers' values
+# stacked on a leading ``layer`` axis.
+
+#: the state's values every layer shares (sizes, settings): never renamed per layer
+SHARED: frozenset[str] = frozenset({"tokens", "n", "m", "seed", "d_model", "num_heads", "d_k", "scale", "kv_group",
+                                    "window", "rope_base", "norm_eps"})
+_PLACEHOLDER = re.compile(r"\{([^{}@]+)\}")
+
+
+def at_layer(name: str, layer: int) -> str:
+    """The state's name of a template value in layer ``layer``."""
+    if name in SHARED:
+        return name
+    if name == "stream":
+        return "input" if layer == 0 else f"layer_output@{layer - 1}"
+    if name == "input":  # what the attention's steps read
+        return f"attention_input@{layer}"
+    return f"{name}@{layer}"
+
+
+def base_name(name: str) -> str:
+    """A state name without its layer: ``q@3`` -> ``q``."""
+    return name.partition("@")[0]
+
+
+def layer_of(name: str) -> int | None:
+    """The layer a state name belongs to (None for a value of the whole trace)."""
+    _, at, layer = name.partition("@")
+    return int(layer) if at else None
+
+
+@lru_cache(maxsize=None)  # a function of a step (made once) and a layer: each copy made once, so identities hold
+def in_layer(step: Step, layer: int) -> Step:
+    """Layer ``layer``'s copy of a template step: its name, inputs, outputs and formula's references renamed."""
+    def rename(m: re.Match[str]) -> str:
+        return "{" + at_layer(m.group(1), layer) + "}"
+    return Step(at_layer(step.name, layer), step.fn, tuple(at_layer(i, layer) for i in step.inputs),
+                _PLACEHOLDER.sub(rename, step.formula), step.note, tuple(at_layer(o, layer) for o in step.outputs))
+
+
+_NORM_SYMBOL = {"layer_norm": "LN", "rms_norm": "RMSNorm"}
+
+
+def norm_steps(which: str, source: str, norm_kind: str, of: str, index: str, result: str = "") -> tuple[Step, ...]:
+    """One norm of ``source``: its statistics over the d_model features, then the normalised values.
+
+    ``which``: norm1, norm2 or final_norm (the names of its values and weights); ``of``: the formula's symbol
+    for its input; ``index``: the subscript of its name and weights (₁, ₂, _f); ``result``: the symbol the
+    formulas after it use for its output, if any ("h = ")."""
+    name = f"{result}{_NORM_SYMBOL[norm_kind]}{index}({of})"
+    over = ": over the d_model features of each token"
+    if norm_kind == "layer_norm":
+        return (Step(f"{which}_mean", B.feature_mean, (source,), f"μ = mean over j of {of}[j]", note=over),
+                Step(f"{which}_variance", B.feature_variance, (source, f"{which}_mean"),
+                     f"σ² = mean over j of ({of}[j] − μ)²", note=over + ", biased (÷ d_model, not d_model − 1)"),
+                Step(which, B.layer_norm, (source, f"{which}_mean", f"{which}_variance", "norm_eps",
+                                           f"{which}_gamma", f"{which}_beta"),
+                     f"{name} = γ{index} ⊙ ({of} − μ)/√(σ² + ε) + β{index}"))
+    return (Step(f"{which}_mean_square", B.mean_square, (source,), f"mean over j of {of}[j]²", note=over),
+            Step(which, B.rms_norm, (source, f"{which}_mean_square", "norm_eps", f"{which}_gamma"),
+                 f"{name} = γ{index} ⊙ {of}/√(mean({of}²) + ε)"))
+
+
+_ACTIVATIONS: dict[str, tuple[Callable[..., Any], str]] = {
+    "relu": (B.relu, "ReLU"), "gelu": (B.gelu, "GELU"), "gelu_tanh": (B.gelu_tanh, "GELU_tanh"),
+    "swiglu": (B.silu, "SiLU"),
+}
+
+
+def ffn_steps(source: str, of: str, ffn_kind: str) -> tuple[Step, ...]:
+    """The feed-forward network on ``source`` (``of`` its symbol): W_1, the activation (SwiGLU: times the up
+    projection W_3), W_2."""
+    fn, act = _ACTIVATIONS[ffn_kind]
+    pre = Step("ffn_pre_activation", B.linear, (source, "W_1"), f"{of}·W_1ᵀ")
+    if ffn_kind != "swiglu":
+        return (pre, Step("ffn_activation", fn, ("ffn_pre_activation",), f"{act}({{ffn_pre_activation}})"),
+                Step("ffn_output", B.linear, ("ffn_activation", "W_2"), "{ffn_activation}·W_2ᵀ"))
+    return (pre,
+            Step("ffn_up", B.linear, (source, "W_3"), f"{of}·W_3ᵀ"),
+            Step("ffn_activation", fn, ("ffn_pre_activation",), "SiLU({ffn_pre_activation})"),
+            Step("ffn_gated", B.multiply, ("ffn_activation", "ffn_up"), "{ffn_activation} ⊙ {ffn_up}"),
+            Step("ffn_output", B.linear, ("ffn_gated", "W_2"), "({ffn_gated})·W_2ᵀ"))
+
+
+@lru_cache(maxsize=32)  # one tuple per choice
+def block_wiring(norm_kind: str, pre_norm: bool, ffn_kind: str) -> tuple[tuple[Step, ...], tuple[Step, ...]]:
+    """The block's own steps around the attention, as a template: (the steps before the attention's, the steps
+    after them). Post-norm: x → MHA → h = LN₁(x + MHA(x)) → LN₂(h + FFN(h)). Pre-norm: x → LN₁ → MHA →
+    h = x + MHA(LN₁(x)) → h + FFN(LN₂(h))."""
+    N = _NORM_SYMBOL[norm_kind]
+    if pre_norm:
+        *stats, norm1 = norm_steps("norm1", "stream", norm_kind, "x", "₁")
+        norm1 = replace(norm1, note=": the attention's input (the x that q, k and v project)")
+        before = (*stats, norm1, Step("attention_input", B.same, ("norm1",)))
+        after = (Step("residual1", B.add, ("stream", "output"), f"h = x + MHA({N}₁(x))"),
+                 *norm_steps("norm2", "residual1", norm_kind, "h", "₂"),
+                 *ffn_steps("norm2", f"{N}₂(h)", ffn_kind),
+                 Step("residual2", B.add, ("residual1", "ffn_output"), f"h + FFN({N}₂(h))"),
+                 Step("layer_output", B.same, ("residual2",)))
+        return before, after
+    before = (Step("attention_input", B.same, ("stream",)),)
+    after = (Step("residual1", B.add, ("stream", "output"), "y = x + MHA(x)"),
+             *norm_steps("norm1", "residual1", norm_kind, "y", "₁", "h = "),
+             *ffn_steps("norm1", "h", ffn_kind),
+             Step("residual2", B.add, ("norm1", "ffn_output"), "z = h + FFN(h)"),
+             *norm_steps("norm2", "residual2", norm_kind, "z", "₂"),
+             Step("layer_output", B.same, ("norm2",)))
+    return before, after
+
+
+@lru_cache(maxsize=64)  # one tuple per choice of variants
+def block_template(mask: str, scale: bool, rope_pairing: str | None, grouped: bool, norm_kind: str, pre_norm: bool,
+                   ffn_kind: str) -> tuple[Step, ...]:
+    """One layer of the stack with base names: the block's steps around the attention's (``_steps`` with x given)."""
+    attention = _steps("sinusoidal", mask, scale, True, rope_pairing, grouped)
+    before, after = block_wiring(norm_kind, pre_norm, ffn_kind)
+    return (*before, *attention, *after)
+
+
+@lru_cache(maxsize=64)  # one tuple per choice of variants and depth
+def _stack_steps(positional_encoding: str, mask: str, scale: bool, explicit_input: bool, rope_pairing: str | None,
+                 grouped: bool, norm_kind: str, pre_norm: bool, ffn_kind: str, num_layers: int) -> tuple[Step, ...]:
+    embed = () if explicit_input else _embedding_steps(positional_encoding, rope_pairing is not None, False)
+    template = block_template(mask, scale, rope_pairing, grouped, norm_kind, pre_norm, ffn_kind)
+    layers = tuple(in_layer(step, layer) for layer in range(num_layers) for step in template)
+    last = f"layer_output@{num_layers - 1}"
+    tail: tuple[Step, ...] = (
+        Step("residual_stream", B.stack, ("input", *(f"layer_output@{i}" for i in range(num_layers))),
+             "x₀ = x (the stack's input), xₗ₊₁ = layer l's output"),)
+    if pre_norm:  # the last residual stream, normalised once more
+        tail += (Step("stack_output", B.same, (last,)),
+                 *norm_steps("final_norm", "stack_output", norm_kind, "x_L", "_f"))
+    return (*embed, *layers, *tail)
 
 
 _CONTEXT_EMBEDDING = Step("context_token_embedding", token_embeddings, ("seed", "d_model", "context_tokens"),
@@ -362,6 +661,8 @@ def initial_state(config: TraceConfig, texts: list[str], weights: dict[str, np.n
                              "num_heads": config.num_heads, "d_k": config.d_k, "scale": config.scale, **weights,
                              "kv_group": config.kv_group_size, "window": config.window,
                              "rope_base": config.rope_base}
+    if config.has_block:
+        state["norm_eps"] = config.eps
     if x is not None:
         state["input"] = x
     if context_texts is not None:
@@ -439,18 +740,75 @@ class Rerun(Mapping[str, Any]):
         return self._state
 
 
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity, as steps
+class Rewrite:
+    """A wrong step made from the correct one: ``make(correct) -> Step`` (the same name; usually the same inputs
+    and a wrong function), for a mistake whose step has several forms (a norm's source differs between
+    post-norm and pre-norm, LayerNorm and RMSNorm read different statistics). It replaces every step of that
+    name the configuration has (every layer's), and none is an error only if no replacement applies at all."""
+
+    name: str
+    make: Callable[[Step], Step]
+
+
+@lru_cache(maxsize=None)  # per rewrite and step (each made once): the same wrong step each time, so caches hit
+def rewritten(rewrite: Rewrite, step: Step) -> Step:
+    """``rewrite``'s wrong step for ``step``; in a layer, the base names its formula refers to are that layer's."""
+    made = rewrite.make(step)
+    layer = layer_of(step.name)
+    if layer is None:
+        return made
+    return replace(made, formula=_PLACEHOLDER.sub(lambda m: "{" + at_layer(m.group(1), layer) + "}", made.formula))
+
+
 @lru_cache(maxsize=1024)  # a function of two tuples of steps (each made once): /check asks per bug, per request
-def swapped(steps: tuple[Step, ...], replacements: tuple[Step, ...]) -> tuple[tuple[Step, ...], int, frozenset[str]]:
+def swapped(steps: tuple[Step, ...], replacements: tuple[Step | Rewrite, ...]
+            ) -> tuple[tuple[Step, ...], int, frozenset[str]]:
     """``steps`` with the replacements swapped in (by name), the index of the first swapped step, and
-    the values it and the steps after it write (the ones a rerun recomputes)."""
-    swap = {s.name: s for s in replacements}
-    names = [s.name for s in steps]
-    missing = set(swap) - set(names)
-    if missing:
-        raise ValueError(f"these steps are not part of the layer: {sorted(missing)}")
-    new = tuple(swap.get(s.name, s) for s in steps)
-    start = min(names.index(name) for name in swap)
+    the values it and the steps after it write (the ones a rerun recomputes).
+
+    In a stack, a replacement named as a template step (``q``, ``norm1``) replaces that step in every layer
+    (``in_layer``); a step of the whole trace (``input``, ``final_norm``) is replaced by its own name. When the
+    replacements read a value that a later step makes (a pre-norm block written where post-norm is asked
+    normalises before the attention), the steps are put back in an order that computes every value before
+    it is read, keeping the original order otherwise."""
+    names = {s.name for s in steps}
+    layers = sorted({layer for s in steps if (layer := layer_of(s.name)) is not None})
+    by_base: dict[str, list[Step]] = {}
+    for s in steps:
+        by_base.setdefault(base_name(s.name), []).append(s)
+    swap: dict[str, Step] = {}
+    missing = []
+    for r in replacements:
+        if isinstance(r, Rewrite):
+            swap.update({s.name: rewritten(r, s) for s in by_base.get(r.name, ())})
+        elif r.name in names:
+            swap[r.name] = r
+        elif layers and f"{r.name}@{layers[0]}" in names:
+            swap.update({f"{r.name}@{layer}": in_layer(r, layer) for layer in layers})
+        else:
+            missing.append(r.name)
+    if missing or not swap:
+        raise ValueError(f"these steps are not part of the layer: {sorted(missing) or [r.name for r in replacements]}")
+    new = _computable(tuple(swap.get(s.name, s) for s in steps))
+    start = next(i for i, (a, b) in enumerate(zip(steps, new)) if a is not b)
     return new, start, frozenset(out for s in new[start:] for out in s.writes)
+
+
+def _computable(steps: tuple[Step, ...]) -> tuple[Step, ...]:
+    """``steps`` unchanged when each value is made before any step reads it; else the same steps in the order
+    that makes every value first, the earliest possible step first (a stable topological order)."""
+    made_at = {out: i for i, step in enumerate(steps) for out in step.writes}
+    needs = [{made_at[i] for i in step.inputs if i in made_at and made_at[i] != k} for k, step in enumerate(steps)]
+    if all(all(j < k for j in need) for k, need in enumerate(needs)):
+        return steps
+    done: set[int] = set()
+    order: list[int] = []
+    while len(order) < len(steps):
+        k = next(k for k in range(len(steps)) if k not in done and needs[k] <= done)
+        done.add(k)
+        order.append(k)
+    return tuple(steps[k] for k in order)
 
 
 def rerun(steps: tuple[Step, ...], state: dict[str, Any],
@@ -503,7 +861,35 @@ _CONTEXT_STAGES = ("context_tokens", "context_token_embedding", "context_positio
 STAGE_IDS: tuple[str, ...] = tuple(sid for sid in ALL_STAGE_IDS if sid not in _ROPE_STAGES + _CONTEXT_STAGES)
 #: the stages only a variant shows (RoPE's rotations, cross-attention's context)
 VARIANT_STAGE_IDS: tuple[str, ...] = tuple(sid for sid in ALL_STAGE_IDS if sid not in STAGE_IDS)
-STAGE_INFO: dict[str, StageInfo] = {s.id: s for s in STAGES}
+#: the block's stages (a trace with a block field only): not in ALL_STAGE_IDS, engine 1.0's list and its variants'
+BLOCK_STAGES: tuple[StageInfo, ...] = (
+    StageInfo("norm1_mean", 13, "First norm: mean over the features", ("token",)),
+    StageInfo("norm1_variance", 13, "First norm: variance over the features", ("token",)),
+    StageInfo("norm1_mean_square", 13, "First norm: mean square over the features", ("token",)),
+    StageInfo("norm1", 13, "First norm", ("token", "d_model")),
+    StageInfo("residual1", 14, "First residual sum", ("token", "d_model")),
+    StageInfo("norm2_mean", 15, "Second norm: mean over the features", ("token",)),
+    StageInfo("norm2_variance", 15, "Second norm: variance over the features", ("token",)),
+    StageInfo("norm2_mean_square", 15, "Second norm: mean square over the features", ("token",)),
+    StageInfo("norm2", 15, "Second norm", ("token", "d_model")),
+    StageInfo("ffn_pre_activation", 16, "Feed-forward: first projection", ("token", "d_ff")),
+    StageInfo("ffn_up", 16, "Feed-forward: up projection (SwiGLU)", ("token", "d_ff")),
+    StageInfo("ffn_activation", 16, "Feed-forward: activation", ("token", "d_ff")),
+    StageInfo("ffn_gated", 16, "Feed-forward: gated (SwiGLU)", ("token", "d_ff")),
+    StageInfo("ffn_output", 16, "Feed-forward: output projection", ("token", "d_model")),
+    StageInfo("residual2", 17, "Second residual sum", ("token", "d_model")),
+    StageInfo("residual_stream", 18, "Residual stream at each depth", ("depth", "token", "d_model")),
+    StageInfo("final_norm_mean", 19, "Final norm: mean over the features", ("token",)),
+    StageInfo("final_norm_variance", 19, "Final norm: variance over the features", ("token",)),
+    StageInfo("final_norm_mean_square", 19, "Final norm: mean square over the features", ("token",)),
+    StageInfo("final_norm", 19, "Final norm", ("token", "d_model")),
+)
+BLOCK_STAGE_IDS: tuple[str, ...] = tuple(s.id for s in BLOCK_STAGES)
+STAGE_INFO: dict[str, StageInfo] = {s.id: s for s in (*STAGES, *BLOCK_STAGES)}
+#: in a stack, the stages computed once per layer (a leading ``layer`` axis); the others are the whole trace's
+LAYER_STAGE_IDS: frozenset[str] = frozenset(
+    {"q", "k", "v", "q_rotated", "k_rotated", "scores", "scaled_scores", "masked_scores", "weights", "context",
+     "concat", "output"} | {sid for sid in BLOCK_STAGE_IDS if not sid.startswith(("final_norm", "residual_stream"))})
 
 _NOT_CAUSAL = "the masked_scores stage exists only with causal: true; add it or drop the stage"
 _NOT_ROPE = ("the q_rotated and k_rotated stages exist only with positional_encoding: \"rope\"; use RoPE or drop "
@@ -517,6 +903,18 @@ _GIVEN_INPUT_SKIPS = {"token_embedding": "input", "positional_encoding": "input"
                       "context_token_embedding": "context_input", "context_positional_encoding": "context_input"}
 
 
+def _not_in_block(sid: str, config: TraceConfig) -> str:
+    """Why a block stage is not part of this trace."""
+    if not config.has_block:
+        return (f"{sid} is a stage of a Transformer block, and this trace is one attention layer: give block (or "
+                "another block field) or drop it")
+    why = ("RMSNorm has a mean square, not a mean and a variance" if sid.endswith(("_mean", "_variance"))
+           else "LayerNorm has a mean and a variance, not a mean square" if sid.endswith("_mean_square")
+           else "only SwiGLU has an up projection and a gated product" if sid in ("ffn_up", "ffn_gated")
+           else "only a pre-norm stack ends with a final norm")
+    return f"{sid} is not part of this block: {why}; drop it"
+
+
 def _not_computed(sid: str, field: str) -> str:
     given = _GIVEN_INPUT_SKIPS[sid]
     return (f"{sid} is not computed when you give your own {given}: x is taken as given, not made from "
@@ -524,8 +922,27 @@ def _not_computed(sid: str, field: str) -> str:
 
 
 def stage_ids(config: TraceConfig, *, explicit_input: bool = False, cross: bool = False) -> tuple[str, ...]:
-    """The stages a trace of this configuration shows, in walkthrough order (``cross``: with a context)."""
+    """The stages a trace of this configuration shows, in walkthrough order (``cross``: with a context).
+
+    A stack shows the embedding stages, then one layer's stages in the order its steps compute them (the norms
+    before the attention in pre-norm, after each residual sum in post-norm), then ``residual_stream`` and, in
+    pre-norm, the final norm's."""
+    if config.has_block:
+        return _block_stage_ids(config.mask, config.rope_pairing if config.rope else None, config.grouped,
+                                config.norm_kind, config.pre_norm, config.ffn_kind, explicit_input)
     return _stage_ids(config.mask, config.rope, explicit_input, cross)
+
+
+@lru_cache(maxsize=64)  # one tuple per choice of variants
+def _block_stage_ids(mask: str, rope_pairing: str | None, grouped: bool, norm_kind: str, pre_norm: bool,
+                     ffn_kind: str, explicit_input: bool) -> tuple[str, ...]:
+    embed = tuple(sid for sid in _stage_ids(mask, rope_pairing is not None, explicit_input, False)
+                  if sid in ("tokens", "token_embedding", "positional_encoding", "input"))
+    absent = _absent(mask, rope_pairing is not None, explicit_input, False)
+    template = block_template(mask, True, rope_pairing, grouped, norm_kind, pre_norm, ffn_kind)
+    layer = tuple(s.name for s in template if s.name in STAGE_INFO and s.name not in absent)
+    final = tuple(s.name for s in norm_steps("final_norm", "", norm_kind, "", "")) if pre_norm else ()
+    return (*embed, *layer, "residual_stream", *final)
 
 
 @lru_cache(maxsize=64)  # one tuple per choice of variants
@@ -554,6 +971,10 @@ def check_stages(wanted: list[str], config: TraceConfig, *, explicit_input: bool
     at = (lambda sid: f"{field}/{sid}") if keyed else (lambda sid: field)
     asked = set(wanted)
     problems: list[EngineError] = []  # every stage this configuration does not compute, in walkthrough order
+    computed = stage_ids(config, explicit_input=explicit_input, cross=cross) if config.has_block else ()
+    for sid in BLOCK_STAGE_IDS:
+        if sid in asked and sid not in computed:
+            problems.append(StageUnavailableError(_not_in_block(sid, config), field=at(sid), code="stage_needs_block"))
     for sid in ALL_STAGE_IDS:
         if sid not in asked:
             continue
@@ -579,16 +1000,19 @@ def stage_axes(sid: str, config: TraceConfig, *, cross: bool = False) -> tuple[t
     (num_kv_heads long). In cross-attention the "key" axis, and the token axis
     of k, v and the context stages, index the context's tokens.
     """
-    return _stage_axes(sid, config.grouped, cross)
+    return _stage_axes(sid, config.grouped, cross, config.has_block and sid in LAYER_STAGE_IDS)
 
 
-@lru_cache(maxsize=256)  # a function of the stage and two choices: computed once each
-def _stage_axes(sid: str, grouped: bool, cross: bool) -> tuple[tuple[str, ...], tuple[str | None, ...]]:
+@lru_cache(maxsize=256)  # a function of the stage and three choices: computed once each
+def _stage_axes(sid: str, grouped: bool, cross: bool, layered: bool = False
+                ) -> tuple[tuple[str, ...], tuple[str | None, ...]]:
     info = STAGE_INFO[sid]
     keys = "context_tokens" if cross else "tokens"
     own = keys if info.kv else "tokens"
     names = tuple("kv_head" if a == "head" and info.kv and grouped else a for a in info.axes)
     lists = tuple({"token": own, "query": "tokens", "key": keys}.get(a) for a in info.axes)
+    if layered:  # a stack's per-layer stage: its layers' values stacked
+        return ("layer", *names), (None, *lists)
     return names, lists
 
 
@@ -599,6 +1023,8 @@ def stage_shape(sid: str, config: TraceConfig, n: int, n_context: int | None = N
     length = {"tokens": n, "context_tokens": n if n_context is None else n_context}
     size = {"head": config.num_heads, "kv_head": config.kv_heads, "d_k": config.d_k, "d_model": config.d_model,
             "concat": config.num_heads * config.d_k}
+    if config.has_block:
+        size |= {"layer": config.num_layers, "depth": config.num_layers + 1, "d_ff": config.ff_width}
     return tuple(length[t] if t else size[a] for a, t in zip(names, lists))
 
 
@@ -612,7 +1038,7 @@ def trace_value_count(config: TraceConfig, n: int, *, with_parameters: bool, n_c
     ``explicit_input`` the embedding and encoding stages are left out; without
     it they are counted, which bounds either case.
     """
-    count = 2 * config.num_heads * n  # the stats: entropy and max_weight, [head, query]
+    count = 2 * config.num_heads * n * config.num_layers  # the stats: entropy and max_weight, [(layer,) head, query]
     for sid in stage_ids(config, explicit_input=explicit_input, cross=n_context is not None):
         if sid not in ("tokens", "context_tokens"):  # strings, not numbers
             count += math.prod(stage_shape(sid, config, n, n_context))

@@ -196,6 +196,7 @@ def set_cache_bytes(weights: int | None = None, embeddings: int | None = None) -
     """Bound the weight and embedding caches of this process (the service does, from its settings)."""
     if weights is not None:
         generate_parameters.set_max_bytes(weights)
+        generate_layer_parameters.set_max_bytes(weights)
     if embeddings is not None:
         token_embedding_vector.set_max_bytes(embeddings)
 
@@ -223,21 +224,30 @@ def generate_parameters(seed: int, d_model: int, num_heads: int, num_kv_heads: i
     ``num_kv_heads`` None (or equal to num_heads) is multi-head attention, with
     the stream keys of engine 1.0; otherwise the K/V keys name it (module docstring).
     """
-    d_k = d_model // num_heads
-    var = 1.0 / d_model
     g = num_heads if num_kv_heads is None else num_kv_heads
     kv_key = {} if g == num_heads else {"num_kv_heads": g}
 
+    return _attention_parameters(seed, d_model, num_heads, g, kv_key, {})
+
+
+def _attention_parameters(seed: int, d_model: int, num_heads: int, g: int, kv_key: dict[str, int],
+                          layer_key: dict[str, int]) -> Parameters:
+    """One attention layer's W_Q, W_K, W_V, W_O: ``kv_key`` names num_kv_heads under GQA, ``layer_key`` the
+    layer of a stack (empty for layer 0, whose weights are engine 1.0's)."""
+    d_k = d_model // num_heads
+    var = 1.0 / d_model
+
     def per_head(kind: str, count: int, extra: dict[str, int]) -> np.ndarray:
         heads = [
-            _scaled(stream_key(kind, seed=seed, d_model=d_model, num_heads=num_heads, **extra, head=i),
+            _scaled(stream_key(kind, seed=seed, d_model=d_model, num_heads=num_heads, **extra, **layer_key, head=i),
                     d_k * d_model, var)
             for i in range(count)
         ]
         stacked = np.stack(heads)  # count × [d_k·d_model] -> [count, d_k·d_model]
         return _readonly(stacked.reshape(count, d_k, d_model))  # -> [count, d_k, d_model]
 
-    W_O = _scaled(stream_key("W_O", seed=seed, d_model=d_model, num_heads=num_heads), d_model * num_heads * d_k, var)
+    W_O = _scaled(stream_key("W_O", seed=seed, d_model=d_model, num_heads=num_heads, **layer_key),
+                  d_model * num_heads * d_k, var)
     W_O = W_O.reshape(d_model, num_heads * d_k)  # [d_model·h·d_k] -> [d_model, h·d_k]
     return Parameters(per_head("W_Q", num_heads, {}), per_head("W_K", g, kv_key), per_head("W_V", g, kv_key),
                       _readonly(W_O))
@@ -275,3 +285,177 @@ def explicit_parameters(
     given = {"W_Q": W_Q, "W_K": W_K, "W_V": W_V, "W_O": W_O}
     return Parameters(**{name: explicit_array(f"parameters.{name}", given[name], shape, axes)
                          for name, (shape, axes) in parameter_shapes(d_model, num_heads, num_kv_heads).items()})
+
+
+# ------------------------------------------------------------------ the block's weights
+
+#: variance of a seeded norm gain's offset from 1 and of a seeded norm bias (a standard deviation of 1/4)
+NORM_WEIGHT_VARIANCE = 1.0 / 16.0
+
+
+@dataclass(frozen=True)
+class NormParameters:
+    """A LayerNorm's gain γ and bias β, or an RMSNorm's gain γ (no bias)."""
+
+    gamma: np.ndarray  # [d_model]
+    beta: np.ndarray | None  # [d_model]; None for RMSNorm
+
+    @property
+    def n_parameters(self) -> int:
+        return self.gamma.size + (0 if self.beta is None else self.beta.size)
+
+
+@dataclass(frozen=True)
+class LayerParameters:
+    """One block: its attention's matrices, its two norms and its feed-forward network's matrices."""
+
+    attention: Parameters
+    norm1: NormParameters
+    norm2: NormParameters
+    W_1: np.ndarray  # [d_ff, d_model]: the first projection (SwiGLU: the gate's)
+    W_2: np.ndarray  # [d_model, d_ff]: back to d_model
+    W_3: np.ndarray | None = None  # [d_ff, d_model]: SwiGLU's up projection; None otherwise
+
+    @property
+    def ffn_matrices(self) -> tuple[np.ndarray, ...]:
+        return (self.W_1, self.W_2) if self.W_3 is None else (self.W_1, self.W_2, self.W_3)
+
+    @property
+    def n_parameters(self) -> int:
+        return (self.attention.n_parameters + self.norm1.n_parameters + self.norm2.n_parameters
+                + sum(W.size for W in self.ffn_matrices))
+
+    @property
+    def n_matrices(self) -> int:
+        return self.attention.n_matrices + len(self.ffn_matrices)
+
+    def named(self) -> list[tuple[str, np.ndarray]]:
+        """Every array of the layer, in the digest's order: attention, first norm, FFN, second norm."""
+        a = self.attention
+        out = [("W_Q", a.W_Q), ("W_K", a.W_K), ("W_V", a.W_V), ("W_O", a.W_O), ("norm1_gamma", self.norm1.gamma)]
+        out += [] if self.norm1.beta is None else [("norm1_beta", self.norm1.beta)]
+        out += [("W_1", self.W_1)] + ([] if self.W_3 is None else [("W_3", self.W_3)]) + [("W_2", self.W_2)]
+        out += [("norm2_gamma", self.norm2.gamma)] + ([] if self.norm2.beta is None else [("norm2_beta", self.norm2.beta)])
+        return out
+
+
+@dataclass(frozen=True)
+class BlockParameters:
+    """The weights of a stack of blocks: one LayerParameters per layer, and the final norm (pre-norm only)."""
+
+    layers: tuple[LayerParameters, ...]
+    final_norm: NormParameters | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def n_parameters(self) -> int:
+        return sum(p.n_parameters for p in self.layers) + (0 if self.final_norm is None else
+                                                          self.final_norm.n_parameters)
+
+    @property
+    def n_matrices(self) -> int:
+        return sum(p.n_matrices for p in self.layers)
+
+    def named(self) -> list[tuple[str, np.ndarray]]:
+        """Every array, each layer's named ``<layer>.<name>``, then ``final_norm_gamma`` and ``final_norm_beta``."""
+        out = [(f"{i}.{name}", a) for i, p in enumerate(self.layers) for name, a in p.named()]
+        if self.final_norm is not None:
+            out.append(("final_norm_gamma", self.final_norm.gamma))
+            if self.final_norm.beta is not None:
+                out.append(("final_norm_beta", self.final_norm.beta))
+        return out
+
+    def stacked(self) -> dict[str, np.ndarray]:
+        """The answer's ``parameters``: each per-layer array stacked on a leading layer axis."""
+        names = [name for name, _ in self.layers[0].named()]
+        arrays = [dict(p.named()) for p in self.layers]
+        out = {name: np.stack([a[name] for a in arrays]) for name in names}  # L × [...] -> [L, ...]
+        if self.final_norm is not None:
+            out["final_norm_gamma"] = self.final_norm.gamma
+            if self.final_norm.beta is not None:
+                out["final_norm_beta"] = self.final_norm.beta
+        return out
+
+
+@lru_cache(maxsize=8)
+def _unit_norm(d_model: int, bias: bool) -> NormParameters:
+    """γ = 1 and β = 0: a norm that only normalises (the default, as torch initialises them)."""
+    return NormParameters(_readonly(np.ones(d_model)), _readonly(np.zeros(d_model)) if bias else None)
+
+
+def _seeded_norm(kind: str, seed: int, d_model: int, bias: bool, layer: int | None) -> NormParameters:
+    """γ = 1 + z·s and β = z'·s (s² = NORM_WEIGHT_VARIANCE), from the streams ``<kind>_gamma`` and ``<kind>_beta``."""
+    where = {} if layer is None else {"layer": layer}
+    gamma = 1.0 + _scaled(stream_key(f"{kind}_gamma", seed=seed, d_model=d_model, **where), d_model,
+                          NORM_WEIGHT_VARIANCE)  # [d_model]
+    beta = _scaled(stream_key(f"{kind}_beta", seed=seed, d_model=d_model, **where), d_model,
+                   NORM_WEIGHT_VARIANCE) if bias else None  # [d_model]
+    return NormParameters(_readonly(gamma), None if beta is None else _readonly(beta))
+
+
+def _norm(kind: str, seed: int, d_model: int, bias: bool, seeded: bool, layer: int | None) -> NormParameters:
+    return _seeded_norm(kind, seed, d_model, bias, layer) if seeded else _unit_norm(d_model, bias)
+
+
+def _ffn_matrix(kind: str, seed: int, d_model: int, d_ff: int, layer: int, rows: int, cols: int) -> np.ndarray:
+    """W_1, W_3 [d_ff, d_model] (variance 1/d_model) or W_2 [d_model, d_ff] (variance 1/d_ff: 1 / its inputs)."""
+    key = stream_key(kind, seed=seed, d_model=d_model, d_ff=d_ff, layer=layer)
+    return _readonly(_scaled(key, rows * cols, 1.0 / cols).reshape(rows, cols))  # [rows·cols] -> [rows, cols]
+
+
+def _layer_bytes(p: LayerParameters) -> int:
+    return sum(a.nbytes for _, a in p.named())
+
+
+@byte_bounded_cache(WEIGHT_CACHE_BYTES, _layer_bytes)
+def generate_layer_parameters(seed: int, d_model: int, num_heads: int, num_kv_heads: int | None, layer: int,
+                              d_ff: int, gated: bool, bias: bool, seeded_norm: bool) -> LayerParameters:
+    """One block's seeded weights. Layer 0's attention is engine 1.0's (``generate_parameters``); layer l > 0's
+    keys gain ``:layer=<l>`` before ``:head=`` (W_O's at the end). The FFN and norm keys always name the layer.
+
+    ``gated``: SwiGLU (W_3 too); ``bias``: LayerNorm (a β; RMSNorm has none); ``seeded_norm``: γ, β drawn from
+    their streams instead of 1 and 0."""
+    g = num_heads if num_kv_heads is None else num_kv_heads
+    if layer == 0:
+        attention = generate_parameters(seed, d_model, num_heads, *((g,) if g != num_heads else ()))
+    else:
+        attention = _attention_parameters(seed, d_model, num_heads, g, {} if g == num_heads else {"num_kv_heads": g},
+                                          {"layer": layer})
+    return LayerParameters(
+        attention=attention,
+        norm1=_norm("norm1", seed, d_model, bias, seeded_norm, layer),
+        norm2=_norm("norm2", seed, d_model, bias, seeded_norm, layer),
+        W_1=_ffn_matrix("W_1", seed, d_model, d_ff, layer, d_ff, d_model),
+        W_2=_ffn_matrix("W_2", seed, d_model, d_ff, layer, d_model, d_ff),
+        W_3=_ffn_matrix("W_3", seed, d_model, d_ff, layer, d_ff, d_model) if gated else None,
+    )
+
+
+def generate_block_parameters(seed: int, d_model: int, num_heads: int, num_kv_heads: int | None, num_layers: int,
+                              d_ff: int, gated: bool, bias: bool, seeded_norm: bool,
+                              final_norm: bool) -> BlockParameters:
+    """The seeded weights of ``num_layers`` blocks, and the final norm's (key ``final_norm_gamma``, no layer) when
+    ``final_norm`` (pre-norm)."""
+    layers = tuple(generate_layer_parameters(seed, d_model, num_heads, num_kv_heads, i, d_ff, gated, bias,
+                                             seeded_norm) for i in range(num_layers))
+    return BlockParameters(layers, _norm("final_norm", seed, d_model, bias, seeded_norm, None) if final_norm
+                           else None)
+
+
+@lru_cache(maxsize=64)  # 71-character strings; the block's weights themselves are in generate_layer_parameters' cache
+def generated_block_digest(*key: Any) -> str:
+    """``block_parameters_digest(generate_block_parameters(*key))``, once per weight set."""
+    return block_parameters_digest(generate_block_parameters(*key))
+
+
+def block_parameters_digest(params: BlockParameters) -> str:
+    """``sha256:<hex>`` over ``b"attention-trace-block-parameters:v1"`` and, for every array in
+    ``BlockParameters.named`` order, ``|<name>|<shape joined by x>|`` and its little-endian float64 bytes."""
+    h = hashlib.sha256(b"attention-trace-block-parameters:v1")
+    for name, a in params.named():
+        h.update(f"|{name}|{'x'.join(map(str, a.shape))}|".encode())
+        h.update(np.ascontiguousarray(a, dtype="<f8").tobytes())
+    return "sha256:" + h.hexdigest()

@@ -17,6 +17,11 @@ Walkthrough order (stage ids are a public contract)::
     11 concat               Concat(head₁…head_h)             [token, h·d_k]
     12 output               concat·W_Oᵀ                      [token, d_model]
 
+A stack of blocks (``TraceConfig`` with a block field) stacks every stage of a layer on a leading ``layer``
+axis and adds the block's: the norms' statistics and outputs, the residual sums, the FFN's stages, then
+``residual_stream`` [depth, token, d_model] and, in pre-norm, the final norm (docs/engine.md, "The
+Transformer block").
+
 ``trace`` checks the request (``engine.checks``), runs the configuration's
 steps (``engine.layer``) and keeps every array; ``inject_bug`` recomputes a
 trace from one known mistake's step on (``engine.bugs``).
@@ -34,6 +39,7 @@ import numpy as np
 from . import attention as A
 from .bugs import Bug, applicable_bugs, check_bug
 from .checks import (
+    block_context_conflicts,
     check_parameter_shapes,
     cross_attention_conflicts,
     explicit_context_conflicts,
@@ -41,12 +47,14 @@ from .checks import (
     split_context,
     split_tokens,
 )
-from .errors import BugNotApplicableError, NonFiniteInputError, NumericOverflowError, raise_all
+from .errors import BugNotApplicableError, NonFiniteInputError, NumericOverflowError, ShapeError, raise_all
 from .layer import (
+    LAYER_STAGE_IDS,
     STAGE_INFO,
     Rerun,
     Step,
     TraceConfig,
+    base_name,
     formulas,
     initial_state,
     layer_steps,
@@ -55,7 +63,16 @@ from .layer import (
     stage_ids,
     swapped,
 )
-from .params import Parameters, generate_parameters, generated_parameters_digest, parameters_digest
+from .params import (
+    BlockParameters,
+    Parameters,
+    block_parameters_digest,
+    generate_block_parameters,
+    generate_parameters,
+    generated_block_digest,
+    generated_parameters_digest,
+    parameters_digest,
+)
 from .tokenize import Token
 from .version import ENGINE_VERSION
 
@@ -80,7 +97,7 @@ class Stage:
 class Trace:
     config: TraceConfig
     tokens: list[Token]
-    parameters: Parameters
+    parameters: Parameters | BlockParameters  # BlockParameters for a stack of blocks
     parameters_digest: str
     stages: dict[str, Stage]
     engine_version: str = ENGINE_VERSION
@@ -100,13 +117,22 @@ class Trace:
     # Computed on first use: diagnosis recomputes a trace per known bug and never reads them.
     @cached_property
     def entropy(self) -> np.ndarray:
-        """Each weights row's entropy in nats, [head, query]."""
-        return A.entropy(self.state["weights"])
+        """Each weights row's entropy in nats, [head, query] ([layer, head, query] in a stack)."""
+        return A.entropy(self._weights)
 
     @cached_property
     def max_weight(self) -> np.ndarray:
-        """Each weights row's largest weight, [head, query]."""
-        return A.max_weight(self.state["weights"])
+        """Each weights row's largest weight, [head, query] ([layer, head, query] in a stack)."""
+        return A.max_weight(self._weights)
+
+    @property
+    def _weights(self) -> np.ndarray:
+        return self.stages["weights"].values if self.config.has_block else self.state["weights"]
+
+    @property
+    def num_layers(self) -> int:
+        """How many layers the trace has (1 for a single attention layer)."""
+        return self.config.num_layers
 
     @property
     def cross(self) -> bool:
@@ -153,11 +179,14 @@ def trace(
     raise_all([*(cross_attention_conflicts(causal=config.causal, window=config.window,
                                            positional_encoding=config.positional_encoding) if cross else []),
                *explicit_context_conflicts(input_given=input is not None,
-                                           context_input_given=context_input is not None, cross=cross)])
+                                           context_input_given=context_input is not None, cross=cross),
+               *block_context_conflicts(block=config.has_block, cross=cross)])
     n_context = None if ctx is None else len(ctx)
     wrong = (check_bug(bug, config, len(toks), explicit_input=input is not None, n_context=n_context)
              if bug is not None else None)
-    if parameters is None:
+    if config.has_block:
+        params, digest, weights = _block_parameters(config, parameters)
+    elif parameters is None:
         # Engine 1.0's call (and cache key) unless K/V heads are shared.
         sizes = (config.seed, config.d_model, config.num_heads, *((config.kv_heads,) if config.grouped else ()))
         params = generate_parameters(*sizes)
@@ -168,12 +197,14 @@ def trace(
             if not np.isfinite(W).all():
                 raise NonFiniteInputError(f"parameters.{name} contains a non-finite value", field=f"parameters/{name}")
         params, digest = parameters, parameters_digest(parameters)
+    if not config.has_block:
+        weights = vars(params)
     x = None if input is None else given_input(input, len(toks), config.d_model)
     x_ctx = None if context_input is None or ctx is None else given_input(
         context_input, len(ctx), config.d_model, "context_input")
 
     steps = layer_steps(config, explicit_input=x is not None, cross=cross)
-    state = initial_state(config, [t.text for t in toks], vars(params), x,
+    state = initial_state(config, [t.text for t in toks], weights, x,
                           context_texts=None if ctx is None else [t.text for t in ctx], context_x=x_ctx)
     with np.errstate(over="ignore", invalid="ignore"):  # huge explicit values: checked in _assemble
         run(steps, state)
@@ -182,10 +213,82 @@ def trace(
     return inject_bug(t, wrong) if wrong is not None else t
 
 
+def _block_parameters(config: TraceConfig, given: Any) -> tuple[BlockParameters, str, dict[str, np.ndarray]]:
+    """A stack's weights (seeded, or ``given`` BlockParameters), their digest, and the state's names for them:
+    ``W_Q@l`` … per layer, ``final_norm_gamma``/``final_norm_beta``."""
+    if given is None:
+        key = (config.seed, config.d_model, config.num_heads, config.kv_heads if config.grouped else None,
+               config.num_layers, config.ff_width, config.gated, config.norm_kind == "layer_norm",
+               config.seeded_norm, config.final_norm)
+        params, digest = generate_block_parameters(*key), generated_block_digest(*key)
+    else:
+        params = given
+        _check_block_parameters(params, config)
+        digest = block_parameters_digest(params)
+    weights = {f"{name}@{layer}": a for layer, p in enumerate(params.layers) for name, a in p.named()}
+    if params.final_norm is not None:
+        weights["final_norm_gamma"] = params.final_norm.gamma
+        weights["final_norm_beta"] = params.final_norm.beta
+    return params, digest, weights
+
+
+def _check_block_parameters(params: Any, config: TraceConfig) -> None:
+    """Given weights of a stack: one set per layer, each array of this configuration's shape, all finite."""
+    if not isinstance(params, BlockParameters) or params.num_layers != config.num_layers:
+        raise ShapeError(f"a stack of {config.num_layers} blocks takes BlockParameters with {config.num_layers} "
+                         "layers", field="parameters")
+    d, f = config.d_model, config.ff_width
+    norm = {"gamma": (d,), "beta": (d,) if config.norm_kind == "layer_norm" else None}
+    for layer, p in enumerate(params.layers):
+        check_parameter_shapes(vars(p.attention), d, config.num_heads, config.num_kv_heads)
+        expected = {"W_1": (f, d), "W_2": (d, f), "W_3": (f, d) if config.gated else None,
+                    **{f"{which}_{w}": shape for which in ("norm1", "norm2") for w, shape in norm.items()}}
+        got = {"W_1": p.W_1, "W_2": p.W_2, "W_3": p.W_3, "norm1_gamma": p.norm1.gamma, "norm1_beta": p.norm1.beta,
+               "norm2_gamma": p.norm2.gamma, "norm2_beta": p.norm2.beta}
+        _check_arrays(got, expected, f"parameters/{layer}")
+    final = params.final_norm
+    if (final is None) != (not config.final_norm):
+        raise ShapeError("a pre-norm stack has a final norm, a post-norm one has none", field="parameters")
+    if final is not None:
+        _check_arrays({"final_norm_gamma": final.gamma, "final_norm_beta": final.beta},
+                      {f"final_norm_{w}": shape for w, shape in norm.items()}, "parameters")
+
+
+def _check_arrays(got: dict[str, Any], expected: dict[str, tuple[int, ...] | None], where: str) -> None:
+    for name, shape in expected.items():
+        a = got[name]
+        if (a is None) != (shape is None) or (a is not None and np.shape(a) != shape):
+            raise ShapeError(f"{where}/{name} has shape {None if a is None else list(np.shape(a))} but must be "
+                             f"{None if shape is None else list(shape)}", field=f"{where}/{name}")
+        if a is not None and not np.isfinite(a).all():
+            raise NonFiniteInputError(f"{where}/{name} contains a non-finite value", field=f"{where}/{name}")
+
+
 class _QuietRerun(Rerun):
-    """A Rerun whose steps run with float64 overflow silenced (huge explicit values; see ``trace``)."""
+    """A Rerun whose steps run with float64 overflow silenced (huge explicit values; see ``trace``).
+
+    In a stack, a per-layer stage id (``q``, ``norm1``, and ``excluded`` for masked_scores' mask) reads its
+    layers' values stacked, as the trace's stage holds them."""
+
+    def __init__(self, steps: tuple[Step, ...], state: dict[str, Any], replacements: tuple[Any, ...],
+                 num_layers: int | None = None) -> None:
+        super().__init__(steps, state, replacements)
+        self._layers = num_layers
+
+    def _per_layer(self, key: str) -> list[str] | None:
+        if self._layers is None or (key not in LAYER_STAGE_IDS and key != "excluded"):
+            return None
+        return [f"{key}@{layer}" for layer in range(self._layers)]
+
+    def needs_run(self, key: str) -> bool:
+        keys = self._per_layer(key)
+        return super().needs_run(key) if keys is None else any(super(_QuietRerun, self).needs_run(k) for k in keys)
 
     def __getitem__(self, key: str) -> Any:
+        keys = self._per_layer(key)
+        if keys is not None:
+            parts = [self[k] for k in keys]
+            return None if parts[0] is None else np.stack(parts)  # L × [...] -> [L, ...]; no mask: None
         if not self.needs_run(key):  # the reference's own array, or one computed already: no step runs
             return super().__getitem__(key)
         with np.errstate(over="ignore", invalid="ignore"):
@@ -201,12 +304,12 @@ def recompute_values(t: Trace, bug: Bug) -> Rerun:
     arrays before the bug's step are reused; later steps run only as far as needed), without
     assembling a Trace: what /check's diagnosis compares. A stage's values are ``values[stage_id]``;
     masked_scores' mask is ``values["excluded"]``."""
-    return _QuietRerun(t.steps, t.state, bug.replaces)
+    return _QuietRerun(t.steps, t.state, bug.steps(t.config), t.num_layers if t.config.has_block else None)
 
 
 def recompute(t: Trace, bug: Bug) -> Trace:
     """``t`` recomputed with one known mistake, from its step on: the arrays before it are reused."""
-    r = recompute_values(t, bug)
+    r = _QuietRerun(t.steps, t.state, bug.steps(t.config))
     steps, state = r.steps, r.finish()
     return _assemble(t.config, t.tokens, t.parameters, t.parameters_digest, steps, state,
                      explicit_parameters=t.parameters_source == "explicit", bug=bug.name, context=t.context_tokens)
@@ -224,13 +327,16 @@ def diagnose(t: Trace, first_wrong: str, submitted: list[str],
     got right usually fails right there. The stages before a bug's step are the reference's very arrays, so
     only the affected ones are compared. Tokens, or an explicit input, are no step's output: no bug explains them.
     """
-    made_by = {out: i for i, step in enumerate(t.steps) for out in step.writes}
+    made_by = {}  # each value's last step (a stage of a stack: its last layer's), by the name a stage has
+    for i, step in enumerate(t.steps):
+        for out in step.writes:
+            made_by[base_name(out)] = i
     if first_wrong not in made_by:
         return []
     matches = []
     for bug in applicable_bugs(t.config, t.n_tokens, explicit_input=t.input_source == "explicit",
                                n_context=t.n_context):
-        start = swapped(t.steps, bug.replaces)[1]
+        start = swapped(t.steps, bug.steps(t.config))[1]
         affected = [sid for sid in submitted if made_by.get(sid, -1) >= start]
         if first_wrong in affected and agrees(recompute_values(t, bug), affected):
             matches.append(bug.name)
@@ -268,10 +374,13 @@ def _assemble(config: TraceConfig, toks: list[Token], params: Parameters, digest
     explicit = explicit_input or explicit_parameters
     cross = context is not None
     shown = formulas(steps)
-    stages = {sid: Stage(STAGE_INFO[sid], shown[sid], state[sid],
-                         state["excluded"] if sid == "masked_scores" else None,
-                         *stage_axes(sid, config, cross=cross))
-              for sid in stage_ids(config, explicit_input=explicit_input, cross=cross)}
+    if config.has_block:
+        stages = _stack_stages(config, shown, state, explicit_input)
+    else:
+        stages = {sid: Stage(STAGE_INFO[sid], shown[sid], state[sid],
+                             state["excluded"] if sid == "masked_scores" else None,
+                             *stage_axes(sid, config, cross=cross))
+                  for sid in stage_ids(config, explicit_input=explicit_input, cross=cross)}
     if explicit and not all(np.isfinite(s.values).all() for s in stages.values() if not isinstance(s.values, list)):
         # Only explicit inputs this large (|x|·|W| beyond ~1e150) can overflow float64.
         raise NumericOverflowError("the explicit input and parameters overflow float64; use smaller values")
@@ -288,3 +397,20 @@ def _assemble(config: TraceConfig, toks: list[Token], params: Parameters, digest
         state=state,
         context_tokens=context,
     )
+
+
+def _stack_stages(config: TraceConfig, shown: Mapping[str, str], state: dict[str, Any],
+                  explicit_input: bool) -> dict[str, Stage]:
+    """A stack's stages: a per-layer stage holds its layers' values stacked on a leading layer axis (its formula
+    is the first layer's: every layer runs the same steps); the others are the whole trace's."""
+    layers = range(config.num_layers)
+    stages = {}
+    for sid in stage_ids(config, explicit_input=explicit_input):
+        if sid in LAYER_STAGE_IDS:
+            values = np.stack([state[f"{sid}@{i}"] for i in layers])  # L × [...] -> [L, ...]
+            mask = np.stack([state[f"excluded@{i}"] for i in layers]) if sid == "masked_scores" else None
+            formula = shown[f"{sid}@0"]
+        else:
+            values, mask, formula = state[sid], None, shown[sid]
+        stages[sid] = Stage(STAGE_INFO[sid], formula, values, mask, *stage_axes(sid, config))
+    return stages
