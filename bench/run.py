@@ -40,7 +40,7 @@ from .common import (
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the sections, in the order they run (--skip and --only take these names)
-SECTIONS = ("engine", "serialize", "compress", "http", "profile", "workers")
+SECTIONS = ("engine", "block", "serialize", "compress", "http", "profile", "workers")
 
 
 def _v(dist: str) -> str:
