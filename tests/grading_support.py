@@ -174,6 +174,7 @@ PRAIRIELEARN_SCHEMA = {
         "message": {"type": "string"},
         "output": {"type": "string"},
         "format_errors": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+        "extra_data": {"type": "object"},  # "any additional data" (PrairieLearn's docs): the staff's, not rendered
         "tests": {"type": "array", "items": {
             "type": "object",
             "required": ["name", "points", "max_points"],

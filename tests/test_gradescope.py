@@ -105,6 +105,7 @@ def test_each_buggy_student_loses_exactly_its_function(graded, bug):
     tests = by_name(doc)
     assert doc["score"] == sum(t["max_score"] for n, t in tests.items() if n not in fails)
     assert f"known mistake '{bug}'" in tests[named_in]["output"], tests[named_in]["output"]
+    assert bug in doc["extra_data"]["named"][named_in]  # named plainly: it explains every failing configuration
     # one bug, one function: every other function passes on the reference's own inputs
     for name, t in tests.items():
         if name not in fails:
