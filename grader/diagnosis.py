@@ -13,7 +13,7 @@
 * **Wiring** (:func:`wiring_matches`): when every stage function passes and the layer fails, the
   layer is recomputed from its own inputs with each known mistake (the engine's), to name the one
   the layer makes; a mistake in where the positional encoding goes is also tried as if the layer
-  took its x for the bare embeddings (:data:`AS_EMBEDDINGS`): the layer is given x = E + PE.
+  took its x for the bare embeddings (:func:`as_embeddings`): the layer is given x = E + PE.
 
 Numbers are compared by /check's rule with the course's tolerance (``reference.compare_stage``).
 """
@@ -39,9 +39,18 @@ SIZES = ("n", "d_k", "d_model", "h")
 #: relative agreement of a factor with an expression of the sizes (the factor is a least-squares fit of
 #: numbers that passed the tolerance, so it is not exact)
 FACTOR_MATCH = 1e-4
-#: known mistakes in where the positional encoding goes, which a layer given x = E + PE makes by treating its
-#: x as the embeddings: recomputed with the embeddings replaced by x
-AS_EMBEDDINGS = ("positional_encoding_queries_only",)
+
+
+def as_embeddings(bug: engine.Bug) -> bool:
+    """A known mistake in which stages get the positional encoding (a step after x reads the bare embeddings
+    E): a layer given x = E + PE makes it by taking its x for E, so it is recomputed with E replaced by x."""
+    return all(s.name != "input" for s in bug.replaces) and any("token_embedding" in s.inputs for s in bug.replaces)
+
+
+def about_position(name: str) -> bool:
+    """Whether the known mistake of that name is in the positional encoding: where it is added, or how often."""
+    bug = engine.BUGS.get(name)
+    return bug is not None and any(s.name == "input" or "token_embedding" in s.inputs for s in bug.replaces)
 
 
 def engine_trace(c: Configuration, seed: int) -> engine.Trace:
@@ -256,9 +265,8 @@ def wiring_matches(t: engine.Trace, answers: Mapping[str, tuple[np.ndarray, np.n
     for bug in engine.applicable_bugs(t.config, t.n_tokens):
         if _agrees(engine.recompute_values(t, bug), answers, tol):
             out.append(bug.name)
-    for name in AS_EMBEDDINGS:
-        bug = engine.BUGS.get(name)
-        if bug is None or name in out or engine.bugs.refusal(bug, t.config, t.n_tokens) is not None:
+    for name, bug in engine.BUGS.items():
+        if not as_embeddings(bug) or name in out or engine.bugs.refusal(bug, t.config, t.n_tokens) is not None:
             continue
         if _agrees(_as_embeddings(t, bug), answers, tol):
             out.append(name)
