@@ -34,6 +34,7 @@ import hashlib
 import hmac
 import math
 import os
+import re
 import secrets
 import sys
 import time
@@ -47,7 +48,7 @@ import numpy as np
 from . import diagnosis
 from . import runtime as runtime_mod
 from .assignment import AXES, CALL_ORDER, FUNCTIONS, LAYER, STAGES_OF_CONFIG, Reference, call_arguments, \
-    reference_from_engine, reference_from_trace, stages_of_answer
+    reference_from_engine, stages_of_answer
 from .config import Configuration, Course, Test
 from .reference import AnswerRefused, CheckOutcome, EngineSource, ServiceSource, SourceError, Tolerance, source_for
 from .sandbox import Call, Outcome, RunResult, SandboxError, run_base_for, run_calls
@@ -55,6 +56,7 @@ from .sandbox import Call, Outcome, RunResult, SandboxError, run_base_for, run_c
 MAX_SHOWN_FAILURES = 3  # configurations detailed in one test's message
 MAX_PRINTED_SHOWN = 8000  # characters of the student's own output in the summary
 MAX_VALUE = 1e300  # what /check accepts; larger values fail locally
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")  # what a hidden test's hint may not hold
 
 
 class Ungradable(Exception):
@@ -652,12 +654,21 @@ class Grader:
                     hints.setdefault(h, [])
                     if c not in hints[h]:
                         hints[h].append(c)
+        def hint_lines(found: dict[str, list[str]]) -> list[str]:
+            lines = []
+            for h, on in found.items():
+                everywhere = all(c in on for c in wrong) if wrong else True
+                where = "Hint" if everywhere else (f"Hint (on {', '.join(repr(c) for c in on)} only; not on the "
+                                                   "other configurations where it is wrong)")
+                lines.append(f"{where}: {h}")
+            return lines
+
+        out.shown += hint_lines(hints)
+        numberless: dict[str, list[str]] = {}  # a hint's numbers (a factor, an index) are values: not in hidden tests
         for h, on in hints.items():
-            everywhere = all(c in on for c in wrong) if wrong else True
-            line = f"Hint: {h}" if everywhere else (f"Hint (on {', '.join(repr(c) for c in on)} only; not on the "
-                                                    f"other configurations where it is wrong): {h}")
-            out.shown.append(line)
-            out.hidden.append(line)
+            numberless.setdefault(NUMBER.sub("…", h), [])
+            numberless[NUMBER.sub("…", h)] += [c for c in on if c not in numberless[NUMBER.sub("…", h)]]
+        out.hidden += hint_lines(numberless)
         return out
 
     def wiring(self, t: Test, cname: str) -> list[str]:

@@ -96,6 +96,24 @@ def test_a_mistake_is_named_only_where_it_explains_the_numbers(graded):
     assert r.extra.get("named", {}).get("scale") is None  # nothing named plainly
 
 
+def test_a_hidden_tests_hints_hold_no_number(tmp_path):
+    """Through a service, /check's hints come too; in a hidden test their numbers (a factor, an index) are
+    values of the hidden configurations, so they are left out there."""
+    from attention_trace.client import LocalClient
+    from grader.reference import ServiceSource
+
+    doc = copy.deepcopy(course_doc())
+    next(t for t in doc["test"] if t["name"] == "scale")["visibility"] = "hidden"
+    course = config.parse(doc, COURSE)
+    r = core.grade(student_dir(tmp_path, UNLISTED / "scale_by_sqrt_n.py"), course, source=ServiceSource(LocalClient()))
+    scale = by_name(r)["scale"]
+    hints = [line for line in scale.message.splitlines() if line.startswith("Hint")]
+    assert hints and scale.message == scale.redacted
+    for line in hints:
+        assert not re.search(r"\d", re.sub(r"'[^']*'", "", line)), line
+    assert len(hints) == 1  # one line for the configurations that had the same hint, numbers aside
+
+
 def test_a_placeholder_is_not_a_mistake(graded):
     """Stubs that return zeros get a plain message, never a known mistake's name (mask_includes_diagonal gives
     zeros on one token, where the only query sees no key)."""
