@@ -370,6 +370,49 @@ BUGS: dict[str, Bug] = {
     )
 }
 
+# ------------------------------------------------- mistakes in how the layer is wired
+# Every step's function is right; the layer passes one the wrong thing, or skips one. A student who
+# writes one function per stage makes these in the function that calls them all: each function passes
+# its own test, and only the whole layer is wrong.
+
+
+def _unmasked(scores: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return scores, np.zeros(scores.shape, dtype=bool)  # [h, n, n]: the causal flag ignored, nothing excluded
+
+
+def _concat_as_output(concat: np.ndarray, W_O: np.ndarray) -> np.ndarray:
+    return concat.copy()  # [n, h·d_k] = [n, d_model]: W_O never applied (the shapes agree, so it runs)
+
+
+def _grouped(here: Here) -> Refusal | None:
+    return _cannot("with shared K/V heads W_Q and W_K have different shapes, so using one for the other fails "
+                   "with a shape error; show it with num_kv_heads equal to num_heads" if here.config.grouped else None)
+
+
+for _bug in (
+    Bug("same_w_for_q_and_k",
+        "the keys were projected with W_Q instead of W_K (the queries' matrix twice), so every head's scores "
+        "q·qᵀ are symmetric", "k",
+        (Step("k", A.project, ("input", "W_Q"), "Kᵢ = x·W_Qᵢᵀ (W_Q, not W_K)"),), first(_self_projection, _grouped)),
+    Bug("positional_encoding_queries_only",
+        "the positional encoding was added to the queries' input only: Q from x = E + PE, but K and V from the "
+        "embeddings E alone, so the keys and values carry no position", "k",
+        (Step("k", A.project, ("token_embedding", "W_K"), "Kᵢ = E·W_Kᵢᵀ (no PE)"),
+         Step("v", A.project, ("token_embedding", "W_V"), "Vᵢ = E·W_Vᵢᵀ (no PE)")),
+        first(_added_encoding, _no_encoding)),
+    Bug("mask_not_applied",
+        "the causal mask was never applied (the causal flag was ignored), so every query also attends to the "
+        "keys after it", "masked_scores",
+        (Step("masked_scores", _unmasked, ("scaled_scores", "mask"), "{scaled_scores} (not masked)",
+              note=": the keys after the query are not excluded", outputs=("masked_scores", "excluded")),),
+        first(needs_mask, _one_token)),
+    Bug("output_projection_missing",
+        "the heads' concatenation was returned as the output: W_O was never applied", "output",
+        (Step("output", _concat_as_output, ("concat", "W_O"), "{concat} (W_O not applied)"),)),
+):
+    BUGS[_bug.name] = _bug
+del _bug
+
 BUG_NAMES: tuple[str, ...] = tuple(BUGS)
 
 

@@ -25,10 +25,14 @@ multi_head_attention(x,     x and the four matrices;        output [n, d_model] 
   causal=False)                                                                        returns)
 ==========================  ==============================  =========================  ================
 
-The order of this table is the order the grader calls them in (for every
-configuration of one stage before the next stage): the answer to a call is an
-input of a later one (x is project's input, q is scores', ...), and it is never
-sent before the call it answers has been answered.
+The grader calls them in this table's order (``CALL_ORDER``: for every
+configuration of one function before the next), because the answer to a call is
+an input of a later one (x is project's input, q is scores', ...): it is sent only
+after the call that answers it. The whole layer, multi_head_attention, is called
+in a process of its own (``core.Grader.plan``): every stage input after x
+determines its output (concat and W_O are output's inputs, and concat · W_Oᵀ *is*
+the layer's output), so a process that had been given them could answer the
+layer from memory.
 """
 
 from __future__ import annotations
@@ -88,6 +92,12 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
              (Part("output", ("input", "W_Q", "W_K", "W_V", "W_O"), (("causal", "causal"),)),),
              what="the whole layer, end to end"),
 )}
+
+
+#: the order the grader calls the functions in (module docstring): walkthrough order
+CALL_ORDER: tuple[str, ...] = tuple(FUNCTIONS)
+#: the whole layer: called in a process of its own, never one that was given a stage function's inputs
+LAYER = "multi_head_attention"
 
 
 @dataclass
@@ -166,5 +176,5 @@ def stages_of_answer(arrays: dict[str, np.ndarray], part: Part) -> dict[str, np.
     return dict(arrays)
 
 
-__all__ = ["AXES", "FUNCTIONS", "Function", "Part", "Reference", "STAGES_OF_CONFIG", "call_arguments",
+__all__ = ["AXES", "CALL_ORDER", "FUNCTIONS", "LAYER", "Function", "Part", "Reference", "STAGES_OF_CONFIG", "call_arguments",
            "reference_from_engine", "reference_from_trace", "stages_of_answer"]

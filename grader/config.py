@@ -22,6 +22,8 @@ VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")
 CHECK_FIELDS = ("metric", "rtol", "atol", "stage_rtol", "threshold")
 CHECK_BOUNDS = {"rtol": 1.0, "atol": 1e6, "stage_rtol": 1.0, "threshold": 1.0}
 MAX_SEED = 2**32 - 1
+#: the largest weight_scale: 100 makes the scores 10⁴ times larger, far past where exp() overflows
+MAX_WEIGHT_SCALE = 100.0
 
 
 class ConfigError(ValueError):
@@ -39,19 +41,35 @@ class Configuration:
     seed: int | None  # None: drawn for each submission
     tokens: tuple[str, ...] | None = None
     sentence: str | None = None
+    weight_scale: float = 1.0  # the seeded W_Q, W_K, W_V and W_O times this: scores grow by its square
 
     @property
     def d_k(self) -> int:
         return self.d_model // self.num_heads
 
+    def parameters(self, seed: int) -> Any:
+        """The weights of this configuration with that seed: the seeded ones, times ``weight_scale``
+        (an ``engine.Parameters``), or None when they are the seeded ones as they are."""
+        if self.weight_scale == 1.0:
+            return None
+        import engine
+
+        p = engine.generate_parameters(seed, self.d_model, self.num_heads)
+        s = self.weight_scale
+        return engine.Parameters(W_Q=p.W_Q * s, W_K=p.W_K * s, W_V=p.W_V * s, W_O=p.W_O * s)
+
     def request(self, seed: int) -> dict[str, Any]:
-        """The trace request for this configuration with that seed."""
+        """The trace request for this configuration with that seed (with the scaled weights as explicit
+        ``parameters`` when ``weight_scale`` is not 1: a service computes the same reference)."""
         body: dict[str, Any] = {"d_model": self.d_model, "num_heads": self.num_heads, "causal": self.causal,
                                 "seed": seed}
         if self.tokens is not None:
             body["tokens"] = list(self.tokens)
         else:
             body["sentence"] = self.sentence
+        params = self.parameters(seed)
+        if params is not None:
+            body["parameters"] = {name: getattr(params, name).tolist() for name in ("W_Q", "W_K", "W_V", "W_O")}
         return body
 
 
@@ -85,6 +103,8 @@ class Course:
     prairielearn: dict[str, Any] = field(default_factory=dict)
     hide: tuple[str, ...] = ()
     runtime: str | None = None
+    seeds: str = "random"  # "random": drawn per submission; "student": derived from the student and a secret
+    secret_file: str | None = None  # [seeds] secret_file, absolute (relative ones are the course file's)
 
     @property
     def max_score(self) -> float:
@@ -114,7 +134,7 @@ def _no_extra(table: dict, allowed: set[str], where: str) -> None:
 
 def _configuration(t: dict, i: int) -> Configuration:
     where = f"[[configuration]] #{i + 1}"
-    _no_extra(t, {"name", "tokens", "sentence", "d_model", "num_heads", "causal", "seed"}, where)
+    _no_extra(t, {"name", "tokens", "sentence", "d_model", "num_heads", "causal", "seed", "weight_scale"}, where)
     name = _get(t, "name", str, where)
     where = f"configuration {name!r}"
     d_model = _get(t, "d_model", int, where)
@@ -137,7 +157,11 @@ def _configuration(t: dict, i: int) -> Configuration:
         tokens = tuple(tokens)
     elif not isinstance(sentence, str) or not sentence.strip():
         raise ConfigError(f"{where}: `sentence` must be a non-blank string")
-    return Configuration(name, d_model, heads, causal, seed, tokens, sentence)
+    weight_scale = _get(t, "weight_scale", float, where, 1.0)
+    if not math.isfinite(weight_scale) or not 0 < weight_scale <= MAX_WEIGHT_SCALE:
+        raise ConfigError(f"{where}: `weight_scale` must be a number above 0 and at most {MAX_WEIGHT_SCALE:g}, "
+                          f"got {weight_scale!r}")
+    return Configuration(name, d_model, heads, causal, seed, tokens, sentence, weight_scale)
 
 
 def _names(value: Any, sets: dict[str, list[str]], where: str) -> list[str]:
@@ -160,7 +184,7 @@ def _names(value: Any, sets: dict[str, list[str]], where: str) -> list[str]:
 def parse(doc: dict[str, Any], path: Path | None = None) -> Course:
     """A Course from the parsed TOML document (ConfigError on any mistake)."""
     _no_extra(doc, {"assignment", "service", "check", "limits", "sandbox", "sets", "configuration", "test",
-                    "gradescope", "prairielearn"}, "the course file")
+                    "gradescope", "prairielearn", "seeds"}, "the course file")
     a = doc.get("assignment", {})
     _no_extra(a, {"file", "form"}, "[assignment]")
     file = _get(a, "file", str, "[assignment]", "attention.py")
@@ -289,8 +313,16 @@ def parse(doc: dict[str, Any], path: Path | None = None) -> Course:
             raise ConfigError(f"[gradescope]: `{k}` must be one of {', '.join(VISIBILITIES)}")
     pl = doc.get("prairielearn", {})
     _no_extra(pl, set(), "[prairielearn]")
+    sd = doc.get("seeds", {})
+    _no_extra(sd, {"derive", "secret_file"}, "[seeds]")
+    derive = _get(sd, "derive", str, "[seeds]", "random")
+    if derive not in ("random", "student"):
+        raise ConfigError(f'[seeds]: `derive` must be "random" or "student", got {derive!r}')
+    secret_file = _get(sd, "secret_file", str, "[seeds]", None)
+    if secret_file is not None and not Path(secret_file).is_absolute():
+        secret_file = str((path.parent if path is not None else Path.cwd()) / secret_file)
     return Course(path, file, form, url, retries, timeout, check, limits, configs, tuple(tests), dict(gs), dict(pl),
-                  tuple(hide), runtime)
+                  tuple(hide), runtime, derive, secret_file)
 
 
 def load(path: str | Path) -> Course:

@@ -9,13 +9,18 @@
 2. the student's functions run in sandboxed processes (``sandbox.py``) on the
    reference's own inputs, in walkthrough order: first a process for the
    configurations of visible tests, then a fresh one (fresh uid) for the rest,
-   whose printed output is never shown;
+   whose printed output is never shown; in each, the whole layer's calls run in
+   a fresh process of their own, so nothing a stage function was given can
+   answer them (``Grader.plan``);
 3. each answer is checked against the reference (with the course's metric and
    tolerance: /check's rule): pass/fail per stage, and the known mistake that
    reproduces it (``engine.diagnose``); through a service, /check's hints too;
 4. a test earns its points when its function is right on every configuration
-   it lists. Hidden tests' messages say pass/fail, the named mistake and the
-   service's hints, never a value, an index or an input.
+   it lists. A known mistake is named only when it explains every configuration
+   where the function is wrong (``diagnosis.py``); a layer whose functions all
+   pass is diagnosed as wired wrong. Hidden tests' messages say pass/fail, the
+   named mistake and the service's hints, never a value, an index, an input, or
+   any text the student's code chose (an exception's type, message, file, line).
 
 When the reference cannot be had (the service is down, answers an error, or
 the sandbox itself fails), the result is *not gradable*: no score at all, and
@@ -25,8 +30,11 @@ error, an exception while importing) has ``format_errors``.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 import os
+import re
 import secrets
 import sys
 import time
@@ -37,15 +45,18 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import diagnosis
 from . import runtime as runtime_mod
-from .assignment import AXES, FUNCTIONS, STAGES_OF_CONFIG, Reference, call_arguments, stages_of_answer
+from .assignment import AXES, CALL_ORDER, FUNCTIONS, LAYER, STAGES_OF_CONFIG, Reference, call_arguments, \
+    reference_from_engine, stages_of_answer
 from .config import Configuration, Course, Test
-from .reference import AnswerRefused, CheckOutcome, EngineSource, ServiceSource, SourceError, source_for
+from .reference import AnswerRefused, CheckOutcome, EngineSource, ServiceSource, SourceError, Tolerance, source_for
 from .sandbox import Call, Outcome, RunResult, SandboxError, run_base_for, run_calls
 
 MAX_SHOWN_FAILURES = 3  # configurations detailed in one test's message
 MAX_PRINTED_SHOWN = 8000  # characters of the student's own output in the summary
 MAX_VALUE = 1e300  # what /check accepts; larger values fail locally
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")  # what a hidden test's hint may not hold
 
 
 class Ungradable(Exception):
@@ -91,7 +102,23 @@ class Verdict:
     kind: str = "wrong"  # ok | wrong | error | timeout | crashed | not_run
 
 
+@dataclass
+class Explained:
+    """What explains one test's failures, for visible tests (``shown``) and hidden ones (``hidden``)."""
+
+    shown: list[str] = field(default_factory=list)
+    hidden: list[str] = field(default_factory=list)
+    named: list[str] = field(default_factory=list)  # the known mistakes named plainly (staff: the batch table)
+    no_pointer: bool = False  # the "compare your step N with …" line would point at the wrong place
+
+
 # ----------------------------------------------------------------- helpers
+
+
+def engine_errors() -> type[Exception]:
+    import engine
+
+    return engine.EngineError
 
 
 def make_source(course: Course) -> EngineSource | ServiceSource:
@@ -146,25 +173,35 @@ def _frames(error: dict[str, Any]) -> str:
                      for f in error.get("frames", []))
 
 
-def _where(error: dict[str, Any]) -> str:
-    fr = error.get("frames") or []
-    if not fr:
-        return ""
-    f = fr[-1]
-    return f" ({f['file']}, line {f['line']}, in {f['function']})"
-
-
 def outcome_verdict(out: Outcome, function: str) -> Verdict:
-    """A call that gave no answer: what the student is told."""
+    """A call that gave no answer: what the student is told. The redacted text (hidden tests) holds nothing
+    the student's code chose: an exception's type, message, file, function and line, an exit status and a
+    signal can each carry a number out of the sandbox, so none of them is repeated there."""
     if out.status == "error":
         e = out.error or {}
+        if out.detail:  # the grader's own words: the answer file could not be read
+            return Verdict(False, f"{out.detail}: {e.get('message', '')}".rstrip(": "), out.detail, kind="error")
         detail = f"your code raised {e.get('type', 'an error')}: {e.get('message', '')}".rstrip(": ")
         tb = _frames(e)
-        return Verdict(False, detail + (f"\n{tb}" if tb else ""), f"your code raised {e.get('type', 'an error')}"
-                       + _where(e), kind="error")
+        return Verdict(False, detail + (f"\n{tb}" if tb else ""), f"your code raised an exception in {function}",
+                       kind="error")
     kind = {"timeout": "timeout", "not_run": "not_run"}.get(out.status, "crashed")
     text = out.detail or "not run"
-    return Verdict(False, text, text, kind=kind)
+    if kind == "crashed" and out.status == "crashed":
+        redacted = f"your code crashed or exited while running {function}"
+    elif kind == "not_run" and ("already failed" in text or "imported" in text or "could not be run" in text):
+        redacted = f"not run: {function} had already failed, or your file could not be imported"
+    else:
+        redacted = text
+    return Verdict(False, text, redacted, kind=kind)
+
+
+def numpy_words(stage: str, message: str) -> str:
+    """/check's message in the words of a numpy student: a masked key is -inf in their array, not JSON's null."""
+    if stage != "masked_scores":
+        return message
+    return message.replace("expected null (masked)", "expected -inf (a masked key)").replace(
+        ", got null", ", got -inf (masked)")
 
 
 def _nonfinite(arr: np.ndarray, ok: np.ndarray) -> tuple[str, list[int], int] | None:
@@ -174,6 +211,17 @@ def _nonfinite(arr: np.ndarray, ok: np.ndarray) -> tuple[str, list[int], int] | 
     idx = [int(i) for i in np.argwhere(bad)[0]]
     v = arr[tuple(idx)]
     return (str(v), idx, int(bad.sum()))
+
+
+#: what a NaN or an infinity most often means in a stage, said after the plain message
+NONFINITE_WHY = {
+    "weights": "in a softmax this usually means exp() overflowed (it does for scores above about 709): subtract "
+               "each row's maximum before exp(), which changes no weight",
+    "weights -inf": "a weight of -inf is log(0): a log-softmax gives it to a masked key, but a weight is a "
+                    "probability (exp, not log)",
+}
+NONFINITE_WHY.update(dict.fromkeys(("context", "concat", "output"), "if it starts in the softmax: exp() overflows "
+                                   "for scores above about 709, so subtract each row's maximum before exp()"))
 
 
 def prepare(stage: str, arr: np.ndarray, ref: Reference) -> tuple[Any, str | None, str | None]:
@@ -194,9 +242,15 @@ def prepare(stage: str, arr: np.ndarray, ref: Reference) -> tuple[Any, str | Non
         more = f" (and {count - 1} more)" if count > 1 else ""
         only = " (only masked entries may be -inf)" if stage == "masked_scores" else ""
         what = "a value too large to compare" if value not in ("nan", "inf", "-inf") else value
-        return None, (f"it holds {what} at {idx} ({axes}){more}: every value must be a finite number{only}"), \
-            f"it holds {'NaN or infinite values' if value in ('nan', 'inf', '-inf') else 'values too large'}{only}"
+        key = f"{stage} -inf" if value == "-inf" and f"{stage} -inf" in NONFINITE_WHY else stage
+        why = f"; {NONFINITE_WHY[key]}" if key in NONFINITE_WHY and value in ("nan", "inf", "-inf") else ""
+        return None, (f"it holds {what} at {idx} ({axes}){more}: every value must be a finite number{only}{why}"), \
+            f"it holds {'NaN or infinite values' if value in ('nan', 'inf', '-inf') else 'values too large'}{only}{why}"
     values = np.where(null, 0.0, arr.astype(np.float64))  # masked entries: 0 in the values, carried by null
+    if arr.shape == expected:
+        stub = diagnosis.placeholder(values, null, ref.arrays[stage])
+        if stub is not None:
+            return None, stub[0], stub[1]
     return (values, null), None, None
 
 
@@ -207,7 +261,7 @@ class Grader:
     def __init__(self, course: Course, submission: Path, *, source: EngineSource | ServiceSource | None = None,
                  client: Any = None, seeds: dict[str, int] | None = None, hide: tuple[str, ...] = (),
                  run_base: Path | None = None, log: Callable[[str], None] | None = None,
-                 runtime: runtime_mod.Runtime | None = None) -> None:
+                 runtime: runtime_mod.Runtime | None = None, student: str | None = None) -> None:
         """``source``: where references come from (default: the course's, make_source); ``client``: an
         attention-trace client to ask instead (a ServiceSource over it)."""
         self.course, self.submission = course, submission
@@ -218,6 +272,7 @@ class Grader:
         self.extra_hide = hide
         self.run_base = run_base
         self.runtime = runtime
+        self.student = student  # who submitted (the platform's id): with [seeds] derive = "student", the seeds' key
         self.result = GradeResult(gradable=True, max_score=course.max_score)
         self._log_fn = log
 
@@ -229,37 +284,70 @@ class Grader:
     # ---------------------------------------------------------- steps
 
     def seeds(self) -> dict[str, int]:
+        """Each configuration's seed: the course file's fixed one; else one given for a regrade (``seeds=``,
+        ATTENTION_GRADER_SEEDS); else, with ``[seeds] derive = "student"``, derived from the student and the
+        course's secret (the same on every regrade: :func:`derived_seed`); else drawn afresh."""
         env = os.environ.get("ATTENTION_GRADER_SEEDS")  # "name=seed,name=seed": a regrade with the same inputs
         fixed = dict(self.fixed_seeds)
         if env:
             for item in env.split(","):
                 name, _, value = item.partition("=")
                 fixed.setdefault(name.strip(), int(value))
+        secret = None
+        if self.course.seeds == "student" and any(c.seed is None and name not in fixed
+                                                  for name, c in self.course.configurations.items()):
+            if not self.student:
+                raise Ungradable('the course derives seeds from the student ([seeds] derive = "student"), but no '
+                                 "student id was given")
+            secret = course_secret(self.course)
         out = {}
         for name, c in self.course.configurations.items():
-            out[name] = fixed.get(name, c.seed if c.seed is not None else secrets.randbelow(2**32))
+            if c.seed is not None:
+                out[name] = c.seed
+            elif name in fixed:
+                out[name] = fixed[name]
+            elif secret is not None:
+                out[name] = derived_seed(secret, self.student or "", name)
+            else:
+                out[name] = secrets.randbelow(2**32)
         return out
 
     def references(self, source: EngineSource | ServiceSource, seeds: dict[str, int],
                    used: list[str]) -> dict[str, Reference]:
         refs = {}
         for name in used:
-            refs[name] = source.reference(self.course.configurations[name], seeds[name])
+            c = self.course.configurations[name]
+            if c.weight_scale != 1.0 and isinstance(source, EngineSource):
+                # the engine's trace with the scaled weights (a service gets them in the request: Configuration.request)
+                try:
+                    refs[name] = reference_from_engine(diagnosis.engine_trace(c, seeds[name]))
+                except engine_errors() as e:
+                    raise SourceError(f"the engine refused configuration {name!r}: {e}") from None
+            else:
+                refs[name] = source.reference(c, seeds[name])
             if refs[name].n < 1:
                 raise Ungradable(f"configuration {name!r} has no tokens")
         return refs
 
-    def plan(self, refs: dict[str, Reference]) -> tuple[list[Call], list[Call], dict[tuple[str, str], set[str]]]:
-        """The calls of the visible process and of the protected one, in walkthrough order."""
+    def plan(self, refs: dict[str, Reference]) -> tuple[list[tuple[str, list[Call]]], dict[tuple[str, str], set[str]]]:
+        """The sandboxed processes to run, in order, each with its calls in ``CALL_ORDER`` (walkthrough order):
+        ``visible`` (the configurations of visible tests: what they print is shown) then ``protected`` (a fresh
+        process, fresh uid, for the rest); in each, the whole layer's calls get a process of their own
+        (``visible-layer``, ``protected-layer``) whenever the stage functions are called too. Every stage
+        function's input after x determines the layer's output (output() is given concat and W_O, and
+        concat·W_Oᵀ *is* the layer's answer); in a process of its own, the layer cannot be answered from
+        anything a function was given (assignment.py)."""
         course = self.course
         pairs: dict[tuple[str, str], set[str]] = {}  # (function, configuration) -> visibilities of its tests
         for t in course.tests:
             for c in t.configurations:
                 pairs.setdefault((t.function, c), set()).add(t.visibility)
         shown_configs = {c for (f, c), vis in pairs.items() if "visible" in vis}
-        visible, protected = [], []
+        calls: dict[tuple[str, bool], list[Call]] = {}  # (visible or protected, the layer or not) -> calls
         order = list(course.configurations)
-        for fname, fn in FUNCTIONS.items():
+        for fname in CALL_ORDER:
+            fn = FUNCTIONS[fname]
+            layer = fname == LAYER
             for cname in order:
                 if (fname, cname) not in pairs:
                     continue
@@ -268,11 +356,18 @@ class Grader:
                     arrays, args, kwargs = call_arguments(part, ref)
                     stages = [s for s in STAGES_OF_CONFIG if s != "masked_scores" or ref.causal]
                     call = Call((fname, cname, part.stage), fname, arrays, args, kwargs,
-                                result="stages" if fname == "multi_head_attention" else "array",
-                                stages=stages if fname == "multi_head_attention" else [],
+                                result="stages" if layer else "array", stages=stages if layer else [],
                                 where=f"on configuration '{cname}'")
-                    (visible if cname in shown_configs else protected).append(call)
-        return visible, protected, pairs
+                    kind = "visible" if cname in shown_configs else "protected"
+                    calls.setdefault((kind, layer), []).append(call)
+        runs: list[tuple[str, list[Call]]] = []
+        for kind in ("visible", "protected"):
+            stage_calls, layer_calls = calls.get((kind, False), []), calls.get((kind, True), [])
+            if stage_calls and layer_calls:
+                runs += [(kind, stage_calls), (f"{kind}-layer", layer_calls)]
+            elif stage_calls or layer_calls:
+                runs.append((kind, stage_calls or layer_calls))
+        return runs, pairs
 
     def run(self, calls: list[Call], hide: list[str], runtime: runtime_mod.Runtime, deadline: float,
             broken: dict[str, str]) -> RunResult:
@@ -291,9 +386,10 @@ class Grader:
                 continue
             values, problem, redacted = prepare(stage, arr, ref)
             if problem is not None:
-                local[stage] = Verdict(False, f"{stage}: {problem}", f"{stage}: {redacted}", kind="wrong")
+                local[stage] = Verdict(False, f"{stage}: {problem}", f"{stage}: {redacted}", kind="plain")
             else:
                 submission[stage] = values
+        self._answers[(fname, cname)] = submission
         result: CheckOutcome | None = None
         if submission:
             try:
@@ -308,8 +404,8 @@ class Grader:
                 if sc.passed:
                     verdicts[stage] = Verdict(True, "", "", kind="ok")
                 else:
-                    verdicts[stage] = Verdict(False, f"{stage}: {sc.message}", f"{stage}: wrong", kind="wrong",
-                                              bugs=list(result.matches), hints=list(result.hints))
+                    verdicts[stage] = Verdict(False, f"{stage}: {numpy_words(stage, sc.message)}", f"{stage}: wrong",
+                                              kind="wrong", bugs=list(result.matches), hints=list(result.hints))
             if not result.passed and not result.matches:
                 for v in verdicts.values():
                     if not v.passed and not v.hints:
@@ -324,10 +420,15 @@ class Grader:
         t0 = time.monotonic()
         source = None
         self._no_match_message: dict[tuple[str, str], str] = {}
+        self._answers: dict[tuple[str, str], dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         try:
             source = self._source or make_source(self.course)
             seeds = self.seeds()
             res.extra["seeds"] = seeds
+            if self.student is not None:
+                res.extra["student"] = self.student
+            res.extra["seeds_from"] = "derived from the student and the course secret" if (
+                self.course.seeds == "student") else "drawn for this submission (unless fixed)"
             used = [n for n in self.course.configurations if any(n in t.configurations for t in self.course.tests)]
             refs = self.references(source, seeds, used)
             bugs = source.bug_summaries  # the known mistakes' summaries, to name them
@@ -338,19 +439,16 @@ class Grader:
             hide = default_hide(self.course, self.extra_hide)
             keep = [runtime.root, run_base_for(self.run_base)]
             hide = _usable_hide(hide, keep)
-            visible, protected, pairs = self.plan(refs)
+            planned, pairs = self.plan(refs)
             deadline = time.monotonic() + self.course.limits.total_seconds
             runs: dict[str, RunResult] = {}
             broken: dict[str, str] = {}  # a function that hung or crashed is not called again, hidden or not
-            if visible:
-                runs["visible"] = self.run(visible, hide, runtime, deadline, broken)
-            if protected:
-                first = runs.get("visible")
-                if first is not None and first.start.status != "ready":
-                    runs["protected"] = RunResult(first.start, {c.key: Outcome("not_run") for c in protected}, "", 0,
-                                                  {}, 0, 0, 0.0)
+            for kind, calls in planned:
+                first = next(iter(runs.values()), None)
+                if first is not None and first.start.status != "ready":  # the file cannot be imported: once is enough
+                    runs[kind] = RunResult(first.start, {c.key: Outcome("not_run") for c in calls}, "", 0, {}, 0, 0, 0.0)
                 else:
-                    runs["protected"] = self.run(protected, hide, runtime, deadline, broken)
+                    runs[kind] = self.run(calls, hide, runtime, deadline, broken)
             self.record_runs(runs)
             for r in runs.values():  # calls never made because the import failed: say why
                 why = start_detail(r.start, self.course.file)
@@ -363,8 +461,9 @@ class Grader:
             outcomes: dict[Any, Outcome] = {}
             for r in runs.values():
                 outcomes.update(r.outcomes)
+            self.integrity(runs, outcomes)
             verdicts = self.verdicts(source, seeds, refs, pairs, outcomes, start)
-            self.score(verdicts, seeds, bugs, runs)
+            self.score(verdicts, seeds, bugs, runs, refs)
         except (Ungradable, SourceError) as e:
             return self.ungradable(str(e))
         except SandboxError as e:
@@ -386,13 +485,45 @@ class Grader:
         for k, r in runs.items():
             self.log(f"grader: {k} run: {r.processes} process(es), {r.seconds:.2f} s, printed {r.output_total} "
                      f"bytes, {r.leftover_processes} process(es) left after the sweep; sandbox: {r.notes}")
-        if "visible" in runs and runs["visible"].output.strip():
-            text = runs["visible"].output
+        shown = [r for k, r in runs.items() if k.startswith("visible")]
+        if any(r.output.strip() for r in shown):
+            text = "".join(r.output for r in shown)
             cut = text[:MAX_PRINTED_SHOWN]
-            more = runs["visible"].output_total - len(cut.encode())
+            more = sum(r.output_total for r in shown) - len(cut.encode())
             res.printed = cut + (f"\n[... {more} more bytes not shown]" if more > 0 else "")
-        if "protected" in runs and runs["protected"].output_total:
-            res.extra["protected_output_bytes"] = runs["protected"].output_total
+        hidden_bytes = sum(r.output_total for k, r in runs.items() if k.startswith("protected"))
+        if hidden_bytes:
+            res.extra["protected_output_bytes"] = hidden_bytes
+
+    def integrity(self, runs: dict[str, RunResult], outcomes: dict[Any, Outcome]) -> None:
+        """The academic-integrity log, for the staff only (``extra["integrity"]`` and the grader's log, never a
+        message): what the student's code tried that the sandbox refuses or a solution has no use for (the
+        harness's audit hook: network, files outside its tree, processes and signals, native code,
+        introspection), and which limits stopped it (time, CPU, memory, output, the answer file)."""
+        log: dict[str, dict[str, Any]] = {}
+        for k, r in runs.items():
+            for kind, entry in r.audit.items():
+                into = log.setdefault(kind, {"count": 0, "examples": []})
+                into["count"] += entry["count"]
+                into["examples"] += [f"{k}: {e}" for e in entry["examples"]][: max(0, 10 - len(into["examples"]))]
+        stops, starts = [], set()
+        for k, r in runs.items():  # a run never started (the file failed to import before) shares the first's start
+            if r.start.status in ("timeout", "crashed", "output", "protocol") and id(r.start) not in starts:
+                starts.add(id(r.start))
+                stops.append((k, r.start))
+        for key, o in outcomes.items():
+            if o.status in ("timeout", "crashed", "output", "protocol") or (o.status == "error" and o.detail):
+                where = f"{key[0]} on '{key[1]}'" if isinstance(key, tuple) and len(key) > 1 else str(key)
+                stops.append((where, o))
+        if stops:
+            log["limits"] = {"count": len(stops), "examples": [f"{k}: {o.status}: {o.detail}"[:300]
+                                                               for k, o in stops[:10]]}
+        self.result.extra["integrity"] = log
+        if log:
+            self.log("grader: integrity log: " + "; ".join(
+                f"{kind} {e['count']} ({' | '.join(e['examples'][:3])})" for kind, e in log.items()))
+        else:
+            self.log("grader: integrity log: nothing refused, no limit reached")
 
     def verdicts(self, source: EngineSource | ServiceSource, seeds: dict[str, int], refs: dict[str, Reference],
                  pairs: dict[tuple[str, str], set[str]], outcomes: dict[Any, Outcome],
@@ -421,13 +552,13 @@ class Grader:
         return out
 
     def score(self, verdicts: dict[tuple[str, str], dict[str, Verdict]], seeds: dict[str, int],
-              bugs: dict[str, str], runs: dict[str, RunResult]) -> None:
+              bugs: dict[str, str], runs: dict[str, RunResult], refs: dict[str, Reference]) -> None:
         res = self.result
         course = self.course
-        self._verdicts = verdicts
+        self._verdicts, self._refs, self._seeds = verdicts, refs, seeds
+        failing: dict[str, list[tuple[str, list[Verdict]]]] = {}
         for t in course.tests:
-            stages = [t.stage] if t.stage else (FUNCTIONS[t.function].stages if t.function != "multi_head_attention"
-                                                else ["output"])
+            stages = self.graded_stages(t)
             failures = []
             for cname in t.configurations:
                 v = verdicts[(t.function, cname)]
@@ -436,20 +567,166 @@ class Grader:
                 bad = [x for x in bad if not x.passed]
                 if bad:
                     failures.append((cname, bad))
+            failing[t.name] = failures
+        # Which functions fail their own tests: with every one right, a failing layer is wired wrong.
+        stage_tests = [t for t in course.tests if t.function != "multi_head_attention"]
+        self._failed_functions = list(dict.fromkeys(t.function for t in stage_tests if failing[t.name]))
+        self._wiring = course.form == "functions" and bool(stage_tests) and not self._failed_functions
+        for t in course.tests:
+            failures = failing[t.name]
             passed = not failures
-            redacted = self.test_message(t, failures, seeds, bugs, redact=True)
-            message = redacted if t.hidden else self.test_message(t, failures, seeds, bugs, redact=False)
+            explained = self.explain(t, failures, bugs)
+            redacted = self.test_message(t, failures, seeds, explained, redact=True)
+            message = redacted if t.hidden else self.test_message(t, failures, seeds, explained, redact=False)
             res.tests.append(TestResult(t.name, t.function, t.visibility, t.points if passed else 0.0, t.points, passed,
                                         message, list(t.configurations), redacted))
+            if explained.named:
+                res.extra.setdefault("named", {})[t.name] = explained.named
         res.score = sum(x.points for x in res.tests)
         res.message = self.summary(runs, seeds)
         self.log(f"grader: score {res.score:g}/{res.max_score:g}; failed tests: "
                  f"{[x.name for x in res.tests if not x.passed]}")
 
+    @staticmethod
+    def graded_stages(t: Test) -> list[str]:
+        if t.stage:
+            return [t.stage]
+        return list(FUNCTIONS[t.function].stages) if t.function != "multi_head_attention" else ["output"]
+
+    # ---------------------------------------------------------- what explains a failure
+
+    def explain(self, t: Test, failures: list[tuple[str, list[Verdict]]], bugs: dict[str, str]) -> Explained:
+        """The lines after the per-configuration details: the known mistakes that explain the failures
+        (diagnosis.naming), a constant factor, the wiring of the layer, hints. Each line in two forms, for
+        visible tests and for hidden ones (no number)."""
+        out = Explained()
+        wrong = [c for c, bad in failures if any(v.kind == "wrong" for v in bad)]
+        layer = t.function == "multi_head_attention"
+        matched: dict[str, list[str]] = {}
+        if layer and self._wiring and wrong:
+            out.shown.append("Every stage function passes, so the wiring in multi_head_attention is wrong: what it "
+                             "passes to each function, or which one it calls (or skips), or in what order.")
+            out.hidden.append(out.shown[-1])
+            for c in wrong:
+                matched[c] = self.wiring(t, c)
+        else:
+            for c, bad in failures:
+                if c in wrong:
+                    found: list[str] = []
+                    for v in bad:
+                        found += [b for b in v.bugs if b not in found]
+                    matched[c] = found
+        unknown = {c: diagnosis.cannot_show(self.course.configurations[c], self._refs[c].n) for c in wrong}
+        lines, plain = diagnosis.naming(wrong, matched, bugs, unknown)
+        out.named = sorted({b for c in wrong for b in matched.get(c, [])
+                            if all(b in matched[w] or b in unknown[w] for w in wrong)})
+        out.shown += lines
+        out.hidden += lines
+        if layer and self._wiring and wrong and any(diagnosis.about_position(name) for name in out.named):
+            note = ("(multi_head_attention is given x with the positional encoding already added: the layer itself "
+                    "adds no encoding.)")
+            out.shown.append(note)
+            out.hidden.append(note)
+        if layer and self._wiring and wrong and not plain:
+            line = ("None of the known wiring mistakes reproduces it. Return the stages as a dict (ASSIGNMENT.md) "
+                    "and the grader points at the first one that goes wrong.")
+            out.shown.append(line)
+            out.hidden.append(line)
+        if layer and not self._wiring and self._failed_functions and failures and self.course.form == "functions":
+            names = ", ".join(self._failed_functions)
+            line = (f"multi_head_attention runs your functions, so it also shows their mistakes: {names} "
+                    f"fail{'s' * (len(self._failed_functions) == 1)} {'its' if len(self._failed_functions) == 1 else 'their'} "
+                    "own test. Fix that first.")
+            out.shown.append(line)
+            out.hidden.append(line)
+            out.no_pointer = True
+        if not plain and wrong:
+            factor = self.factor_lines(t, wrong)
+            if factor is not None:
+                out.shown.append(factor[0])
+                out.hidden.append(factor[1])
+        if layer and self._wiring:
+            out.no_pointer = True
+        hints: dict[str, list[str]] = {}
+        for c, bad in failures:
+            for v in bad:
+                for h in v.hints:
+                    hints.setdefault(h, [])
+                    if c not in hints[h]:
+                        hints[h].append(c)
+        def hint_lines(found: dict[str, list[str]]) -> list[str]:
+            lines = []
+            for h, on in found.items():
+                everywhere = all(c in on for c in wrong) if wrong else True
+                where = "Hint" if everywhere else (f"Hint (on {', '.join(repr(c) for c in on)} only; not on the "
+                                                   "other configurations where it is wrong)")
+                lines.append(f"{where}: {h}")
+            return lines
+
+        out.shown += hint_lines(hints)
+        numberless: dict[str, list[str]] = {}  # a hint's numbers (a factor, an index) are values: not in hidden tests
+        for h, on in hints.items():
+            numberless.setdefault(NUMBER.sub("…", h), [])
+            numberless[NUMBER.sub("…", h)] += [c for c in on if c not in numberless[NUMBER.sub("…", h)]]
+        out.hidden += hint_lines(numberless)
+        return out
+
+    def wiring(self, t: Test, cname: str) -> list[str]:
+        """The known mistakes that reproduce the layer's answers on one configuration, recomputed from the
+        layer's own inputs (the engine's trace: the reference's own, or, with a service, the engine's)."""
+        answers = self._answers.get((t.function, cname)) or {}
+        if not answers:
+            return []
+        ref = self._refs[cname]
+        trace = ref.trace if ref.trace is not None else diagnosis.engine_trace(self.course.configurations[cname],
+                                                                               self._seeds[cname])
+        return diagnosis.wiring_matches(trace, answers, Tolerance.of(self.course.check))
+
+    def factor_lines(self, t: Test, wrong: list[str]) -> tuple[str, str] | None:
+        """When, on every configuration where the test fails, the first wrong stage is the expected one
+        times a constant: which (the same c everywhere, or one expression of the sizes)."""
+        tol = Tolerance.of(self.course.check)
+        found: list[tuple[str, str, float]] = []
+        for c in wrong:
+            v = self._verdicts[(t.function, c)]
+            stage = next((s for s in self.graded_stages(t) if s in v and not v[s].passed), None)
+            answers = self._answers.get((t.function, c)) or {}
+            if stage is None or stage not in answers or v[stage].kind != "wrong":
+                return None
+            got, null = answers[stage]
+            f = diagnosis.constant_factor(stage, self._refs[c].arrays[stage], got, null, tol)
+            if f is None:
+                return None
+            found.append((c, stage, f))
+        stages = {s for _, s, _ in found}
+        what = f"your {found[0][1]}" if len(stages) == 1 else "your values"
+        where = "on every configuration where it is wrong" if len(found) > 1 else f"on '{found[0][0]}'"
+        cs = [f for _, _, f in found]
+        if all(abs(x - cs[0]) <= 1e-6 * abs(cs[0]) for x in cs):
+            return (f"{where[0].upper()}{where[1:]}, {what} {'is' if len(stages) == 1 else 'are'} the expected "
+                    f"{'one' if len(stages) == 1 else 'ones'} times one constant, c = {cs[0]:.6g}: look for where that "
+                    "factor enters (missing, applied twice, or inverted).",
+                    f"{where[0].upper()}{where[1:]}, {what} {'is' if len(stages) == 1 else 'are'} the expected "
+                    f"{'one' if len(stages) == 1 else 'ones'} times one constant: look for where that factor enters "
+                    "(missing, applied twice, or inverted).")
+        sizes = [(f, diagnosis.sizes_of(self.course.configurations[c], self._refs[c].n)) for c, _, f in found]
+        expr = diagnosis.factor_expression(sizes)
+        values = ", ".join(f"{f:.6g} on '{c}'" for c, _, f in found)
+        if expr is not None:
+            text, e = expr
+            reading = diagnosis.factor_reading(e)
+            return (f"On every configuration where it is wrong, {what} is the expected one times {text} ({values}): "
+                    f"{reading}.",
+                    f"On every configuration where it is wrong, {what} is the expected one times {text}: {reading}.")
+        return (f"On every configuration where it is wrong, {what} is the expected one times a constant, but a different "
+                f"one on each ({values}): a size of the configuration enters where it should not.",
+                f"On every configuration where it is wrong, {what} is the expected one times a constant, but a "
+                "different one on each: a size of the configuration enters where it should not.")
+
     # ---------------------------------------------------------- messages
 
     def test_message(self, t: Test, failures: list[tuple[str, list[Verdict]]], seeds: dict[str, int],
-                     bugs: dict[str, str], redact: bool) -> str:
+                     explained: Explained, redact: bool) -> str:
         course = self.course
         n = len(t.configurations)
         fn = FUNCTIONS[t.function]
@@ -465,7 +742,7 @@ class Grader:
                     if v.kind != "wrong" and v.redacted not in seen:
                         seen.add(v.redacted)
                         lines.append(f"On '{cname}': {v.redacted}.")
-            lines += self.named(failures, bugs)
+            lines += explained.hidden
             lines.append(("Hidden tests" if t.hidden else "This test's results") +
                          " show no values, indices, inputs or printed output.")
             return "\n".join(lines)
@@ -486,14 +763,13 @@ class Grader:
                 lines.append(f"  ('{t.stage}' is computed from '{earlier}', which is already wrong here: fix that one "
                              "first, and this one may follow.)")
             nm = self._no_match_message.get((t.function, cname))
-            if nm and not any(v.bugs for v in bad) and any(v.kind == "wrong" for v in bad):
+            if nm and not explained.no_pointer and not any(v.bugs for v in bad) and any(v.kind == "wrong" for v in bad):
                 lines.append("  " + nm)
         if len(failures) > MAX_SHOWN_FAILURES:
             lines.append(f"\n(and {len(failures) - MAX_SHOWN_FAILURES} more configuration(s))")
-        named = self.named(failures, bugs)
-        if named:
+        if explained.shown:
             lines.append("")
-            lines += named
+            lines += explained.shown
         if t.function != "multi_head_attention":
             lines.append("")
             lines.append(f"{t.function} was given the reference's own inputs, so this is about {t.function} alone.")
@@ -505,37 +781,9 @@ class Grader:
             return None
         v = self._verdicts.get((t.function, cname), {})
         for s in STAGES_OF_CONFIG[:STAGES_OF_CONFIG.index(t.stage)]:
-            if s in v and not v[s].passed and v[s].kind == "wrong" and "did not return" not in v[s].detail:
+            if s in v and not v[s].passed and v[s].kind in ("wrong", "plain") and "did not return" not in v[s].detail:
                 return s
         return None
-
-    @staticmethod
-    def named(failures: list[tuple[str, list[Verdict]]], bugs: dict[str, str]) -> list[str]:
-        """The known mistakes that explain the most failing configurations (a mistake that only matches
-        on a degenerate one, say one token, where several mistakes give the same numbers, is not named
-        when another explains more), and the service's hints."""
-        count: dict[str, int] = {}
-        hints: list[str] = []
-        for _, bad in failures:
-            matched = []
-            for v in bad:
-                for b in v.bugs:
-                    if b not in matched:
-                        matched.append(b)
-                for h in v.hints:
-                    if h not in hints:
-                        hints.append(h)
-            for b in matched:
-                count[b] = count.get(b, 0) + 1
-        best = max(count.values(), default=0)
-        order = [b for b in count if count[b] == best]
-        lines = []
-        for i, b in enumerate(order):
-            lines.append(f"{'Your numbers match' if i == 0 else 'They also match'} the known mistake '{b}'"
-                         + (f": {bugs[b].rstrip('.')}." if bugs.get(b) else "."))
-        for h in hints:
-            lines.append(f"Hint: {h}")
-        return lines
 
     def summary(self, runs: dict[str, RunResult], seeds: dict[str, int]) -> str:
         res = self.result
@@ -550,7 +798,7 @@ class Grader:
             stops = [o for o in r.outcomes.values() if o.status in ("timeout", "crashed", "output", "protocol")]
             if stops:
                 o = stops[0]
-                if k == "visible":
+                if k.startswith("visible"):
                     text = o.detail.removeprefix("your code ")
                     lines.append(f"Your code was stopped: {text}" + ("" if text.endswith(("?", ".")) else "."))
                 else:
@@ -584,6 +832,35 @@ class Grader:
                                   "keeps happening.", extra=self.result.extra, log=self.result.log)
         self.result = res
         return res
+
+
+SEED_DOMAIN = b"attention-trace-grader seed v1"
+
+
+def course_secret(course: Course) -> bytes:
+    """The course's secret for derived seeds: ATTENTION_GRADER_SECRET, else the file [seeds] secret_file names
+    (Ungradable when there is neither: a derived seed without a secret is a seed anyone can compute)."""
+    env = os.environ.get("ATTENTION_GRADER_SECRET")
+    if env:
+        secret = env.encode()
+    elif course.secret_file:
+        try:
+            secret = Path(course.secret_file).read_bytes().strip()
+        except OSError as e:
+            raise Ungradable(f"the course's seed secret {course.secret_file} cannot be read: {e.strerror}") from None
+    else:
+        raise Ungradable('the course derives seeds from the student ([seeds] derive = "student") but has no secret: '
+                         "set ATTENTION_GRADER_SECRET or [seeds] secret_file")
+    if len(secret) < 16:
+        raise Ungradable("the course's seed secret is shorter than 16 bytes")
+    return secret
+
+
+def derived_seed(secret: bytes, student: str, configuration: str) -> int:
+    """HMAC-SHA256(secret, student, configuration)'s first 4 bytes: a seed in [0, 2³²) that only who holds the
+    secret can compute, the same for every grading of that student's work on that configuration."""
+    msg = SEED_DOMAIN + b"\0" + student.encode() + b"\0" + configuration.encode()
+    return int.from_bytes(hmac.new(secret, msg, hashlib.sha256).digest()[:4], "big")
 
 
 def start_detail(start: Outcome, file: str) -> str:

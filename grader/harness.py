@@ -22,6 +22,16 @@ The protocol, one JSON object per line:
 
 A call is answered before the grader sends the next one, and the grader never
 sends an input that holds the answer to an earlier call it has not received.
+
+Before the submission is imported, an audit hook (``sys.addaudithook``, which
+nothing in the process can remove) reports what the student's code tries that the
+sandbox refuses or that a solution has no use for: network sockets, files outside
+its own tree, new processes and signals, native code (ctypes, which the hook
+cannot see past). Each is one ``{"event": "audit", "kind": ..., "what": ...,
+"detail": ...}`` line, written to the grader as it happens: the course staff's
+academic-integrity log (the grader never shows it to the student, and it never
+changes a grade). It is evidence, not a wall: code that runs in this process can
+hide from it (the walls are the sandbox's).
 """
 
 from __future__ import annotations
@@ -55,6 +65,76 @@ def _error(e: BaseException, sub_dir: str) -> dict:
                    "code": (e.text or "").rstrip()[:300]}]
         message = e.msg or message
     return {"type": type(e).__name__[:200], "message": message, "frames": frames[-20:]}
+
+
+#: audit events -> the integrity log's kind (module docstring)
+AUDITED = {
+    **dict.fromkeys(("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
+                     "socket.gethostbyname", "socket.gethostbyaddr", "socket.__new__"), "network"),
+    **dict.fromkeys(("open", "os.listdir", "os.scandir", "os.remove", "os.rename", "os.rmdir", "os.mkdir",
+                     "os.chmod", "os.chown", "os.symlink", "os.link", "os.truncate", "shutil.rmtree",
+                     "shutil.copyfile", "shutil.move"), "files"),
+    **dict.fromkeys(("os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system",
+                     "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill", "resource.setrlimit",
+                     "os.setuid", "os.setgid"), "processes"),
+    **dict.fromkeys(("ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.addressof",
+                     "ctypes.string_at", "ctypes.call_function"), "native_code"),
+    **dict.fromkeys(("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
+                     "object.__setattr__"), "introspection"),
+}
+AUDIT_EXAMPLES = 20  # events of each kind sent in full; after that, only the count at each power of two
+
+
+def _install_audit(roots: list[str]) -> None:
+    """The integrity log's hook. It touches nothing of the student's (no repr of their objects): only
+    strings, bytes and numbers from the event's arguments."""
+    write, out, dumps, sep = os.write, _OUT, json.dumps, os.sep
+    join, normpath, getcwd = os.path.join, os.path.normpath, os.getcwd
+    audited = AUDITED
+    counts: dict = {}
+    allowed = tuple(normpath(r) + sep for r in roots)
+
+    def plain(value):
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return value if not isinstance(value, str) else value[:200]
+        if isinstance(value, bytes):
+            return value[:200].decode("utf-8", "replace")
+        if isinstance(value, tuple) and len(value) <= 4:
+            return [plain(v) for v in value]
+        return type(value).__name__
+
+    def outside(path) -> bool:
+        if isinstance(path, bytes):
+            path = path.decode("utf-8", "replace")
+        if not isinstance(path, str):
+            return False  # a file descriptor, or the student's own object
+        full = normpath(path if path.startswith(sep) else join(getcwd(), path)) + sep
+        return not full.startswith(allowed)
+
+    def hook(event, args):
+        kind = audited.get(event)
+        if kind is None:
+            return
+        try:
+            if event == "socket.__new__" and (len(args) < 2 or args[1] == 1):  # AF_UNIX: a local pipe, not the network
+                return
+            if event == "object.__setattr__" and not (len(args) > 1 and args[1] in ("__code__", "__globals__")):
+                return
+            if kind == "files" and not any(outside(a) for a in args[:2]):
+                return
+            n = counts.get(kind, 0) + 1
+            counts[kind] = n
+            if n <= AUDIT_EXAMPLES:
+                doc = {"event": "audit", "kind": kind, "what": event, "detail": plain(args[:3])}
+            elif n & (n - 1) == 0:
+                doc = {"event": "audit", "kind": kind, "count": n}
+            else:
+                return
+            write(out, (dumps(doc) + "\n").encode())
+        except BaseException:  # noqa: BLE001 - the hook must never change what the student's code does
+            return
+
+    sys.addaudithook(hook)
 
 
 def _to_array(np, value, what: str):
@@ -95,6 +175,11 @@ def main(argv: list[str]) -> None:
         _send({"event": "import_failed", "phase": "syntax", "error": _error(e, sub_dir)})
         return
     sys.path.insert(0, sub_dir)  # the student's own helper modules
+    # its own tree: the run directory (the submission, in/, out/, home), its private scratch, the runtime
+    run_dir = os.path.dirname(sub_dir)
+    _install_audit([run_dir, "/tmp", "/var/tmp", "/dev/shm", "/run/lock", sys.prefix, sys.base_prefix, site,
+                    "/dev/null", "/dev/urandom", "/dev/random", "/dev/zero", "/proc/self", "/sys/devices/system/cpu",
+                    "/proc/cpuinfo", "/proc/meminfo", "/etc/localtime", "/usr/share/zoneinfo"])
     import types
 
     module = types.ModuleType(os.path.splitext(filename)[0])

@@ -62,6 +62,7 @@ UID_RANGE = (1_610_000_000, 1_619_999_999)
 #: when the grader itself runs in a user namespace that maps only 65536 uids
 SMALL_UID_RANGE = (61_000, 64_999)
 MAX_LINE = 65536  # bytes of one control message from the student
+AUDIT_EXAMPLES_KEPT = 10  # examples of each kind of the integrity log kept per process
 WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 #: where run directories go as root: not under a world-writable directory (those are covered by the
 #: student's private tmpfs), and not readable by other uids
@@ -273,6 +274,8 @@ class StudentProcess:
         self.leftover_processes = 0
         self._buf = b""
         self._fds: list[int] = []
+        self.total_deadline = math.inf
+        self.audit: dict[str, dict[str, Any]] = {}  # the integrity log: kind -> {"count", "examples"}
 
     # ------------------------------------------------------------ start
 
@@ -309,7 +312,9 @@ class StudentProcess:
             raise
 
     def start(self, deadline: float) -> Outcome:
-        """Launch the process and import the submission; ``ready`` lists the functions it defines."""
+        """Launch the process and import the submission; ``ready`` lists the functions it defines.
+        ``deadline``: when the time of the whole submission runs out (each call's is shorter)."""
+        self.total_deadline = deadline
         self._prepare()
         ctrl_in_r, self.ctrl_in = os.pipe()
         self.ctrl_out, ctrl_out_w = os.pipe()
@@ -406,6 +411,22 @@ class StudentProcess:
             self.output += b[:room]
         return self.output_total <= self.limits.output_max_bytes
 
+    def _audit(self, doc: dict[str, Any]) -> None:
+        """One line of the integrity log from the harness: what the student's code tried (strings of bounded
+        length only: it comes from the student's process)."""
+        kind = str(doc.get("kind", "?"))[:40]
+        entry = self.audit.setdefault(kind, {"count": 0, "examples": []})
+        if len(self.audit) > 16:  # kinds are the harness's few: more is someone writing them
+            self.audit.pop(kind)
+            return
+        count = doc.get("count")
+        if isinstance(count, int) and not isinstance(count, bool):
+            entry["count"] = max(entry["count"], min(count, 10**9))
+            return
+        entry["count"] += 1
+        if len(entry["examples"]) < AUDIT_EXAMPLES_KEPT:
+            entry["examples"].append(f"{str(doc.get('what', '?'))[:60]} {json.dumps(doc.get('detail'))[:300]}")
+
     def _wait_message(self, deadline: float, doing: str) -> Outcome:
         """The next control message (status "message", the document in ``error``), or what stopped it."""
         while True:
@@ -417,11 +438,19 @@ class StudentProcess:
                     return Outcome("protocol", detail="your code wrote something unexpected to the grader's channel")
                 if not isinstance(doc, dict):
                     return Outcome("protocol", detail="your code wrote something unexpected to the grader's channel")
+                if doc.get("event") == "audit":  # the integrity log (harness.py): kept, never answered
+                    self._audit(doc)
+                    continue
                 return Outcome("message", error=doc)
             if len(self._buf) > MAX_LINE:
                 return Outcome("protocol", detail="your code wrote too much to the grader's channel")
             left = deadline - time.monotonic()
             if left <= 0:
+                if deadline >= self.total_deadline:  # the submission's budget ran out, not this call's
+                    return Outcome("timeout", detail=f"it was still {doing} when the time for the whole submission "
+                                                     f"ran out: {self.limits.total_seconds:g} s for every call "
+                                                     "together (each call may take "
+                                                     f"{self.limits.call_seconds:g} s, but all of them share this)")
                 return Outcome("timeout", detail=f"it was still {doing} when the time limit of "
                                                  f"{self.limits.call_seconds:g} s per call ran out")
             fds = [fd for fd in (self.ctrl_out, self.out_r, self.pidfd) if fd is not None and fd in self._fds]
@@ -509,7 +538,7 @@ class StudentProcess:
                 arrays = read_answer(answer, self.uid, self.limits)
             except ValueError as e:
                 return Outcome("error", error={"type": "AnswerError", "message": str(e), "frames": []},
-                               seconds=out.seconds)
+                               detail="its answer could not be read", seconds=out.seconds)
             finally:
                 try:
                     answer.unlink()
@@ -673,6 +702,7 @@ class RunResult:
     processes: int  # student processes started
     leftover_processes: int
     seconds: float
+    audit: dict[str, dict[str, Any]] = field(default_factory=dict)  # the integrity log (StudentProcess.audit)
 
 
 def run_calls(calls: list[Call], *, runtime: runtime_mod.Runtime, submission: Path, filename: str, limits: Limits,
@@ -688,6 +718,7 @@ def run_calls(calls: list[Call], *, runtime: runtime_mod.Runtime, submission: Pa
     output_total = processes = leftover = 0
     notes: dict[str, Any] = {}
     first_start: Outcome | None = None
+    audit: dict[str, dict[str, Any]] = {}
     broken = {} if broken is None else broken  # function -> why it is not called again
     pending = list(calls)
     restarts = 0
@@ -704,7 +735,8 @@ def run_calls(calls: list[Call], *, runtime: runtime_mod.Runtime, submission: Pa
         if time.monotonic() >= deadline:
             for c in pending:
                 outcomes[c.key] = Outcome("not_run", detail="not run: the time for the whole submission "
-                                                            f"({limits.total_seconds:g} s) ran out")
+                                                            f"({limits.total_seconds:g} s, every call together) "
+                                                            "ran out")
             break
         proc = StudentProcess(runtime, submission, filename, limits, hide, run_base, net_namespace)
         processes += 1
@@ -746,6 +778,10 @@ def run_calls(calls: list[Call], *, runtime: runtime_mod.Runtime, submission: Pa
                     break
         finally:
             proc.close()
+            for kind, entry in proc.audit.items():
+                into = audit.setdefault(kind, {"count": 0, "examples": []})
+                into["count"] += entry["count"]
+                into["examples"] += entry["examples"][: max(0, AUDIT_EXAMPLES_KEPT - len(into["examples"]))]
             output += proc.output[: max(0, limits.output_keep_bytes - len(output))]
             output_total += proc.output_total
             leftover += proc.leftover_processes
@@ -757,4 +793,4 @@ def run_calls(calls: list[Call], *, runtime: runtime_mod.Runtime, submission: Pa
                                                                 f"{restarts} times; the grader stopped trying")
                 break
     return RunResult(first_start or Outcome("not_run"), outcomes, output.decode("utf-8", "replace"), output_total,
-                     notes, processes, leftover, time.monotonic() - t0)
+                     notes, processes, leftover, time.monotonic() - t0, audit)

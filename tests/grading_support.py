@@ -40,8 +40,8 @@ MHA_ALL = {"multi_head_attention", "multi_head_attention (after publication)", "
 MHA_CAUSAL = {"multi_head_attention", "multi_head_attention (hidden)"}
 
 #: bug -> (the tests of course.toml it must fail, the test whose message must name it). Each shipped
-#: buggy student has its mistake in one function (or, for scale_by_d_model and mask_after_softmax,
-#: in how multi_head_attention puts correct functions together); multi_head_attention runs them all.
+#: buggy student has its mistake in one function (or, for scale_by_d_model, mask_after_softmax and the wiring
+#: mistakes, in how multi_head_attention puts correct functions together); multi_head_attention runs them all.
 BUG_FAILS: dict[str, tuple[set[str], str]] = {
     "scale_after_softmax": ({"scale"} | MHA_ALL, "scale"),
     "scale_by_d_model": (MHA_ALL, "multi_head_attention"),
@@ -59,6 +59,11 @@ BUG_FAILS: dict[str, tuple[set[str], str]] = {
     "average_heads_sliced_W_O": ({"concat"} | MHA_ALL, "concat"),
     "positional_encoding_missing": ({"add_positional_encoding"}, "add_positional_encoding"),
     "positional_encoding_twice": ({"add_positional_encoding"}, "add_positional_encoding"),
+    # wiring mistakes: every function is right, the layer that calls them is not
+    "same_w_for_q_and_k": (MHA_ALL, "multi_head_attention"),
+    "positional_encoding_queries_only": (MHA_ALL, "multi_head_attention"),
+    "mask_not_applied": (MHA_CAUSAL, "multi_head_attention"),
+    "output_projection_missing": (MHA_ALL, "multi_head_attention"),
 }
 
 #: hostile student -> the points it earns with its own code under course.toml (None: every test 0)
@@ -168,6 +173,7 @@ PRAIRIELEARN_SCHEMA = {
         "message": {"type": "string"},
         "output": {"type": "string"},
         "format_errors": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+        "extra_data": {"type": "object"},  # "any additional data" (PrairieLearn's docs): the staff's, not rendered
         "tests": {"type": "array", "items": {
             "type": "object",
             "required": ["name", "points", "max_points"],

@@ -40,7 +40,7 @@ def student(E, PE, W_Q, W_K, W_V, W_O, *, causal: bool, mistake: str | None = No
     else:
         x = E + PE
 
-    def project(W):
+    def project(W, x=x):
         W_all = W.reshape(h * d_k, d_model)
         y = x @ W_all if mistake == "projection_not_transposed" else x @ W_all.T
         if mistake == "heads_split_without_transpose":
@@ -48,6 +48,10 @@ def student(E, PE, W_Q, W_K, W_V, W_O, *, causal: bool, mistake: str | None = No
         return y.reshape(n, h, d_k).transpose(1, 0, 2)
 
     q, k, v = project(W_Q), project(W_K), project(W_V)
+    if mistake == "same_w_for_q_and_k":
+        k = project(W_Q)
+    elif mistake == "positional_encoding_queries_only":
+        k, v = project(W_K, E), project(W_V, E)
     scores = np.einsum("hid,hjd->hij", q, k)
     divisor = {"no_scale": 1.0, "scale_by_d_model": math.sqrt(d_model), "double_scale": float(d_k),
                "scale_after_softmax": 1.0}.get(mistake or "", math.sqrt(d_k))
@@ -57,7 +61,7 @@ def student(E, PE, W_Q, W_K, W_V, W_O, *, causal: bool, mistake: str | None = No
     if causal:
         future = np.triu(np.ones((n, n), dtype=bool), k=0 if mistake == "mask_includes_diagonal" else 1)
         fill = 0.0 if mistake == "finite_mask_fill" else -np.inf
-        logits = np.where(future, fill, scaled)
+        logits = scaled if mistake == "mask_not_applied" else np.where(future, fill, scaled)
         out["masked_scores"] = logits
     if mistake == "mask_after_softmax":
         weights = np.where(future, 0.0, _softmax(scaled))
@@ -79,7 +83,7 @@ def student(E, PE, W_Q, W_K, W_V, W_O, *, causal: bool, mistake: str | None = No
     else:
         concat = (context.reshape(n, h * d_k) if mistake == "concat_token_major"
                   else np.concatenate(list(context), axis=-1))
-        output = concat @ W_O.T
+        output = concat if mistake == "output_projection_missing" else concat @ W_O.T
     out.update(weights=weights, context=context, concat=concat, output=output)
     return out
 
@@ -143,6 +147,10 @@ def test_new_bugs_show_in_traces_with_their_formulas(client):
         "concat_token_major": ("concat", "reshape(context, [n, h·d_k]) (no transpose)"),
         "average_heads_sliced_W_O": ("output", "Mean(head₁, …, head_h)·W_O[:, :d_k]ᵀ"),
         "positional_encoding_twice": ("input", "x = E + PE + PE"),
+        "same_w_for_q_and_k": ("k", "Kᵢ = x·W_Qᵢᵀ (W_Q, not W_K)"),
+        "positional_encoding_queries_only": ("v", "Vᵢ = E·W_Vᵢᵀ (no PE)"),
+        "mask_not_applied": ("masked_scores", "QKᵀ/√d_k (not masked): the keys after the query are not excluded"),
+        "output_projection_missing": ("output", "Concat(head₁, …, head_h) (W_O not applied)"),
     }
     for name, (sid, formula) in formulas.items():
         doc = client.post("/trace", json=body | {"inject_bug": name}).get_json()
@@ -170,6 +178,11 @@ def test_a_mask_that_hides_the_diagonal_leaves_the_first_query_attending_to_noth
     ({"sentence": "a b", "inject_bug": "mask_after_softmax"}, "bug_needs_causal"),
     ({"sentence": "a b", "num_heads": 1, "inject_bug": "concat_token_major"}, "bug_changes_nothing"),
     ({"sentence": "a", "num_heads": 2, "inject_bug": "heads_split_without_transpose"}, "bug_changes_nothing"),
+    ({"sentence": "a b", "num_heads": 2, "num_kv_heads": 1, "inject_bug": "same_w_for_q_and_k"}, "bug_not_applicable"),
+    ({"sentence": "a b", "positional_encoding": "rope", "inject_bug": "positional_encoding_queries_only"},
+     "bug_not_applicable"),
+    ({"sentence": "a b", "inject_bug": "mask_not_applied"}, "bug_needs_causal"),
+    ({"sentence": "a", "causal": True, "inject_bug": "mask_not_applied"}, "bug_changes_nothing"),
 ])
 def test_a_new_bug_that_cannot_show_here_is_refused_with_the_reason(client, body, code):
     resp = client.post("/trace", json=body)

@@ -35,3 +35,35 @@ def test_a_course_file_grades_one_head_a_d_k_other_than_n_causal_and_not(path):
     for function in {t.function for t in course.tests}:
         tests = [t for t in course.tests if t.function == function]
         assert any(one_head & set(t.configurations) for t in tests), f"{path.name}: {function} never sees h = 1"
+
+
+@pytest.mark.parametrize("path", COURSES, ids=lambda p: p.name)
+def test_a_course_file_grades_the_softmax_where_exp_overflows(path):
+    """A configuration with large scores (weight_scale), graded by the softmax: the seeded scores stay below
+    about 6, where a softmax without the max subtraction still works; there, exp() overflows (above 709.78)
+    for every seed tried."""
+    import numpy as np
+
+    from grader.diagnosis import engine_trace
+
+    course = config.load(path)
+    softmax = [t for t in course.tests if t.function == "softmax" or t.stage == "weights"]
+    large = sorted({n for t in softmax for n in t.configurations if course.configurations[n].weight_scale > 1})
+    assert large, f"{path.name}: the softmax is never graded on large scores"
+    for name in large:
+        for seed in range(0, 4000, 97):
+            t = engine_trace(course.configurations[name], seed)
+            st = t.stages["masked_scores" if course.configurations[name].causal else "scaled_scores"]
+            shown = st.values if st.mask is None else np.where(st.mask, -np.inf, st.values)
+            assert shown.max() > 709.79, (name, seed, shown.max())
+
+
+def test_the_handout_states_the_budgets_the_dict_of_stages_and_what_hidden_tests_show():
+    handout = (GRADING / "ASSIGNMENT.md").read_text(encoding="utf-8")
+    limits = config.load(GRADING / "course.toml").limits
+    assert f"{limits.call_seconds:g} s for each call" in handout
+    assert f"{limits.total_seconds:g} s for every call of the whole submission together" in handout
+    assert f"{limits.memory_mb // 1024:g} GB of memory" in handout
+    assert "a dict of the stages it computed" in handout and '"output": out}' in handout
+    assert "**What hidden tests show:**" in handout and "not an exception's type, message, file, function or line" \
+        in handout

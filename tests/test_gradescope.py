@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import venv
 import zipfile
 from pathlib import Path
@@ -105,6 +106,7 @@ def test_each_buggy_student_loses_exactly_its_function(graded, bug):
     tests = by_name(doc)
     assert doc["score"] == sum(t["max_score"] for n, t in tests.items() if n not in fails)
     assert f"known mistake '{bug}'" in tests[named_in]["output"], tests[named_in]["output"]
+    assert bug in doc["extra_data"]["named"][named_in]  # named plainly: it explains every failing configuration
     # one bug, one function: every other function passes on the reference's own inputs
     for name, t in tests.items():
         if name not in fails:
@@ -216,6 +218,63 @@ def test_the_zip_runs_in_gradescope_layout(tmp_path):
     assert failed(doc) == BUG_FAILS["concat_token_major"][0]
     assert f"core {Path(site) / 'grader'}, course {root / 'source' / 'course.toml'}" in run.stdout
     assert subprocess.run(["bash", "-n", str(GRADESCOPE / "setup.sh")]).returncode == 0
+
+
+@pytest.mark.slow
+def test_the_zip_grades_from_an_empty_root_with_only_what_it_holds(tmp_path):
+    """What Gradescope does with the zip, and nothing more: unpacked into an empty root, setup.sh runs
+    there (its own fresh venv, installed from the zip's project and pinned requirements, the sandbox's
+    runtime, the self-test), then run_autograder grades a correct and a buggy student. Every process
+    starts with an empty environment: no PYTHONPATH, no virtualenv, no path into this repository, a
+    working directory outside it; so whatever the grader needs must be in the zip."""
+    zip_path = tmp_path / "autograder.zip"
+    run = subprocess.run([str(GRADESCOPE / "make-autograder-zip"), str(zip_path)], capture_output=True, text=True,
+                         env={**os.environ, "PYTHON": sys.executable}, timeout=60, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    with zipfile.ZipFile(zip_path) as z:
+        names = set(z.namelist())
+        assert "attention-trace/service/openapi.yaml" in names  # a file, not the repository's link
+        root = tmp_path / "autograder"
+        z.extractall(root / "source")
+        for info in z.infolist():
+            (root / "source" / info.filename).chmod(info.external_attr >> 16)
+    shutil.copy(root / "source" / "run_autograder", root / "run_autograder")
+    # The student runtime must be readable by the student's uid (tmp_path is not) and must not be the
+    # machine's shared one (/opt/attention-trace/student-python), which other runs use.
+    runtime_dir = Path(tempfile.mkdtemp(prefix="attention-zip-runtime-", dir="/tmp"))
+    runtime_dir.chmod(0o755)
+    path = ":".join(d for d in os.environ.get("PATH", "/usr/bin:/bin").split(":")
+                    if d and not Path(d).resolve().is_relative_to(ROOT) and "virtualenv" not in d) or "/usr/bin:/bin"
+    env = {"PATH": path, "HOME": str(tmp_path / "home"), "AUTOGRADER_ROOT": str(root),
+           "ATTENTION_GRADER_RUNTIME": str(runtime_dir / "student-python")}
+    # pip's own settings (an index or wheel directory of this machine, its certificates) are the machine's
+    env.update({k: v for k, v in os.environ.items() if k.startswith("PIP_")})
+    (tmp_path / "home").mkdir()
+    try:
+        setup = subprocess.run(["bash", str(root / "source" / "setup.sh")], env=env, cwd=root / "source",
+                               capture_output=True, text=True, timeout=900)
+        assert setup.returncode == 0, setup.stdout[-4000:] + setup.stderr[-4000:]
+        assert "sandbox: works" in setup.stdout and "selftest: OK" in setup.stdout, setup.stdout[-2000:]
+        py = root / "venv" / "bin" / "python"
+        where = subprocess.run([str(py), "-c", "import grader, engine, service, sys; print(grader.__file__); "
+                                "print(engine.__file__); print(service.find_openapi()); print(sys.path)"],
+                               env=env, cwd=root, capture_output=True, text=True, check=True).stdout
+        assert str(ROOT) not in where, where  # the grader, the engine and the contract all come from the zip
+        for student, fails in (("correct", set()), ("log_softmax", BUG_FAILS["log_softmax"][0])):
+            shutil.rmtree(root / "submission", ignore_errors=True)
+            student_dir(root, STUDENTS / f"{student}.py")
+            graded = subprocess.run([str(root / "run_autograder")], env=env, cwd=root, capture_output=True,
+                                    text=True, timeout=300)
+            assert graded.returncode == 0, graded.stdout[-4000:] + graded.stderr[-4000:]
+            doc = valid(json.loads((root / "results" / "results.json").read_text()))
+            assert failed(doc) == fails, doc["output"]
+            if fails:
+                assert "known mistake 'log_softmax'" in by_name(doc)["softmax"]["output"]
+            else:
+                assert doc["score"] == config.load(COURSE).max_score
+            assert f"core {root / 'venv'}" in graded.stdout and str(ROOT) not in graded.stdout
+    finally:
+        shutil.rmtree(runtime_dir, ignore_errors=True)
 
 
 def _free_port() -> int:

@@ -94,6 +94,7 @@ def test_each_buggy_student_loses_exactly_its_function(graded, bug):
     assert doc["score"] == pytest.approx(earned / sum(t["max_points"] for t in doc["tests"]))
     t = tests[named_in]
     assert f"known mistake '{bug}'" in t["message"] + "\n" + t["output"], t
+    assert bug in doc["extra_data"]["named"][named_in]  # named plainly: it explains every failing configuration
 
 
 @pytest.mark.parametrize("student", HOSTILE_STUDENTS)
@@ -119,6 +120,30 @@ def test_only_visible_tests_show_numbers(graded):
             assert "known mistake 'softmax_wrong_axis'" in text
     visible = by_name(doc)["softmax"]
     assert FLOAT.search(visible["output"]) and INDEX.search(visible["output"])
+
+
+def test_the_seeds_are_in_the_results_and_a_regrade_with_them_is_exact(tmp_path, student_runtime, monkeypatch):
+    """As in Gradescope's extra_data: every configuration's seed (hidden ones included: the key is not rendered),
+    so that ATTENTION_GRADER_SEEDS regrades with exactly the same inputs and messages."""
+    pl = load_adapter("prairielearn")
+    course = config.load(COURSE)
+    docs = []
+    for attempt in ("first", "regrade"):
+        root = tmp_path / attempt
+        (root / "student").mkdir(parents=True)
+        (root / "student" / "attention.py").write_bytes((STUDENTS / "double_scale.py").read_bytes())
+        code, doc = pl.grade_submission(root / "student", course, root / "results" / "results.json",
+                                        hide=(str(root),), log=lambda s: None)
+        assert code == 0
+        valid(doc, (root / "results" / "results.json").read_bytes())
+        docs.append(doc)
+        seeds = doc["extra_data"]["seeds"]
+        assert set(seeds) == set(course.configurations)
+        monkeypatch.setenv("ATTENTION_GRADER_SEEDS", ",".join(f"{k}={v}" for k, v in seeds.items()))
+    assert docs[0]["extra_data"]["seeds"] == docs[1]["extra_data"]["seeds"]
+    assert docs[0]["tests"] == docs[1]["tests"]
+    assert docs[0]["extra_data"]["seconds"] > 0 and "integrity" in docs[0]["extra_data"]
+    assert "seed" not in json.dumps([t for t in docs[0]["tests"] if "hidden" in t["name"]])
 
 
 def test_results_are_capped_at_1_mb(tmp_path, student_runtime):

@@ -16,6 +16,9 @@ Environment (all optional; run_autograder sets the first three):
                             the grader package's course.toml otherwise)
   ATTENTION_TRACE_URL       overrides the course file's [service] url ("local" or a URL)
   ATTENTION_GRADER_SEEDS    name=seed,... : regrade with the seeds a previous run logged
+  ATTENTION_GRADER_STUDENT  who submitted, for a course whose seeds are derived per student ([seeds] derive =
+                            "student"); default: the user ids in $AUTOGRADER_ROOT/submission_metadata.json
+  ATTENTION_GRADER_SECRET   that course's secret (or its [seeds] secret_file)
 
 Exit status 0 when results.json holds a grade. When the submission could not be graded through no
 fault of the student's (the service failed, the sandbox failed, the course file is wrong), NO
@@ -47,6 +50,19 @@ def paths() -> tuple[Path, Path, Path]:
     sub = Path(os.environ.get("AUTOGRADER_SUBMISSION") or root / "submission")
     results = Path(os.environ.get("AUTOGRADER_RESULTS") or root / "results" / "results.json")
     return root, sub, results
+
+
+def student_id(root: Path) -> str | None:
+    """Who submitted: ATTENTION_GRADER_STUDENT, else Gradescope's user ids (a group's, sorted and joined) from
+    submission_metadata.json; None when neither says."""
+    if os.environ.get("ATTENTION_GRADER_STUDENT"):
+        return os.environ["ATTENTION_GRADER_STUDENT"]
+    try:
+        meta = json.loads((root / "submission_metadata.json").read_text(encoding="utf-8"))
+        ids = sorted(str(u["id"]) for u in meta.get("users", []) if isinstance(u, dict) and u.get("id") is not None)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return "+".join(ids) or None
 
 
 def _cut(text: str) -> str:
@@ -114,7 +130,7 @@ def main() -> int:
     course_path = Path(os.environ.get("ATTENTION_GRADER_COURSE") or default)
     try:
         course = config.load(course_path)
-        return grade_submission(sub, course, results_path, hide=(str(root),))[0]
+        return grade_submission(sub, course, results_path, hide=(str(root),), student=student_id(root))[0]
     except config.ConfigError as e:
         print(f"grader: the course file is wrong: {e}")
         return 1

@@ -24,6 +24,15 @@ Environment (optional):
                            shipped with the grader
   ATTENTION_TRACE_URL      overrides the course file's [service] url
   ATTENTION_GRADER_SEEDS   name=seed,... : regrade with the seeds a previous run logged
+  ATTENTION_GRADER_STUDENT who submitted, for a course whose seeds are derived per student ([seeds] derive =
+                           "student"); default: the variant's seed in /grade/data/data.json (PrairieLearn keeps
+                           it for a regrade of that variant)
+  ATTENTION_GRADER_SECRET  that course's secret (or its [seeds] secret_file, e.g. in serverFilesCourse)
+
+Besides what pl-external-grader-results shows (message, output, tests), results.json holds ``extra_data`` for
+the staff, as Gradescope's does: every configuration's seed (``ATTENTION_GRADER_SEEDS`` regrades with them),
+the engine's version, the grading time, the sandbox's notes and the academic-integrity log. PrairieLearn keeps
+the whole file; no element renders that key, so a question template must not print it either.
 """
 
 from __future__ import annotations
@@ -58,6 +67,24 @@ def paths() -> tuple[Path, Path, Path]:
     return root / "student", root / "results" / "results.json", Path(course or HERE / "course.toml")
 
 
+def student_id(root: Path) -> str | None:
+    """Who submitted: ATTENTION_GRADER_STUDENT, else the variant's seed from /grade/data/data.json."""
+    if os.environ.get("ATTENTION_GRADER_STUDENT"):
+        return os.environ["ATTENTION_GRADER_STUDENT"]
+    try:
+        data = json.loads((root / "data" / "data.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    seed = data.get("variant_seed") if isinstance(data, dict) else None
+    return None if seed is None else f"variant-{seed}"
+
+
+def extra_data(result: core.GradeResult) -> dict[str, Any]:
+    """For the staff, as Gradescope's extra_data: seeds, engine version, timings, sandbox notes, integrity log."""
+    keep = ("seeds", "seeds_from", "student", "engine_version", "seconds", "integrity", "named", "sandbox")
+    return {"max_points": result.max_score, **{k: result.extra[k] for k in keep if k in result.extra}}
+
+
 def results_json(result: core.GradeResult) -> dict[str, Any]:
     if not result.gradable:
         return {"gradable": False, "message": NOT_GRADABLE, "format_errors": [NOT_GRADABLE]}
@@ -73,7 +100,7 @@ def results_json(result: core.GradeResult) -> dict[str, Any]:
     score = result.score / result.max_score if result.max_score else 0.0
     return {"gradable": True, "score": min(1.0, max(0.0, score)), "message": result.message,
             "output": f"Your code printed (during the visible tests):\n{result.printed}" if result.printed else "",
-            "tests": tests}
+            "tests": tests, "extra_data": extra_data(result)}
 
 
 def _size(doc: dict[str, Any]) -> int:
@@ -97,6 +124,8 @@ def fit(doc: dict[str, Any], limit: int = MAX_BYTES) -> dict[str, Any]:
         if _size(doc) <= limit:
             return doc
     short = {k: doc[k] for k in ("gradable", "score") if k in doc}
+    if "extra_data" in doc:  # the seeds first: a regrade needs them
+        short["extra_data"] = {k: doc["extra_data"][k] for k in ("seeds", "student") if k in doc["extra_data"]}
     short["message"] = doc.get("message", "")[:4096]
     short["tests"] = [{"name": t["name"][:200], "points": t["points"], "max_points": t["max_points"]}
                       for t in doc.get("tests", [])]
@@ -114,10 +143,11 @@ def write(path: Path, doc: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def grade_submission(student: Path, course: config.Course, results_path: Path, hide: tuple[str, ...] = (),
+def grade_submission(files: Path, course: config.Course, results_path: Path, hide: tuple[str, ...] = (),
                      log: Any = print, **kwargs: Any) -> tuple[int, dict[str, Any]]:
-    """Grade one submission and write results.json; (exit status, the document as written)."""
-    result = core.grade(student, course, hide=hide + (str(results_path.parent),), log=log, **kwargs)
+    """Grade the submission in ``files`` and write results.json; (exit status, the document as written).
+    ``kwargs`` go to ``core.grade`` (``student``: who submitted, ``seeds``: a regrade's)."""
+    result = core.grade(files, course, hide=hide + (str(results_path.parent),), log=log, **kwargs)
     doc = fit(results_json(result))
     write(results_path, doc)
     if result.gradable:
@@ -129,11 +159,11 @@ def grade_submission(student: Path, course: config.Course, results_path: Path, h
 
 
 def main() -> int:
-    student, results_path, course_path = paths()
+    files, results_path, course_path = paths()
     root = results_path.parent.parent
     try:
         course = config.load(course_path)
-        return grade_submission(student, course, results_path, hide=(str(root),))[0]
+        return grade_submission(files, course, results_path, hide=(str(root),), student=student_id(root))[0]
     except config.ConfigError as e:
         print(f"grader: the course file is wrong: {e}")
         write(results_path, results_json(core.GradeResult(gradable=False, internal_error=str(e))))

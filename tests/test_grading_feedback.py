@@ -1,0 +1,343 @@
+"""What a failed test tells the student, and what it may never tell them, each shown with the student file it
+is about (grader/students/unlisted/: realistic mistakes that are not known ones; grader/students/gaming/: tricks):
+
+* a known mistake is named only when it reproduces the numbers on every configuration where the function is
+  wrong (scale_by_sqrt_n matches two known mistakes on one token only, where √n = 1); a constant factor that
+  differs between configurations is named as an expression of the sizes (√d_k/√n);
+* a placeholder (every value 0) gets its own plain message, never a mistake's name (zeros_stub);
+* when every stage function passes and the layer fails, the layer's wiring is named (the engine's wiring
+  mistakes, recomputed from the layer's own inputs);
+* a hidden test repeats nothing the student's code chose: no exception type, message, file, function or line
+  (error_encodes_inputs, through both adapters);
+* no input hands over the answer of a later call: the layer runs in a process of its own, not in the one
+  where output() was given concat (caches_inputs);
+* a configuration with large scores fails a softmax without the max subtraction (unstable_softmax);
+* running out of the submission's total time says so (slow_calls); masked keys are -inf in the messages;
+* the course's needs: seeds derived from the student and a secret, the academic-integrity log (staff only),
+  the batch command's table and its timings.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import hashlib
+import hmac
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from grading_support import (COURSE, HOSTILE, STUDENTS, course_doc, course_with, fast_course, grade_many,
+                             load_adapter, student_dir, student_runtime)
+
+import engine
+from grader import config, core
+
+#: runs student code in the real grading sandbox (namespaces, seccomp, rlimits)
+pytestmark = pytest.mark.sandbox
+
+_ = student_runtime
+UNLISTED = STUDENTS / "unlisted"
+GAMING = STUDENTS / "gaming"
+#: the mistakes made only in how multi_head_attention calls correct functions
+LAYER_ONLY = ["scale_by_d_model", "mask_after_softmax", "same_w_for_q_and_k", "positional_encoding_queries_only",
+              "mask_not_applied", "output_projection_missing"]
+PLAIN = "Your numbers match the known mistake"
+
+
+def by_name(r: core.GradeResult) -> dict[str, core.TestResult]:
+    return {t.name: t for t in r.tests}
+
+
+def failed(r: core.GradeResult) -> set[str]:
+    return {t.name for t in r.tests if not t.passed}
+
+
+def student_texts(r: core.GradeResult) -> str:
+    """Everything the student may see before publication (PrairieLearn shows every test, redacted)."""
+    return "\n".join([r.message, r.printed, *r.format_errors] + [
+        t.message if t.visibility == "visible" else t.redacted for t in r.tests])
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory, student_runtime) -> dict[str, core.GradeResult]:
+    base = tmp_path_factory.mktemp("feedback")
+    course = config.load(COURSE)
+    paths = {p: STUDENTS / f"{p}.py" for p in ["unlisted/scale_by_sqrt_n", "unlisted/zeros_stub",
+                                                "unlisted/unstable_softmax", "softmax_wrong_axis",
+                                                "mask_includes_diagonal", "finite_mask_fill", *LAYER_ONLY]}
+    jobs = {name: (lambda name=name, path=path: core.grade(student_dir(base / name.replace("/", "-"), path), course))
+            for name, path in paths.items()}
+    return grade_many(jobs)
+
+
+# ------------------------------------------------------------------ a name only where it explains the numbers
+
+
+def test_a_mistake_is_named_only_where_it_explains_the_numbers(graded):
+    """Dividing by √n: on one token √n = 1, the numbers of no_scale and scale_after_softmax; nowhere else."""
+    r = graded["unlisted/scale_by_sqrt_n"]
+    assert failed(r) == {"scale", "multi_head_attention", "multi_head_attention (after publication)",
+                         "multi_head_attention (hidden)"}
+    scale = by_name(r)["scale"]
+    for text in (scale.message, scale.redacted):
+        assert PLAIN not in text and "They also match" not in text, text
+        assert ("Only on 'one-token' do your numbers match the known mistakes 'scale_after_softmax' and 'no_scale'; "
+                "on 'encoder-2-heads', 'decoder-4-heads', 'one-head', 'eight-heads-16-tokens', 'repeated-token', "
+                "where this function is wrong too, they do not, so neither is what your code does.") in text, text
+        assert ("your scaled_scores is the expected one times √d_k/√n" in text
+                and "as if you divided by √n where the reference divides by √d_k" in text), text
+    assert "1.1547 on 'encoder-2-heads'" in scale.message  # √(8/6): the factor of each configuration, visible only
+    assert not re.search(r"\d\.\d", scale.redacted), scale.redacted
+    assert r.extra.get("named", {}).get("scale") is None  # nothing named plainly
+
+
+def test_a_hidden_tests_hints_hold_no_number(tmp_path):
+    """Through a service, /check's hints come too; in a hidden test their numbers (a factor, an index) are
+    values of the hidden configurations, so they are left out there."""
+    from attention_trace.client import LocalClient
+    from grader.reference import ServiceSource
+
+    doc = copy.deepcopy(course_doc())
+    next(t for t in doc["test"] if t["name"] == "scale")["visibility"] = "hidden"
+    course = config.parse(doc, COURSE)
+    r = core.grade(student_dir(tmp_path, UNLISTED / "scale_by_sqrt_n.py"), course, source=ServiceSource(LocalClient()))
+    scale = by_name(r)["scale"]
+    hints = [line for line in scale.message.splitlines() if line.startswith("Hint")]
+    assert hints and scale.message == scale.redacted
+    for line in hints:
+        assert not re.search(r"\d", re.sub(r"'[^']*'", "", line)), line
+    assert len(hints) == 1  # one line for the configurations that had the same hint, numbers aside
+
+
+def test_a_placeholder_is_not_a_mistake(graded):
+    """Stubs that return zeros get a plain message, never a known mistake's name (mask_includes_diagonal gives
+    zeros on one token, where the only query sees no key)."""
+    r = graded["unlisted/zeros_stub"]
+    assert failed(r) == {"attend", "concat", "output", "multi_head_attention",
+                         "multi_head_attention (after publication)", "multi_head_attention (hidden)"}
+    for name, stage in (("attend", "context"), ("concat", "concat"), ("output", "output")):
+        t = by_name(r)[name]
+        assert f"{stage}: every value is 0, but the expected values differ: this looks like a placeholder" in t.message
+        assert "every value is the same number, but the expected values differ" in t.redacted
+        assert "the known mistake" not in t.message and "the known mistake" not in t.redacted
+    for t in r.tests:
+        assert "the known mistake" not in t.message, (t.name, t.message)
+    assert not r.extra.get("named")
+
+
+@pytest.mark.parametrize("bug", LAYER_ONLY)
+def test_a_layer_only_mistake_says_the_wiring_is_wrong_and_names_it(graded, bug):
+    r = graded[bug]
+    assert {t.name for t in r.tests if not t.passed and t.function != "multi_head_attention"} == set()
+    layer = by_name(r)["multi_head_attention"]
+    for text in (layer.message, layer.redacted):
+        assert "Every stage function passes, so the wiring in multi_head_attention is wrong" in text, text
+        assert f"{PLAIN} '{bug}'" in text, text
+        assert "compare your step" not in text  # not pointed at step 12's ·W_Oᵀ
+    assert bug in r.extra["named"]["multi_head_attention"]
+    hidden = by_name(r)["multi_head_attention (hidden)"]
+    assert hidden.passed or f"{PLAIN} '{bug}'" in hidden.message
+
+
+def test_a_function_mistake_is_not_called_wiring(graded):
+    r = graded["softmax_wrong_axis"]
+    layer = by_name(r)["multi_head_attention"]
+    assert "wiring" not in layer.message
+    assert "multi_head_attention runs your functions, so it also shows their mistakes: softmax fails its own test" \
+        in layer.message
+
+
+def test_masked_keys_are_minus_inf_in_the_messages(graded):
+    """A student writes -inf where a key is masked; the messages say -inf, not JSON's null."""
+    diag = by_name(graded["mask_includes_diagonal"])["mask"].message
+    fill = by_name(graded["finite_mask_fill"])["mask"].message
+    assert re.search(r"expected -?\d[\d.e-]*, got -inf \(masked\)", diag), diag
+    assert re.search(r"expected -inf \(a masked key\), got 0", fill), fill
+    assert "null" not in diag and "null" not in fill
+
+
+# ------------------------------------------------------------------ large scores
+
+
+def test_a_softmax_without_the_max_subtraction_fails_on_large_scores(graded):
+    r = graded["unlisted/unstable_softmax"]
+    assert failed(r) == {"softmax", "multi_head_attention"}
+    softmax = by_name(r)["softmax"]
+    assert "Failed on 1 of 7 configurations (softmax, graded as weights): 'large-scores'." in softmax.message
+    assert "weights: it holds nan" in softmax.message and "subtract each row's maximum before exp()" in softmax.message
+    assert "subtract each row's maximum before exp()" in softmax.redacted
+
+
+# ------------------------------------------------------------------ nothing the student chose, in hidden feedback
+
+
+def _codes(a: np.ndarray) -> list[str]:
+    """What error_encodes_inputs makes of an array's first values, and their plain reprs."""
+    out = []
+    for v in np.asarray(a, dtype=np.float64).ravel()[:3]:
+        out.append(("n" if v < 0 else "p") + f"{abs(float(v)):.10f}".replace(".", "_"))
+        out.append(repr(float(v)))
+    return out
+
+
+@pytest.mark.parametrize("platform", ["prairielearn", "gradescope"])
+def test_hidden_feedback_repeats_nothing_the_students_code_chose(tmp_path, student_runtime, platform):
+    """error_encodes_inputs raises, in multi_head_attention, an exception whose type name, message, file name,
+    function name and line number all encode the inputs. None of it reaches the student for a hidden
+    configuration (nor, before publication, for the after_published one)."""
+    adapter = load_adapter(platform)
+    root = tmp_path / platform
+    sub = student_dir(root, GAMING / "error_encodes_inputs.py")
+    results = root / "results" / "results.json"
+    code, _ = adapter.grade_submission(sub, config.load(COURSE), results, hide=(str(root),), log=lambda s: None)
+    assert code == 0
+    doc = json.loads(results.read_text(encoding="utf-8"))
+    seeds = doc["extra_data"]["seeds"]
+    if platform == "prairielearn":
+        shown = json.dumps({k: v for k, v in doc.items() if k != "extra_data"}, ensure_ascii=False)
+        before = shown
+    else:
+        shown = json.dumps([doc["output"]] + [t["output"] for t in doc["tests"]], ensure_ascii=False)
+        before = json.dumps([doc["output"]] + [t["output"] for t in doc["tests"] if t["visibility"] == "visible"],
+                            ensure_ascii=False)
+    course = config.load(COURSE)
+    visible_layer = next(t for t in doc["tests"] if t["name"] == "multi_head_attention")
+    assert "Leak_" in json.dumps(visible_layer)  # visible configurations: the student's own error, in full
+    for name in ("hidden-decoder", "hidden-encoder", "published-encoder"):
+        c = course.configurations[name]
+        t = engine.trace(engine.TraceConfig(d_model=c.d_model, num_heads=c.num_heads, causal=c.causal,
+                                            seed=seeds[name]), tokens=list(c.tokens))
+        secret = _codes(t.stages["input"].values) + _codes(t.parameters.W_Q)
+        seen = before if name == "published-encoder" else shown
+        leaked = [s for s in secret if s in seen]
+        assert not leaked, (name, leaked)
+    for test in doc["tests"]:
+        if test["name"] == "multi_head_attention (hidden)":
+            text = json.dumps(test)
+            assert "raised an exception in multi_head_attention" in text
+            assert not re.search(r"Leak_|file_|fn_|line \d", text), text
+
+
+# ------------------------------------------------------------------ no answer a later call can reuse
+
+
+def test_the_layer_runs_in_a_process_of_its_own():
+    """No process that is given a stage function's inputs is asked for the whole layer."""
+    course = config.load(COURSE)
+    from grader.reference import EngineSource
+    src = EngineSource()
+    refs = {n: src.reference(c, 1) for n, c in course.configurations.items()}
+    runs, _ = core.Grader(course, Path(".")).plan(refs)
+    assert [kind for kind, _ in runs] == ["visible", "visible-layer", "protected"]
+    for kind, calls in runs:
+        functions = {c.function for c in calls}
+        assert functions == {"multi_head_attention"} or "multi_head_attention" not in functions, (kind, functions)
+
+
+def test_an_answer_cached_from_an_earlier_call_earns_nothing(tmp_path):
+    """caches_inputs remembers concat·W_Oᵀ from output()'s inputs and answers the (broken) layer from it. With
+    output() and the layer in one process it earned the visible layer test; the layer now runs in its own."""
+    doc = copy.deepcopy(course_doc())
+    layer = next(t for t in doc["test"] if t["name"] == "multi_head_attention")
+    layer["configurations"] = "@visible"  # exactly output()'s configurations: each one could be remembered
+    course = config.parse(doc, COURSE)
+    r = core.grade(student_dir(tmp_path, GAMING / "caches_inputs.py"), course)
+    assert failed(r) == {"multi_head_attention", "multi_head_attention (after publication)",
+                         "multi_head_attention (hidden)"}, r.message
+    assert r.score == r.max_score - 4
+
+
+# ------------------------------------------------------------------ the time budget
+
+
+def test_running_out_of_the_total_time_says_so(tmp_path):
+    """slow_calls spends 1.5 s in each call: within the 4 s per call, but not within 5 s for them all."""
+    r = core.grade(student_dir(tmp_path, UNLISTED / "slow_calls.py"), course_with(call_seconds=4, total_seconds=5))
+    assert "when the time for the whole submission ran out: 5 s for every call together" in r.message, r.message
+    assert "s per call ran out" not in r.message
+    texts = "\n".join(t.message for t in r.tests)
+    assert "not run: the time for the whole submission (5 s, every call together) ran out" in texts
+
+
+# ------------------------------------------------------------------ seeds from the student and a secret
+
+
+def test_seeds_derived_from_the_student_reproduce_on_regrade(tmp_path, monkeypatch):
+    doc = copy.deepcopy(course_doc())
+    doc["seeds"] = {"derive": "student"}
+    course = config.parse(doc, COURSE)
+    secret = "a course secret of at least sixteen bytes"
+    monkeypatch.setenv("ATTENTION_GRADER_SECRET", secret)
+    jobs = {(who, i): (lambda who=who, i=i: core.grade(student_dir(tmp_path / f"{who}{i}", STUDENTS / "no_scale.py"),
+                                                       course, student=who))
+            for who, i in (("alice", 1), ("alice", 2), ("bob", 1))}
+    r = grade_many(jobs)
+    a1, a2, b = r[("alice", 1)], r[("alice", 2)], r[("bob", 1)]
+    assert a1.extra["seeds"] == a2.extra["seeds"] != b.extra["seeds"]
+    assert [(t.message, t.redacted) for t in a1.tests] == [(t.message, t.redacted) for t in a2.tests]
+    # HMAC-SHA256 over the student and the configuration, written here independently
+    for name, seed in a1.extra["seeds"].items():
+        msg = b"attention-trace-grader seed v1\0alice\0" + name.encode()
+        assert seed == int.from_bytes(hmac.new(secret.encode(), msg, hashlib.sha256).digest()[:4], "big")
+    monkeypatch.delenv("ATTENTION_GRADER_SECRET")
+    no_secret = core.grade(student_dir(tmp_path / "n", STUDENTS / "correct.py"), course, student="alice")
+    assert not no_secret.gradable and "has no secret" in no_secret.internal_error
+    monkeypatch.setenv("ATTENTION_GRADER_SECRET", secret)
+    nobody = core.grade(student_dir(tmp_path / "x", STUDENTS / "correct.py"), course)
+    assert not nobody.gradable and "no student id" in nobody.internal_error
+
+
+# ------------------------------------------------------------------ the integrity log
+
+
+def test_the_integrity_log_records_what_was_refused_for_the_staff_only(tmp_path, student_runtime):
+    course = fast_course()
+    jobs = {name: (lambda name=name, path=path: core.grade(student_dir(tmp_path / name, path), course))
+            for name, path in (("correct", STUDENTS / "correct.py"), ("url_client", HOSTILE / "url_client.py"),
+                               ("fork_bomb", HOSTILE / "fork_bomb.py"), ("replace_grader", HOSTILE / "replace_grader.py"))}
+    r = grade_many(jobs)
+    assert r["correct"].extra["integrity"] == {}, r["correct"].extra["integrity"]
+    url = r["url_client"].extra["integrity"]
+    assert url["network"]["count"] >= 2 and any("127.0.0.1" in e for e in url["network"]["examples"]), url
+    assert url["files"]["count"] >= 1  # it searched the file system for the grader's code
+    assert r["fork_bomb"].extra["integrity"]["processes"]["count"] >= 1
+    assert r["fork_bomb"].extra["integrity"]["limits"]["count"] >= 1  # the import ran out of time
+    assert r["replace_grader"].extra["integrity"], r["replace_grader"].extra
+    for res in r.values():
+        assert "integrity" not in student_texts(res).lower()
+        assert any(line.startswith("grader: integrity log: ") for line in res.log)
+
+
+# ------------------------------------------------------------------ the batch command
+
+
+def test_the_batch_command_grades_a_directory_into_one_table(tmp_path):
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    (folder / "ada.py").write_bytes((STUDENTS / "correct.py").read_bytes())
+    (folder / "bert.py").write_bytes((STUDENTS / "log_softmax.py").read_bytes())
+    (folder / "cleo").mkdir()
+    (folder / "cleo" / "attention.py").write_bytes((UNLISTED / "zeros_stub.py").read_bytes())
+    out_csv, out_json = tmp_path / "results.csv", tmp_path / "results.json"
+    run = subprocess.run([sys.executable, "-m", "grader", "batch", str(COURSE), str(folder), "--out", str(out_csv),
+                          "--jobs", "2"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    with out_csv.open(encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["student"] for r in rows] == ["ada", "bert", "cleo"]
+    max_score = config.load(COURSE).max_score
+    assert float(rows[0]["score"]) == max_score and float(rows[1]["score"]) == max_score - 5  # softmax and the layer
+    assert rows[1]["softmax"] == "0" and "softmax: log_softmax" in rows[1]["named_mistakes"]
+    assert all(float(r["seconds"]) > 0 for r in rows) and all(json.loads(r["seeds"]) for r in rows)
+    assert "300 submissions take" in run.stderr
+    run = subprocess.run([sys.executable, "-m", "grader", "batch", str(COURSE), str(folder), "--out", str(out_json),
+                          "--jobs", "1"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(out_json.read_text(encoding="utf-8"))
+    assert doc["summary"]["submissions"] == 3 and doc["summary"]["minutes_for_300"] > 0
+    assert doc["submissions"][2]["tests"]["attend"] == 0
