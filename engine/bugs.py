@@ -384,6 +384,11 @@ def _concat_as_output(concat: np.ndarray, W_O: np.ndarray) -> np.ndarray:
     return concat.copy()  # [n, h·d_k] = [n, d_model]: W_O never applied (the shapes agree, so it runs)
 
 
+def _single_layer(here: Here) -> Refusal | None:
+    return _cannot("in a Transformer block each layer's keys and values read the residual stream, not the "
+                   "embeddings; show it in one attention layer (no block field)" if here.config.has_block else None)
+
+
 def _grouped(here: Here) -> Refusal | None:
     return _cannot("with shared K/V heads W_Q and W_K have different shapes, so using one for the other fails "
                    "with a shape error; show it with num_kv_heads equal to num_heads" if here.config.grouped else None)
@@ -399,7 +404,7 @@ for _bug in (
         "embeddings E alone, so the keys and values carry no position", "k",
         (Step("k", A.project, ("token_embedding", "W_K"), "Kᵢ = E·W_Kᵢᵀ (no PE)"),
          Step("v", A.project, ("token_embedding", "W_V"), "Vᵢ = E·W_Vᵢᵀ (no PE)")),
-        first(_added_encoding, _no_encoding)),
+        first(_added_encoding, _single_layer, _no_encoding)),
     Bug("mask_not_applied",
         "the causal mask was never applied (the causal flag was ignored), so every query also attends to the "
         "keys after it", "masked_scores",

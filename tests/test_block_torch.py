@@ -37,7 +37,7 @@ def th():
     global torch
     try:
         import torch
-        import transformers  # noqa: F401
+        import transformers  # noqa: F401 (only whether it is installed)
     except ImportError:
         pytest.fail("tests/test_block_torch.py needs torch==2.13.0 (CPU build) and transformers==5.24.0 from "
                     "requirements-dev.txt: `make install-test`", pytrace=False)
