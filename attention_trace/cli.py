@@ -79,7 +79,7 @@ def _cell_rows(labels: list[str], cells: list[list[str]], keys: list[str], prefi
 
 def render_walkthrough(t: Trace, query: int, heads: Sequence[int], *, decimals: int = 3,
                        layout: str = "auto", style: Style | None = None, sentence: str | None = None) -> str:
-    """The seed article's table for one query token, for each of the given heads."""
+    """The classic walkthrough's table for one query token, for each of the given heads."""
     style = style or Style(False)
     cfg = t.config
     texts = t.texts
@@ -283,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default 0); with --json, the /explain answer")
     _display_options(t)
     t.add_argument("--layout", choices=("auto", "rows", "table"), default="auto",
-                   help=f"'rows': the seed article's 'key → value' rows; 'table': one key per line "
+                   help=f"'rows': the classic walkthrough's 'key → value' rows; 'table': one key per line "
                         f"(default auto: rows up to {ROW_LAYOUT_MAX_KEYS} tokens)")
     connection_options(t)
     t.set_defaults(run=run_trace, flags=FIELD_FLAGS)

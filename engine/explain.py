@@ -1,4 +1,4 @@
-"""One cell of a trace, number by number: the seed article's worked example for head h, query i, key j.
+"""One cell of a trace, number by number: the classic 'the cat sat' worked example, for head h, query i, key j.
 
 The seed walks "cat" in "the cat sat" through q·k, ÷√d_k, exp and ÷Σ. For one
 head h, query i and key j of a finished :class:`~engine.tracing.Trace`,

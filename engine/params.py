@@ -38,7 +38,7 @@ Algorithm (``ENGINE_VERSION`` 1.x)
      about 1 per component.
    * ``W_Q``, ``W_K``, ``W_V``: ``var = 1/d_model``, so each component of
      ``q = x·W_Qᵢᵀ`` (a sum of ``d_model`` terms) has variance about 1, and the
-     raw ``q·k`` has variance about ``d_k``: the seeds' reason for ``/√d_k``.
+     raw ``q·k`` has variance about ``d_k``: the classic reason for ``/√d_k``.
    * ``W_O``: ``var = 1/(num_heads·d_k) = 1/d_model``.
 5. Values fill arrays in row-major (C) order: ``W_Qᵢ`` (and ``W_Kⱼ``, ``W_Vⱼ``) is ``[d_k, d_model]``,
    ``W_O`` is ``[d_model, num_heads·d_k]``, an embedding is ``[d_model]``.

@@ -219,7 +219,7 @@ def dumps(doc: Any) -> bytes:
     then joined: the same bytes (tests/test_serialize.py), ~0-15 % more CPU, but orjson holds the
     interpreter lock only for a piece at a time. In one call it held it for the whole 40 MB answer
     (60-90 ms, 170 ms on a loaded machine), and the worker's event loop and its /health lane waited that
-    long (issue #23: /health p99 414 ms under large traces)."""
+    long (measured: /health p99 414 ms under large traces)."""
     if _numbers(doc) <= 4 * _PIECE:
         return orjson.dumps(doc, option=_OPTS)
     out: list[bytes] = []

@@ -671,7 +671,7 @@ def test_service_errors_appear_inline(driver, server, console):
     assert walkthrough_row(driver, "scores") == [fixed(v, 4) for v in trace(server).json()["stages"]["scores"]["values"][0][1]]
 
 
-# ---------------------------------------------------------------- the attention variants (issue #15)
+# ---------------------------------------------------------------- the attention variants
 
 
 def choose(driver, element_id: str, value: str) -> None:
@@ -1080,7 +1080,7 @@ def test_variants_fit_a_phone(driver, server, console, fragment):
         driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
 
 
-# ---------------------------------------------------------------- issue #16: names, the card, latency, heads
+# ---------------------------------------------------------------- names, the card, latency, heads
 
 
 def clear_downloads(browser_dirs) -> Path:
