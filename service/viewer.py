@@ -11,7 +11,7 @@ framing); the API keeps its stricter policy (``API_CSP`` in
 ``service/__init__.py``, set only where a route set none).
 
 ``POST /trace/html`` answers a /trace request with the viewer's page for that
-trace as one offline file (service/standalone.py), as a download.
+trace as one offline file (service/offline_page.py), as a download.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def trace_html() -> Response:
     from .api import parse_body, read_json_body, settings
     from .models import TraceRequest
     from .problems import ProblemError
-    from .standalone import comparison_request, export_filename, render_html_bytes
+    from .offline_page import comparison_request, export_filename, render_html_bytes
 
     raw = read_json_body()
     req = parse_body(TraceRequest, raw)
