@@ -4,22 +4,19 @@ command-line client runs it in-process."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 import platform
 from importlib import metadata
 from typing import Any
 
-import numpy as np
 import orjson
 from pydantic import ValidationError
 
 import engine
-from engine import BUGS, STAGE_INFO
-from engine.layer import ALL_STAGE_IDS, TOKEN_STAGE_IDS, Step, swapped
+from engine import BUGS, checking
+from engine.layer import ALL_STAGE_IDS, TOKEN_STAGE_IDS
 from engine.params import explicit_parameters
 
-from . import budget, compare, hints, npz, serialize
+from . import budget, npz, serialize
 from .models import BatchRequest, CheckRequest, TraceRequest, TraceSpec
 from .problems import ProblemError, engine_problem, problem_document, validation_problem
 from .settings import Settings
@@ -70,234 +67,18 @@ def render_trace_npz(req: TraceRequest) -> bytes:
 # ------------------------------------------------------------------ /check
 
 
-def _fmt(x: float) -> str:
-    return f"{x:.6g}"
-
-
-class Submission:
-    """A validated submission, each numeric stage read into arrays at most once, and only
-    when its shape is one some trace has (so the arrays are bounded by the trace's size)."""
-
-    def __init__(self, req: CheckRequest) -> None:
-        self.raw = req.submission
-        self.shapes = req.shapes
-        self._read: dict[str, compare.Received] = dict(req.arrays)  # an npz body's stages are arrays already
-
-    def received(self, sid: str) -> compare.Received:
-        if sid not in self._read:
-            self._read[sid] = compare.read(self.raw[sid], self.shapes[sid])
-        return self._read[sid]
-
-
-def _masked_note(count: int) -> str:
-    return (f"; {count} masked entr{'y' if count == 1 else 'ies'} sent as -inf or a value ≤ -1e9 "
-            f"{'was' if count == 1 else 'were'} treated as masked")
-
-
-def _non_finite_text(c: compare.Comparison) -> str:
-    shown = ", ".join(f"{name} at {idx}" for idx, name in c.non_finite_at)
-    more = f" and {c.non_finite - len(c.non_finite_at)} more" if c.non_finite > len(c.non_finite_at) else ""
-    return (f"{c.non_finite} of {c.n_values} values are not finite numbers ({shown}{more}), "
-            "so this stage fails")
-
-
-def compare_stages(order: list[str], t: engine.Trace, sub: Submission, tol: compare.Tolerance) -> dict[str, Any]:
-    """Each submitted stage against the reference (the answer's per-stage entries, in ``order``). The
-    numeric stages of the right shape are compared value by value, the small ones all at once
-    (compare.compare_many), so a large one is never copied to be joined."""
-    results: dict[str, Any] = {}
-    numeric: list[str] = []
-    for sid in order:
-        results[sid] = _unmatched_shape(sid, t.stages[sid], sub)  # None: compared below, in this place
-        if results[sid] is None:
-            numeric.append(sid)
-    items = [(np.asarray(t.stages[sid].values, dtype=np.float64), t.stages[sid].mask, sub.received(sid))
-             for sid in numeric]
-    for batch in compare.batches([e.size for e, _, _ in items]):  # the small stages at once, large ones alone
-        for k, c in zip(batch, compare.compare_many([items[k] for k in batch], tol), strict=True):
-            results[numeric[k]] = _stage_result(numeric[k], t.stages[numeric[k]], sub, c)
-    return results
-
-
-#: most characters of a token an answer repeats (a submitted token may be as long as the request)
-TOKEN_SHOWN_CHARS = 64
-
-
-def _token_cut(text: str) -> str:
-    return text if len(text) <= TOKEN_SHOWN_CHARS else text[:TOKEN_SHOWN_CHARS] + "…"
-
-
-def _token_shown(text: str) -> str:
-    return repr(_token_cut(text))
-
-
-def _unmatched_shape(sid: str, expected: engine.Stage, sub: Submission) -> dict[str, Any] | None:
-    """The entry of the token stage, or of a stage whose shape is wrong; None for one to compare by value."""
-    exp_shape = list(expected.shape)
-    info = STAGE_INFO[sid]
-    base = {"step": info.step, "expected_shape": exp_shape}
-    none = {"rel_error": None, "abs_tolerance": None, "non_finite": None, "treated_as_masked": 0}
-    if sid in TOKEN_STAGE_IDS:
-        what = "tokens" if sid == "tokens" else "context tokens"
-        received = sub.raw[sid]
-        want = list(expected.values)
-        shape_ok = len(received) == len(want)
-        bad = [i for i, (w, r) in enumerate(zip(want, received)) if w != r]
-        first = bad[0] if bad else None
-        mism = len(bad) + abs(len(received) - len(want))
-        # Summarised, never echoed: the answer stays small whatever the submission holds.
-        parts = []
-        if bad:
-            parts.append(f"{len(bad)} of {min(len(want), len(received))} differ, the first at index {first}: "
-                         f"expected {_token_shown(want[first])}, got {_token_shown(received[first])}")
-        if not shape_ok:
-            parts.append(f"expected {len(want)} {what}, got {len(received)}")
-        return {**base, "passed": shape_ok and not bad, "shape_ok": shape_ok, "received_shape": [len(received)],
-                "n_values": len(want), "mismatches": mism, "max_abs_error": None, "max_rel_error": None, **none,
-                "first_mismatch": None if first is None else {"index": [first], "expected": _token_cut(want[first]),
-                                                              "received": _token_cut(received[first])},
-                "message": f"the {what} match" if shape_ok and not bad else f"the {what} differ: " + "; ".join(parts)}
-
-    got_shape = sub.shapes[sid]
-    if got_shape is None or list(got_shape) != exp_shape:
-        return {**base, "passed": False, "shape_ok": False,
-                "received_shape": None if got_shape is None else list(got_shape),
-                "n_values": int(np.prod(exp_shape)), "mismatches": int(np.prod(exp_shape)),
-                "max_abs_error": None, "max_rel_error": None, **none, "first_mismatch": None,
-                "message": f"the shape is wrong: expected {exp_shape} ({', '.join(info.axes)}), "
-                           f"got {'a ragged array' if got_shape is None else list(got_shape)}"}
-    return None
-
-
-def _stage_result(sid: str, expected: engine.Stage, sub: Submission, c: compare.Comparison) -> dict[str, Any]:
-    """The answer's entry for a stage compared by value."""
-    info = STAGE_INFO[sid]
-    base = {"step": info.step, "expected_shape": list(expected.shape)}
-    got_shape = sub.shapes[sid]
-    first = None
-    if c.first is not None:
-        first = {"index": c.first, "expected": c.first_expected, "received": c.first_received}
-    if not c.mismatches:
-        message = f"all {c.n_values} values match (largest error {_fmt(c.max_abs_error or 0.0)})"
-    else:
-        parts = []
-        if c.non_finite:
-            parts.append(_non_finite_text(c))
-        others = c.mismatches - c.non_finite
-        if others or not c.non_finite:
-            e_txt = "null (masked)" if c.first_expected is None else _fmt(c.first_expected)
-            r = c.first_received
-            r_txt = "null" if r is None else r if isinstance(r, str) else _fmt(r)
-            parts.append(f"{c.mismatches} of {c.n_values} values are off{' in all' if c.non_finite else ''}; "
-                         f"the first is at {c.first} ({', '.join(info.axes)}): expected {e_txt}, got {r_txt}")
-        message = "; ".join(parts)
-    if c.treated_as_masked:
-        message += _masked_note(c.treated_as_masked)
-    return {**base, "passed": c.passed, "shape_ok": True, "received_shape": list(got_shape),
-            "n_values": c.n_values, "mismatches": c.mismatches, "max_abs_error": c.max_abs_error,
-            "max_rel_error": c.max_rel_error, "rel_error": c.rel_error, "abs_tolerance": c.abs_tolerance,
-            "non_finite": None if not c.non_finite else {
-                "count": c.non_finite, "first": [{"index": idx, "value": name} for idx, name in c.non_finite_at]},
-            "treated_as_masked": c.treated_as_masked, "first_mismatch": first, "message": message}
-
-
-def _matches(values: Mapping[str, Any], sub: Submission, order: list[str], tol: compare.Tolerance) -> bool:
-    """Whether every submitted stage matches a recomputed trace's ``values`` (engine.recompute_values)
-    within the tolerance (``order``'s first stage first: give the first wrong one there, since a bug
-    that explains it is rare)."""
-    for sid in order:
-        got = values.get(sid)
-        if got is None:
-            return False
-        if sid in TOKEN_STAGE_IDS:
-            if list(got) != sub.raw[sid]:
-                return False
-            continue
-        shape = sub.shapes[sid]
-        if shape is None or tuple(shape) != got.shape:
-            return False
-        mask = values["excluded"] if sid == "masked_scores" else None
-        if not compare.passes(got, mask, sub.received(sid), tol):
-            return False
-    return True
-
-
-def _affected(steps: tuple[Step, ...], made_by: dict[str, int], bug: engine.Bug,
-              order: list[str]) -> list[str]:
-    """The submitted stages a bug's recomputation can change: those computed at or after its first
-    replaced step, in walkthrough order. Every earlier stage holds the reference's very arrays
-    (engine.recompute_values reuses them), and tokens or an explicit input are no step's output.
-    ``made_by``: the index of the step that writes each value."""
-    start = swapped(steps, bug.replaces)[1]
-    return [sid for sid in order if made_by.get(sid, -1) >= start]
-
-
-def _hint_received(sid: str, t: engine.Trace, sub: Submission) -> compare.Received:
-    """The first wrong stage's arrays for the hints: read only when they hold as many values as the stage."""
-    shape = sub.shapes.get(sid)
-    if shape is None or math.prod(shape) != math.prod(t.stages[sid].shape):
-        return compare.Received(None)
-    return sub.received(sid)
-
-
 def check_document(req: CheckRequest) -> dict[str, Any]:
-    """Compare a submission with the reference; diagnose the first wrong stage."""
+    """The /check answer: the reference traced, the submission checked by the engine (engine.checking),
+    in the answer's envelope."""
     t = run_trace(req)
     tol = req.tolerance
-    sub = Submission(req)
-    order = [sid for sid in ALL_STAGE_IDS if sid in req.submission]  # the models checked that t has them all
-    results = compare_stages(order, t, sub, tol)
-    first_wrong = next((sid for sid in order if not results[sid]["passed"]), None)
-
-    matches: list[str] = []
-    hint_list: list[dict[str, str]] = []
-    made_by = {out: i for i, step in enumerate(t.steps) for out in step.writes}
-    if first_wrong in made_by:  # tokens, or an explicit input, no bug computes: none can explain them
-        for bug in engine.applicable_bugs(t.config, t.n_tokens, explicit_input=t.input_source == "explicit",
-                                          n_context=t.n_context):
-            affected = _affected(t.steps, made_by, bug, order)
-            if first_wrong not in affected:
-                continue  # it changes nothing up to the first wrong stage, which it therefore cannot reproduce
-            # The stages before the bug's step are the reference's (they passed: they come before the
-            # first wrong one), so only the affected ones are compared, earliest first: they are the
-            # cheapest to recompute (engine.recompute_values computes as they are read), and a bug that
-            # changes a stage the reference got right usually fails right there.
-            if _matches(engine.recompute_values(t, bug), sub, affected, tol):
-                matches.append(bug.name)
-    if first_wrong is not None:
-        if not matches and first_wrong not in TOKEN_STAGE_IDS:  # what the student's numbers show (service/hints.py)
-            st = t.stages[first_wrong]
-            hint_list = hints.hints(first_wrong, np.asarray(st.values, dtype=np.float64), st.mask,
-                                    _hint_received(first_wrong, t, sub), t.config, tol, cross=t.cross)
-    bug = matches[0] if matches else None
-
-    if first_wrong is None:
-        diag_msg = "No bug: every submitted stage matches the reference."
-        message = f"All {len(order)} submitted stage(s) match the reference within tolerance."
-    else:
-        info = STAGE_INFO[first_wrong]
-        where = f"Stage '{first_wrong}' (step {info.step}, {t.stages[first_wrong].formula}) is the first that differs"
-        if bug:
-            diag_msg = f"Your numbers match the known bug '{bug}': {BUGS[bug].summary}."
-        else:
-            diag_msg = ("Your numbers do not match any known bug; compare your step "
-                        f"{info.step} with {t.stages[first_wrong].formula}.")
-        message = f"{where}: {results[first_wrong]['message']}. {diag_msg}"
-        if hint_list:
-            message += " Hints: " + hints.summary(hint_list)
-
     return {
         "schema_version": serialize.SCHEMA_VERSION,
         "engine_version": t.engine_version,
         "parameters_digest": t.parameters_digest,
         "config": serialize.config_document(t),
         "tolerance": tol.document(),
-        "passed": first_wrong is None,
-        "first_wrong_stage": first_wrong,
-        "stages": results,
-        "diagnosis": {"bug": bug, "summary": BUGS[bug].summary if bug else None, "matches": matches,
-                      "message": diag_msg, "hints": hint_list},
-        "message": message,
+        **checking.check(t, checking.Submission(req.submission, req.shapes, req.arrays), tol),
     }
 
 

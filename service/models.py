@@ -52,8 +52,8 @@ from engine.layer import (
     trace_value_count,
 )
 
-from . import compare
-from .hints import HINT_CODES
+from engine.checking import compare
+from engine.checking.hints import HINT_CODES
 from .problems import problem_entry
 from .settings import Settings
 
