@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from service.offline_page import comparison_request, csp_for, export_filename, render_html, viewer_scripts
-from service.viewer import STATIC_DIR
+from service.routes.viewer import STATIC_DIR
 from test_viewer_browser import (  # the viewer's own helpers: the page's rounding and its maps
     MINUS, WAIT, WebDriverWait, as_cells, chromium, clear_downloads, explain_rows, fixed, heatmap_labels,
     heatmap_values, js_small, pct, wait_download, walkthrough_row, wait_until,

@@ -18,7 +18,7 @@ import yaml
 
 from service import API_CSP
 from service.offline_page import viewer_scripts
-from service.viewer import STATIC_DIR, VIEWER_CSP, VIEWER_FILES
+from service.routes.viewer import STATIC_DIR, VIEWER_CSP, VIEWER_FILES
 
 ROOT = Path(__file__).resolve().parent.parent
 STATIC_FILES = sorted(p.name for p in STATIC_DIR.iterdir())
@@ -232,7 +232,7 @@ def test_blueprint_serves_static_files_without_the_apps_static_route():
     # The blueprint alone serves /static/ (create_app builds Flask with static_folder=None).
     from flask import Flask
 
-    from service.viewer import bp
+    from service.routes.viewer import bp
 
     app = Flask("bare", static_folder=None)
     app.register_blueprint(bp)
