@@ -88,9 +88,9 @@ def in_process(repeats: int) -> dict[str, float]:
     s = Settings()
     L = by_name()["L"]
     req = service_path.validate(L.body_bytes, s)
-    from service import core
+    from service.routes.trace import trace_document
 
-    doc = core.trace_document(req)
+    doc = trace_document(req)
     encode = _cpu_timer(lambda: serialize.dumps(doc), repeats)
     render = _cpu_timer(lambda: service_path.render(L.body_bytes, s), repeats)
     render_npz = _cpu_timer(lambda: service_path.render_npz(L.body_bytes, s), repeats)

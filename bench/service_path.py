@@ -1,7 +1,7 @@
 """The service's request path, for in-process timings.
 
 ``render(raw, settings)`` is what POST /trace does for a body, without HTTP:
-validate with ``TraceRequest`` then ``service.core.render_trace``. ``WsgiCaller`` goes through
+validate with ``TraceRequest`` then ``service.routes.trace.render_trace``. ``WsgiCaller`` goes through
 the whole Flask app in process (routing, hooks, CORS, error handling), which
 is the server's work minus gunicorn and the socket.
 """
@@ -12,12 +12,12 @@ import io
 from collections.abc import Callable
 from typing import Any
 
-from service import core
-from service.models import TraceRequest
+from service.routes import trace as trace_route
+from service.routes.trace import TraceRequest
 from service.settings import Settings
 
 
-render_trace: Callable[[TraceRequest], bytes] = core.render_trace
+render_trace: Callable[[TraceRequest], bytes] = trace_route.render_trace
 
 
 def validate(raw: bytes, settings: Settings) -> TraceRequest:
@@ -30,7 +30,7 @@ def render(raw: bytes, settings: Settings) -> bytes:
 
 def render_npz(raw: bytes, settings: Settings) -> bytes:
     """What POST /trace does for ``Accept: application/x-npz`` (service/npz.py), without HTTP."""
-    return core.render_trace_npz(validate(raw, settings))
+    return trace_route.render_trace_npz(validate(raw, settings))
 
 
 class WsgiCaller:

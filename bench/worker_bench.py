@@ -124,7 +124,8 @@ def _med(values: list[float]) -> float | None:
 def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_rounds: int,
         results: dict[str, Any]) -> list[Table]:
     """Section 6: the side-by-side worker table and the whole-stack ratios, from one run."""
-    from service import core, serialize
+    from service import serialize
+    from service.routes.trace import trace_document
     from service.settings import Settings
 
     from . import service_path
@@ -189,7 +190,7 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
                 load[key].append(gen.run(srv, path, body, conns, duration_s, f"workers-{key}"))
 
         # ---- one connection at a time on the project's server, with the encoding timed in between
-        doc = core.trace_document(service_path.validate(L.body_bytes, settings))
+        doc = trace_document(service_path.validate(L.body_bytes, settings))
         encode_wall: list[float] = []
         encode_cpu: list[float] = []
 

@@ -8,6 +8,7 @@ No web framework, validation library or HTTP here. Where things live:
 * ``bugs``: the known mistakes, each a swapped step;
 * ``checks``: every rule a request must meet, defined once;
 * ``tracing``: ``trace`` runs the steps and keeps every stage; ``recompute`` and ``diagnose`` swap in a bug;
+* ``checking``: a student's numbers against a trace (comparison, diagnosis, hints), for /check and the grader;
 * ``decoding``: ``decode`` re-runs a causal trace token by token with a KV cache;
 * ``params``, ``tokenize``: seeded weights and embeddings, the tokenizer;
 * ``export``: the viewers' input formats; ``recipe``: prints a configuration's steps (``python -m engine.recipe``).

@@ -13,14 +13,15 @@
    a fresh process of their own, so nothing a stage function was given can
    answer them (``Grader.plan``);
 3. each answer is checked against the reference (with the course's metric and
-   tolerance: /check's rule): pass/fail per stage, and the known mistake that
-   reproduces it (``engine.diagnose``); through a service, /check's hints too;
+   tolerance, by ``engine.checking``, the code /check runs): pass/fail per stage,
+   the known mistake that reproduces it (``engine.diagnose``), or else the hints;
 4. a test earns its points when its function is right on every configuration
    it lists. A known mistake is named only when it explains every configuration
    where the function is wrong (``diagnosis.py``); a layer whose functions all
    pass is diagnosed as wired wrong. Hidden tests' messages say pass/fail, the
-   named mistake and the service's hints, never a value, an index, an input, or
-   any text the student's code chose (an exception's type, message, file, line).
+   named mistake and the hints without their numbers, never a value, an index,
+   an input, or any text the student's code chose (an exception's type, message,
+   file, line).
 
 When the reference cannot be had (the service is down, answers an error, or
 the sandbox itself fails), the result is *not gradable*: no score at all, and
@@ -50,7 +51,7 @@ from . import runtime as runtime_mod
 from .assignment import AXES, CALL_ORDER, FUNCTIONS, LAYER, STAGES_OF_CONFIG, Reference, call_arguments, \
     reference_from_engine, stages_of_answer
 from .config import Configuration, Course, Test
-from .reference import AnswerRefused, CheckOutcome, EngineSource, ServiceSource, SourceError, Tolerance, source_for
+from .reference import AnswerRefused, CheckOutcome, EngineSource, ServiceSource, SourceError, source_for, tolerance_of
 from .sandbox import Call, Outcome, RunResult, SandboxError, run_base_for, run_calls
 
 MAX_SHOWN_FAILURES = 3  # configurations detailed in one test's message
@@ -680,12 +681,12 @@ class Grader:
         ref = self._refs[cname]
         trace = ref.trace if ref.trace is not None else diagnosis.engine_trace(self.course.configurations[cname],
                                                                                self._seeds[cname])
-        return diagnosis.wiring_matches(trace, answers, Tolerance.of(self.course.check))
+        return diagnosis.wiring_matches(trace, answers, tolerance_of(self.course.check))
 
     def factor_lines(self, t: Test, wrong: list[str]) -> tuple[str, str] | None:
         """When, on every configuration where the test fails, the first wrong stage is the expected one
         times a constant: which (the same c everywhere, or one expression of the sizes)."""
-        tol = Tolerance.of(self.course.check)
+        tol = tolerance_of(self.course.check)
         found: list[tuple[str, str, float]] = []
         for c in wrong:
             v = self._verdicts[(t.function, c)]

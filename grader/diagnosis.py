@@ -15,7 +15,7 @@
   the layer makes; a mistake in where the positional encoding goes is also tried as if the layer
   took its x for the bare embeddings (:func:`as_embeddings`): the layer is given x = E + PE.
 
-Numbers are compared by /check's rule with the course's tolerance (``reference.compare_stage``).
+Numbers are compared by /check's rule with the course's tolerance (``reference.passes``: ``engine.checking``'s).
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ import numpy as np
 
 import engine
 from engine import TraceConfig
+from engine.checking import Tolerance
 from engine.layer import initial_state, layer_steps, run, swapped
 
 from .config import Configuration
-from .reference import Tolerance, compare_stage
+from .reference import passes
 
 #: the sizes a constant factor may be an expression of
 SIZES = ("n", "d_k", "d_model", "h")
@@ -101,7 +102,7 @@ def constant_factor(sid: str, expected: np.ndarray, got: np.ndarray, null: np.nd
         if not math.isfinite(c) or c == 0.0 or abs(c - 1.0) <= 1e-3:
             return None
         want = np.where(exp_mask, 0.0, expected)
-        if not compare_stage(sid, c * want, exp_mask, got, null, tol).passed:
+        if not passes(c * want, exp_mask, got, null, tol):
             return None
     return c
 
@@ -239,7 +240,7 @@ def _agrees(values: Mapping[str, Any], answers: Mapping[str, tuple[np.ndarray, n
             return False
         mask = values.get("excluded") if sid == "masked_scores" else None
         with np.errstate(all="ignore"):
-            if not compare_stage(sid, want, mask, got, null, tol).passed:
+            if not passes(want, mask, got, null, tol):
                 return False
     return True
 

@@ -1,7 +1,8 @@
 """attention-trace HTTP service: a thin Flask layer over the numpy engine.
 
 ``create_app(settings)`` is the app factory; ``service.wsgi:app`` is what
-gunicorn serves, configured from the environment.
+gunicorn serves, configured from the environment. The endpoints are in
+``service/routes/``, one module per family.
 """
 
 from __future__ import annotations
@@ -58,17 +59,12 @@ def create_app(settings: Settings | None = None) -> Flask:
         ResponseCache(settings.response_cache_bytes) if settings.response_cache_bytes else None
     )
 
-    from .api import bp
-    from .export_api import bp as export_bp
     from .compression import maybe_compress
-    from .explain_api import bp as explain_bp
     from .problems import ProblemError, register_error_handlers
-    from .viewer import bp as viewer_bp
+    from .routes import FAMILIES
 
-    app.register_blueprint(bp)
-    app.register_blueprint(export_bp)
-    app.register_blueprint(explain_bp)  # POST /explain
-    app.register_blueprint(viewer_bp)
+    for family in FAMILIES:  # one blueprint per endpoint family (service/routes/)
+        app.register_blueprint(family.bp)
     register_error_handlers(app)
     # Browser frontends on other origins may call the API; never with credentials.
     # With any origin allowed, answer a literal "*" (cacheable, and browsers

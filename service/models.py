@@ -1,8 +1,19 @@
-"""The API contract as pydantic v2 models.
+"""The contract's shared pieces, as pydantic v2 models: what every route's request and answer is built of.
 
-These models are the single source of truth for request validation and for
+* ``TraceSpec``: one sentence (or pre-split tokens) and the layer's
+  configuration, every variant's field included; each endpoint's request
+  extends it (``TraceRequest`` in ``service/routes/trace.py``, ``CheckRequest``
+  in ``service/routes/check.py``, and /explain's and /export's on /trace's),
+  and ``run_trace`` gives its engine trace;
+* ``engine_rules``: the engine's own checks at the edge, each refusal a 422
+  entry at its field;
+* the answers' shared parts (``ConfigOut``, ``TokenOut``, ``InjectedBug``,
+  ``Problem``) and ``omitted``, how an output field that is left out where it
+  does not apply is published.
+
+The models are the single source of truth for request validation and for
 ``components.schemas`` in openapi.yaml (``scripts/gen-openapi`` writes them
-there; a test fails on any drift).
+there from each route module's models; a test fails on any drift).
 
 Limits that operators configure (max tokens, d_model, heads, total values) are
 checked here too, from the validation context, so every problem, static or
@@ -18,7 +29,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from engine import BUG_NAMES, BUGS, EngineError, Token, TraceConfig, check_bug
+import engine
+from engine import BUG_NAMES, EngineError, Token, TraceConfig
 from engine.decoding import decode_value_count
 from engine.checks import (
     MAX_EXPLICIT_VALUE,
@@ -47,13 +59,10 @@ from engine.layer import (
     DEFAULT_ROPE_BASE,
     POSITIONAL_ENCODING_CHOICES,
     ROPE_PAIRINGS,
-    TOKEN_STAGE_IDS,
-    check_stages,
     trace_value_count,
 )
+from engine.params import explicit_parameters
 
-from . import compare
-from .hints import HINT_CODES
 from .problems import problem_entry
 from .settings import Settings
 
@@ -85,7 +94,8 @@ BugName = Literal[BUG_NAMES]  # type: ignore[valid-type]
 PositionalEncodingName = Literal[POSITIONAL_ENCODING_CHOICES]  # type: ignore[valid-type]
 RopePairingName = Literal[tuple(ROPE_PAIRINGS)]  # type: ignore[valid-type]
 
-_Num = Annotated[float, Field(ge=-MAX_EXPLICIT_VALUE, le=MAX_EXPLICIT_VALUE)]
+#: a number of an explicit input or weight: bounded, so that products of them stay within float64
+BoundedNumber = Annotated[float, Field(ge=-MAX_EXPLICIT_VALUE, le=MAX_EXPLICIT_VALUE)]
 
 
 class _EngineRules:
@@ -111,7 +121,7 @@ _ENGINE_RULES = _EngineRules()
 def engine_rules() -> _EngineRules:
     """Run the engine's own checks at the edge: an EngineError becomes this field's 422 entry."""
     return _ENGINE_RULES
-_Matrix3 = list[list[list[_Num]]]
+_Matrix3 = list[list[list[BoundedNumber]]]
 
 
 class ParametersIn(BaseModel):
@@ -122,7 +132,7 @@ class ParametersIn(BaseModel):
     W_Q: _Matrix3 = Field(description="[head, d_k, d_model]")
     W_K: _Matrix3 = Field(description="[kv head, d_k, d_model]: kv heads = num_kv_heads, or num_heads")
     W_V: _Matrix3 = Field(description="[kv head, d_k, d_model]: kv heads = num_kv_heads, or num_heads")
-    W_O: list[list[_Num]] = Field(description="[d_model, num_heads·d_k]")
+    W_O: list[list[BoundedNumber]] = Field(description="[d_model, num_heads·d_k]")
 
 
 class TraceSpec(BaseModel):
@@ -191,12 +201,12 @@ class TraceSpec(BaseModel):
         default=None, min_length=1, max_length=_TOKENS_HARD_MAX,
         description="Cross-attention's context, pre-split. Give at most one of context_sentence or context_tokens.",
     )
-    context_input: list[list[_Num]] | None = Field(
+    context_input: list[list[BoundedNumber]] | None = Field(
         default=None,
         description="Cross-attention with your own x: the context's x [context token, d_model], given together "
         "with input.",
     )
-    input: list[list[_Num]] | None = Field(
+    input: list[list[BoundedNumber]] | None = Field(
         default=None,
         description="Bring your own input x [token, d_model] instead of the seeded embeddings plus positional "
         "encodings (the token_embedding and positional_encoding stages are then absent). The tokens still "
@@ -249,7 +259,7 @@ class TraceSpec(BaseModel):
             return v
         field = info.field_name
         what = field.replace("_", " ")
-        limit = _settings(info).max_sentence_chars
+        limit = settings_of(info).max_sentence_chars
         if len(v) > limit:
             raise PydanticCustomError(
                 "sentence_too_long",
@@ -271,7 +281,7 @@ class TraceSpec(BaseModel):
             return v
         field = info.field_name
         with engine_rules():
-            check_token_list(v, _settings(info).max_tokens, field=field)
+            check_token_list(v, settings_of(info).max_tokens, field=field)
         for i, t in enumerate(v):
             bad = _bad_characters(t)
             if bad:
@@ -284,7 +294,7 @@ class TraceSpec(BaseModel):
     @field_validator("d_model")
     @classmethod
     def _d_model_limit(cls, v: int, info: ValidationInfo) -> int:
-        limit = _settings(info).max_d_model
+        limit = settings_of(info).max_d_model
         if v > limit:
             raise PydanticCustomError(
                 "d_model_too_large", "d_model {value} is above the limit of {limit}", {"value": v, "limit": limit}
@@ -294,7 +304,7 @@ class TraceSpec(BaseModel):
     @field_validator("num_heads")
     @classmethod
     def _heads_limit(cls, v: int, info: ValidationInfo) -> int:
-        limit = _settings(info).max_heads
+        limit = settings_of(info).max_heads
         if v > limit:
             raise PydanticCustomError(
                 "num_heads_too_large", "num_heads {value} is above the limit of {limit}", {"value": v, "limit": limit}
@@ -303,7 +313,7 @@ class TraceSpec(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> TraceSpec:
-        settings = _settings(info)
+        settings = settings_of(info)
         cross = self.context_sentence is not None or self.context_tokens is not None
         with engine_rules():
             check_one_source(self.sentence, self.tokens)
@@ -356,246 +366,23 @@ class TraceSpec(BaseModel):
         """Cross-attention's context tokens, split once during validation (None for self-attention)."""
         return self._context
 
+    def run_trace(self, bug: str | None = None) -> engine.Trace:
+        """The engine's trace of this validated request, with its explicit arrays if given.
 
-class TraceRequest(TraceSpec):
-    """What to trace, and how to return it."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {"sentence": "the cat sat", "d_model": 24, "num_heads": 4},
-                {"tokens": ["the", "cat", "sat"], "d_model": 24, "num_heads": 1, "scale": False, "causal": True},
-                {"sentence": "the cat sat", "d_model": 24, "num_heads": 4, "inject_bug": BUG_NAMES[0],
-                 "stages": ["weights"], "precision": 4},
-            ]
-        },
-    )
-
-    include_parameters: bool = Field(
-        default=False, description="Also return W_Q [head, d_k, d_model], W_K and W_V [kv head, d_k, d_model] "
-        "(kv heads = num_kv_heads, or num_heads) and W_O [d_model, h·d_k]."
-    )
-    parameters_layout: Literal["per_head", "torch"] = Field(
-        default="per_head",
-        description="With include_parameters: per_head gives W_Q, W_K, W_V, W_O as above; torch gives "
-        "`in_proj_weight` [3·d_model, d_model] (W_Q, W_K, W_V stacked, heads in order) and `out_proj.weight` "
-        "[d_model, d_model], ready for torch.nn.MultiheadAttention(d_model, num_heads, bias=False)'s "
-        "load_state_dict (without shared K/V heads, which that module does not have).",
-    )
-    stages: list[StageId] | None = Field(
-        default=None,
-        min_length=1,
-        max_length=len(ALL_STAGE_IDS),
-        description="Return only these stages (by id); default: every stage. A grader that only needs "
-        "`weights` gets only `weights`. A stage this configuration does not compute is a 422, each one listed: "
-        "`masked_scores` without `causal: true`, `q_rotated`/`k_rotated` without RoPE, `positional_encoding` "
-        "under RoPE, the context stages without a context, `token_embedding` and `positional_encoding` (and the "
-        "context's) with your own input. It filters what is returned, not the decoding steps, and not what "
-        "max_trace_values counts.",
-    )
-    precision: int | None = Field(
-        default=None,
-        ge=0,
-        le=17,
-        description="Round every returned number to this many decimal places (numpy round-half-even); "
-        "default: no rounding, every float64 exact.",
-    )
-
-    decode: bool = Field(
-        default=False,
-        description="Also return `decode`: the layer re-run one token at a time with a KV cache, as a model "
-        "generates text (causal self-attention only). Step t's rows equal the full trace's row t. `precision` "
-        "rounds it, `stages` does not filter it, and its numbers count towards max_trace_values.",
-    )
-
-    inject_bug: BugName | None = Field(
-        default=None,
-        description="Return the trace with one known bug injected (clearly labelled in `injected_bug`): "
-        + "; ".join(f"`{b.name}`: {b.summary}" for b in BUGS.values())
-        + ". " + ", ".join(f"`{b.name}`" for b in BUGS.values() if b.needs_causal) + " needs `causal: true`. "
-        "A bug that would change no number of this trace (a scaling bug with `scale: false` or d_k = 1, "
-        "averaging one head, a softmax or mask bug on one token) is refused with a 422 that says why.",
-    )
-
-    @model_validator(mode="after")
-    def _options(self) -> TraceRequest:
-        if self.parameters_layout == "torch":
-            layout = []  # both problems at once, as every conflict
-            if not self.include_parameters:
-                layout.append({"type": "layout_needs_parameters", "pointer": "/parameters_layout",
-                               "message": "parameters_layout chooses how the weights are returned: add "
-                                          "include_parameters: true, or drop parameters_layout"})
-            if self.trace_config.grouped:
-                layout.append({"type": "layout_needs_all_kv_heads", "pointer": "/parameters_layout",
-                               "message": "torch.nn.MultiheadAttention has a K and V head per query head; drop "
-                                          "num_kv_heads or use parameters_layout per_head"})
-            if layout:
-                first = layout[0]
-                raise PydanticCustomError(first["type"], "{message}", {"message": first["message"],
-                                                                       "pointer": first["pointer"],
-                                                                       "also": layout[1:]})
-        with engine_rules():
-            if self.stages is not None:
-                # As /check's submission: a stage your own input skips is refused, not silently left out.
-                check_stages(self.stages, self.trace_config, explicit_input=self.input is not None, field="stages",
-                             cross=self._context is not None)
-            if self.inject_bug is not None:
-                check_bug(self.inject_bug, self.trace_config, len(self._tokens), explicit_input=self.input is not None,
-                          n_context=None if self._context is None else len(self._context))
-        return self
+        An EngineError that escapes (only an explicit input that overflows float64
+        can, after validation) becomes a 422 in the one handler, problems.engine_problem.
+        """
+        params = None
+        if self.parameters is not None:
+            p = self.parameters
+            params = explicit_parameters(p.W_Q, p.W_K, p.W_V, p.W_O, d_model=self.d_model,
+                                         num_heads=self.num_heads, num_kv_heads=self.num_kv_heads)
+        return engine.trace(self.trace_config, split=self.split, input=self.input, parameters=params, bug=bug,
+                            context_split=self.context_split, context_input=self.context_input)
 
 
-_TOLERANCE_DOC = (
-    "By default a value passes when |received − expected| ≤ atol + rtol·|expected| + stage_rtol·max|expected|, "
-    f"with rtol {compare.DEFAULT_RTOL:g} and atol {compare.DEFAULT_ATOL:g} (numpy.isclose's defaults) and "
-    f"stage_rtol {compare.DEFAULT_STAGE_RTOL:g}, max|expected| being the largest magnitude in the stage: wide "
-    "enough for correct float32 work at every allowed size, far below what any known bug changes "
-    "(docs/checking.md has the measurements)."
-)
-
-
-class CheckRequest(TraceSpec):
-    """A trace request plus a student's numbers for any subset of the stages."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {"sentence": "the cat sat", "d_model": 4, "num_heads": 1,
-                 "submission": {"weights": [[[0.3, 0.4, 0.3], [0.2, 0.5, 0.3], [0.3, 0.3, 0.4]]]}},
-                {"sentence": "the cat sat", "d_model": 4, "num_heads": 1, "metric": "rel_error", "threshold": 1e-3,
-                 "submission": {"weights": [[[0.3, 0.4, 0.3], [0.2, 0.5, 0.3], [0.3, 0.3, 0.4]]]}},
-            ]
-        },
-    )
-
-    #: the submitted stages' shapes, found while checking their values (None: ragged)
-    _shapes: dict[str, tuple[int, ...] | None] = PrivateAttr(default_factory=dict)
-    #: the stages an npz body sent as arrays (service/npz.py), read once
-    _arrays: dict[str, compare.Received] = PrivateAttr(default_factory=dict)
-
-    submission: dict[StageId, list[Any]] = Field(
-        min_length=1,
-        description="A student's values per stage id, as nested arrays in the stage's axes (see /trace). "
-        "Masked entries of masked_scores are null; -Infinity or any value ≤ -1e9 there counts as masked too. "
-        "NaN, Infinity and -Infinity may be sent as the literals NaN, Infinity and -Infinity (what Python's "
-        "json writes) or as the strings \"NaN\", \"Infinity\" and \"-Infinity\" (what Jackson, .NET and "
-        "protobuf write): such a value fails its stage, and the answer names where. The tokens and context_tokens "
-        "stages are lists of strings.",
-    )
-    metric: Literal[compare.METRICS] | None = Field(  # type: ignore[valid-type]
-        default=None,
-        description="How values are compared: `allclose` (numpy.isclose's rule, plus the stage term "
-        "stage_rtol; the default) or `rel_error` (CS231n's |received − expected| / max(1e-8, |received| + "
-        "|expected|) ≤ threshold, value by value). " + _TOLERANCE_DOC,
-    )
-    rtol: float | None = Field(
-        default=None, ge=0, le=1,
-        description="allclose: relative tolerance. Giving any of rtol, atol or stage_rtol sets the others to "
-        "numpy's defaults (rtol 1e-5, atol 1e-8, stage_rtol 0), so rtol and atol alone mean exactly "
-        "numpy.isclose's rule; giving none of them means the default tolerance.",
-    )
-    atol: float | None = Field(default=None, ge=0, le=1e6, description="allclose: absolute tolerance (see rtol).")
-    stage_rtol: float | None = Field(
-        default=None, ge=0, le=1,
-        description="allclose: a tolerance relative to the stage's largest |expected| value, added to atol "
-        "(see rtol). float32 rounding errors scale with the stage's magnitude, not with each value's.",
-    )
-    threshold: float | None = Field(
-        default=None, ge=0, le=1,
-        description=f"rel_error: the largest relative error allowed (default {compare.DEFAULT_THRESHOLD:g}).",
-    )
-
-    @field_validator("submission")
-    @classmethod
-    def _token_strings(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        for sid in sorted(TOKEN_STAGE_IDS & v.keys(), key=ALL_STAGE_IDS.index):
-            if not all(isinstance(t, str) for t in v[sid]):
-                raise PydanticCustomError("submission_type", "submission.{sid} must be a list of strings", {"sid": sid})
-        return v
-
-    @model_validator(mode="after")
-    def _stages_exist(self, info: ValidationInfo) -> CheckRequest:
-        with engine_rules():
-            check_stages(list(self.submission), self.trace_config, explicit_input=self.input is not None,
-                         field="submission", keyed=True, cross=self._context is not None)
-        arrays = (info.context or {}).get("npz_submission") or {}  # sid -> (values, mask) from an npz body
-        # Every value's type, and each stage's shape, in one pass over the rows (compare.scan).
-        for sid, values in self.submission.items():
-            if sid in TOKEN_STAGE_IDS:  # token texts: compared as strings (service/core.py)
-                continue
-            if sid in arrays:
-                a, mask = arrays[sid]
-                if not 1 <= a.ndim <= compare.MAX_DEPTH:
-                    raise PydanticCustomError(
-                        "submission_type", "submission.{sid}: {problem}",
-                        {"sid": sid, "pointer": f"/submission/{sid}", "problem": (
-                            "a single number, not an array" if a.ndim == 0 else
-                            f"{a.ndim} dimensions, deeper than any stage ({compare.MAX_DEPTH})")})
-                self._arrays[sid] = compare.received_npz(a, mask)
-                self._shapes[sid] = a.shape
-                continue
-            try:
-                self._shapes[sid] = compare.scan(values)
-            except compare.SubmissionTypeError as e:
-                raise PydanticCustomError(
-                    "submission_type", "submission.{sid}: {problem}",
-                    {"sid": sid, "problem": str(e), "pointer": f"/submission/{sid}"},
-                ) from None
-        return self
-
-    @model_validator(mode="after")
-    def _one_metric(self) -> CheckRequest:
-        allclose = [name for name in ("rtol", "atol", "stage_rtol") if getattr(self, name) is not None]
-        if self.metric == "rel_error" and allclose:
-            raise PydanticCustomError(
-                "tolerance_conflict", "{name} belongs to metric \"allclose\"; metric \"rel_error\" takes threshold",
-                {"name": allclose[0], "pointer": f"/{allclose[0]}"})
-        if self.metric != "rel_error" and self.threshold is not None:
-            raise PydanticCustomError(
-                "tolerance_conflict", "threshold belongs to metric \"rel_error\"; add \"metric\": \"rel_error\", "
-                "or give rtol, atol and stage_rtol for allclose", {"pointer": "/threshold"})
-        return self
-
-    @property
-    def tolerance(self) -> compare.Tolerance:
-        """The tolerance asked for, with defaults filled in (compare.Tolerance.resolve)."""
-        return compare.Tolerance.resolve(self.metric, self.rtol, self.atol, self.stage_rtol, self.threshold)
-
-    @property
-    def shapes(self) -> dict[str, tuple[int, ...] | None]:
-        """Each submitted numeric stage's shape (None when ragged), found during validation."""
-        return self._shapes
-
-    @property
-    def arrays(self) -> dict[str, compare.Received]:
-        """The stages an npz body sent as arrays, already read (service/npz.py)."""
-        return self._arrays
-
-
-class BatchRequest(BaseModel):
-    """Several requests answered independently, in order."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    items: list[dict[str, Any]] = Field(
-        min_length=1,
-        description="Each item is a request body of the single endpoint. One bad item gets its own problem "
-        "entry and does not fail the rest. The number of items and their total size are limited "
-        "(see /version: max_batch_items, max_trace_values).",
-    )
-
-    @field_validator("items")
-    @classmethod
-    def _count(cls, v: list[dict[str, Any]], info: ValidationInfo) -> list[dict[str, Any]]:
-        limit = _settings(info).max_batch_items
-        if len(v) > limit:
-            raise PydanticCustomError(
-                "too_many_items", "{count} items is more than the limit of {limit}", {"count": len(v), "limit": limit}
-            )
-        return v
-
-
-def _settings(info: ValidationInfo) -> Settings:
+def settings_of(info: ValidationInfo) -> Settings:
+    """The limits in force, from the validation context (the defaults without one)."""
     ctx = info.context or {}
     return ctx.get("settings") or Settings()
 
@@ -625,21 +412,6 @@ class TokenOut(BaseModel):
     text: str
     start: int = Field(description="Offset of the first character in the sentence (Unicode code points).")
     end: int = Field(description="Offset just past the last character: sentence[start:end] == text.")
-
-
-class StageOut(BaseModel):
-    step: int = Field(description="Step number in the walkthrough (q, k and v share step 5).")
-    title: str
-    formula: str
-    axes: list[str] = Field(description="Axis names, outermost first, e.g. [head, query, key].")
-    shape: list[int] = Field(description="Length of each axis.")
-    values: list[Any] = Field(
-        description="Nested arrays in `axes` order. Numbers are float64, written so they round-trip exactly; "
-        "masked entries of masked_scores are null. The tokens stage holds strings."
-    )
-    axis_tokens: list[Literal["tokens", "context_tokens"] | None] | None = omitted(
-        "Cross-attention only: for each axis, the token list it indexes (`tokens`, the queries' "
-        "sentence, or `context_tokens`, the keys' context), or null for a non-token axis.")
 
 
 class KVCacheBytes(BaseModel):
@@ -679,157 +451,10 @@ class ConfigOut(BaseModel):
     parameters_layout: Literal["torch"] | None = omitted("Only when not per_head.")
 
 
-class StatsOut(BaseModel):
-    axes: list[str] = Field(description='Always ["head", "query"].')
-    entropy: list[list[float]] = Field(description="Entropy of each weights row, in nats.")
-    max_weight: list[list[float]] = Field(description="Largest weight in each row; near 1 means saturated.")
-
-
-class ParametersOut(BaseModel):
-    W_Q: list[list[list[float]]] = Field(description="[head, d_k, d_model]")
-    W_K: list[list[list[float]]] = Field(description="[kv head, d_k, d_model]: kv heads = num_kv_heads, or "
-                                                     "num_heads")
-    W_V: list[list[list[float]]] = Field(description="[kv head, d_k, d_model]: kv heads = num_kv_heads, or "
-                                                     "num_heads")
-    W_O: list[list[_Num]] = Field(description="[d_model, num_heads·d_k]")
-
-
-class TorchParametersOut(BaseModel):
-    """parameters_layout "torch": torch.nn.MultiheadAttention(d_model, num_heads, bias=False)'s state_dict."""
-
-    model_config = ConfigDict(populate_by_name=True)
-
-    in_proj_weight: list[list[float]] = Field(description="[3·d_model, d_model]: W_Q, W_K, W_V, each [h·d_k, d_model]")
-    out_proj_weight: list[list[float]] = Field(alias="out_proj.weight", description="[d_model, d_model]: W_O")
-
-
-class DecodeStepOut(BaseModel):
-    position: int = Field(description="The token generated at this step (its index in tokens).")
-    token: str
-    cache_positions: list[int] = Field(description="The positions whose keys and values are cached after this "
-                                                   "step, oldest first (the last `window` with a sliding window).")
-    q: list[list[float]] = Field(description="[head, d_k]: x_t·W_Qᵀ, unrotated.")
-    k: list[list[float]] = Field(description="[kv head, d_k]: x_t·W_Kᵀ, the unrotated key. Without RoPE it is the "
-                                             "row appended to the key cache; under RoPE the cache holds k_rotated.")
-    v: list[list[float]] = Field(description="[kv head, d_k]: x_t·W_Vᵀ, the row appended to the value cache.")
-    q_rotated: list[list[float]] | None = Field(description="[head, d_k]: q turned by position t (RoPE); null "
-                                                            "without RoPE.")
-    k_rotated: list[list[float]] | None = Field(description="[kv head, d_k]: k turned by position t, the row "
-                                                            "appended to the key cache (RoPE); null without RoPE.")
-    k_cache: list[list[list[float]]] = Field(description="[kv head, cached, d_k]")
-    v_cache: list[list[list[float]]] = Field(description="[kv head, cached, d_k]")
-    scores: list[list[float]] = Field(description="[head, cached]")
-    scaled_scores: list[list[float]] = Field(description="[head, cached]")
-    weights: list[list[float]] = Field(description="[head, cached]")
-    context: list[list[float]] = Field(description="[head, d_k]")
-    output: list[float] = Field(description="[d_model]")
-
-
 class InjectedBug(BaseModel):
     name: BugName
     summary: str
     warning: str = Field(description="Always says that these numbers are deliberately wrong.")
-
-
-class TraceResponse(BaseModel):
-    schema_version: str
-    engine_version: str
-    config: ConfigOut
-    tokens: list[TokenOut]
-    parameters_digest: str = Field(
-        pattern=r"^sha256:[0-9a-f]{64}$", description="SHA-256 of the weights: equal digests mean identical weights."
-    )
-    stages: dict[StageId, StageOut] = Field(description="Every stage, keyed by stage id, in walkthrough order.")
-    stats: StatsOut
-    parameters: ParametersOut | TorchParametersOut | None = omitted(
-        "Only when include_parameters is true, in parameters_layout.")
-    context_tokens: list[TokenOut] | None = omitted(
-        "Cross-attention only: the context's tokens (offsets into context_sentence).")
-    decode: list[DecodeStepOut] | None = omitted("Only with decode: one entry per token.")
-    injected_bug: InjectedBug | None = omitted("Only with inject_bug: the numbers are deliberately wrong in this way.")
-
-
-class Mismatch(BaseModel):
-    index: list[int] = Field(description="Index of the first mismatching value, in the stage's axes.")
-    expected: float | str | None = Field(description="null: the reference masks this entry.")
-    received: float | str | None = Field(
-        description="null: null was sent. A non-finite value is written as the string \"NaN\", \"Infinity\" "
-        "or \"-Infinity\" (JSON numbers cannot hold them); in the tokens stage, the token.")
-
-
-class NonFiniteValue(BaseModel):
-    index: list[int] = Field(description="Where, in the stage's axes.")
-    value: Literal["NaN", "Infinity", "-Infinity"]
-
-
-class NonFinite(BaseModel):
-    count: int = Field(description="How many received values are NaN or ±Infinity (each fails the stage).")
-    first: list[NonFiniteValue] = Field(description=f"The first {compare.MAX_NON_FINITE_SHOWN}, row-major.")
-
-
-class StageCheck(BaseModel):
-    step: int
-    passed: bool
-    shape_ok: bool
-    expected_shape: list[int]
-    received_shape: list[int] | None = Field(description="null when the submission is a ragged array.")
-    n_values: int
-    mismatches: int = Field(description="How many values are outside the tolerance, not finite, or null where a "
-                                        "number belongs, or a number where the reference masks.")
-    max_abs_error: float | None = Field(description="Largest |received − expected| over pairs of finite numbers.")
-    max_rel_error: float | None = Field(description="Largest |received − expected| / |expected| where "
-                                                    "expected ≠ 0.")
-    rel_error: float | None = Field(
-        description="CS231n's relative error, the largest |received − expected| / max(1e-8, |received| + "
-        "|expected|) over pairs of finite numbers: what metric rel_error compares with its threshold.")
-    abs_tolerance: float | None = Field(
-        description="allclose: the absolute part of this stage's bound, atol + stage_rtol·max|expected|; "
-        "null for rel_error and where nothing was compared.")
-    non_finite: NonFinite | None = Field(description="The NaN and ±Infinity received, if any (the stage fails).")
-    treated_as_masked: int = Field(
-        description="masked_scores: how many entries the reference masks were sent as -Infinity or a value ≤ "
-        "-1e9 and counted as masked (0 elsewhere).")
-    first_mismatch: Mismatch | None
-    message: str
-
-
-class Hint(BaseModel):
-    code: Literal[HINT_CODES] = Field(description="What the numbers show, for machines.")  # type: ignore[valid-type]
-    message: str = Field(description="The same, written to be shown to a student.")
-
-
-class Diagnosis(BaseModel):
-    bug: BugName | None = Field(description="The first known bug (in the documented order) that reproduces "
-                                            "every submitted stage within tolerance; null if none does.")
-    summary: str | None
-    matches: list[BugName] = Field(description="Every known bug that reproduces the submission.")
-    message: str
-    hints: list[Hint] = Field(
-        description="When no known bug matches: what the student's numbers in the first wrong stage show "
-        "(rows that do not sum to 1, a masked diagonal, a permutation or a transpose of the expected values, "
-        "a constant factor). Empty otherwise.")
-
-
-class Tolerance(BaseModel):
-    metric: Literal[compare.METRICS]  # type: ignore[valid-type]
-    rtol: float | None = Field(description="allclose only.")
-    atol: float | None = Field(description="allclose only.")
-    stage_rtol: float | None = Field(description="allclose only: times the stage's largest |expected|.")
-    threshold: float | None = Field(description="rel_error only.")
-    rule: str = Field(description="The rule each value must meet.")
-
-
-class CheckResponse(BaseModel):
-    schema_version: str
-    engine_version: str
-    parameters_digest: str
-    config: ConfigOut
-    tolerance: Tolerance
-    passed: bool
-    first_wrong_stage: StageId | None = Field(description="The first failing stage in walkthrough order.")
-    stages: dict[StageId, StageCheck] = Field(description="One entry per submitted stage, in walkthrough order.")
-    diagnosis: Diagnosis
-    message: str = Field(description="A summary fit to show a student.")
 
 
 class ValidationErrorItem(BaseModel):
@@ -849,43 +474,3 @@ class Problem(BaseModel):
     detail: str
     instance: str = Field(description="The request's path.")
     errors: list[ValidationErrorItem] | None = omitted("422 only: every problem with the request.")
-
-
-class Health(BaseModel):
-    status: Literal["ok"]
-
-
-class BatchItemResult(BaseModel):
-    index: int
-    status: int = Field(description="What the single endpoint would have answered for this item.")
-    result: dict[str, Any] | None = Field(description="The single endpoint's body when status is 200.")
-    problem: Problem | None = Field(description="The problem document otherwise.")
-
-
-class BatchResponse(BaseModel):
-    results: list[BatchItemResult] = Field(description="One per item, in the same order.")
-
-
-class VersionInfo(BaseModel):
-    service: str
-    service_version: str
-    schema_version: str
-    engine_version: str
-    libraries: dict[str, str]
-    limits: dict[str, Any]
-    stage_ids: list[str]
-    bugs: dict[str, str] = Field(description="The known bugs that inject_bug and /check's diagnosis use.")
-
-
-#: what scripts/gen-openapi puts in components.schemas
-SCHEMA_MODELS: tuple[type[BaseModel], ...] = (
-    TraceRequest,
-    TraceResponse,
-    CheckRequest,
-    CheckResponse,
-    BatchRequest,
-    BatchResponse,
-    Problem,
-    Health,
-    VersionInfo,
-)

@@ -1,12 +1,16 @@
 """Build openapi.yaml from the pydantic models (the one source of truth).
 
-``scripts/gen-openapi`` writes the result to openapi.yaml; the test suite
-rebuilds it and fails if the committed file drifted from the models, and
-validates every response it receives against it.
+Each endpoint family's module (``service/routes/``) gives its paths
+(``openapi_paths``) and the models they publish (``MODELS``); this module
+adds what the document shares: the info, the tags, the problem responses
+(``Parts``) and ``components``. ``scripts/gen-openapi`` writes the result to
+openapi.yaml; the test suite rebuilds it and fails if the committed file
+drifted from the models, and validates every response it receives against it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -15,22 +19,21 @@ from pydantic.json_schema import models_json_schema
 
 from engine import STAGE_IDS
 
-from .explain_api import ExplainRequest, ExplainResponse
-from .explain_api import openapi_path as explain_openapi_path
-from .export_api import ExportRequest, ExportResponse
-from .export_api import openapi_operation as export_openapi_operation
-from .models import SCHEMA_MODELS
-from .npz import MAX_MEMBERS
-
+from .models import Problem
+from .routes import FAMILIES
 from .serialize import SCHEMA_VERSION
 from .settings import Settings
 
 REF = "#/components/schemas/{model}"
 
-#: every model of the contract, the source of components.schemas: /trace's and /check's (service/models.py)
-#: and those of the endpoints built on them (/export, /explain)
-CONTRACT_MODELS: tuple[type[BaseModel], ...] = (*SCHEMA_MODELS, ExportRequest, ExportResponse, ExplainRequest,
-                                                ExplainResponse)
+#: every model of the contract, the source of components.schemas: each family's, and the problem document
+CONTRACT_MODELS: tuple[type[BaseModel], ...] = tuple(dict.fromkeys(
+    [Problem, *(model for family in FAMILIES for model in family.MODELS)]))
+
+#: the document's paths in the order it has listed them since schema 1.0 (a generated client's diff, and
+#: the served bytes, stay the same); a family's new path must be placed here
+PATH_ORDER: tuple[str, ...] = ("/trace", "/check", "/trace/batch", "/explain", "/export", "/check/batch", "/",
+                               "/static/{path}", "/trace/html", "/health", "/version", "/openapi.yaml")
 
 
 def _problem(description: str, example: dict[str, Any]) -> dict[str, Any]:
@@ -40,28 +43,46 @@ def _problem(description: str, example: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _example_trace() -> dict[str, Any]:
-    """A real, small response, computed now, so the example cannot drift."""
-    import orjson
+@dataclass(frozen=True)
+class Parts:
+    """What every family's paths are built with: the shared responses and headers, and the default limits
+    the descriptions quote."""
 
-    from .core import render_trace
-    from .models import TraceRequest
+    problems: dict[str, Any]  # 400, 413, 415, 422: a request body that cannot be answered
+    common: dict[str, Any]  # 404, 405, 500: any path
+    headers: dict[str, Any]  # X-Request-ID, on every answer
+    limits: Settings
 
-    req = TraceRequest(sentence="the cat", d_model=4, num_heads=2)
-    return orjson.loads(render_trace(req))
+    @staticmethod
+    def ref(model: str) -> dict[str, str]:
+        """A reference to a model's schema in components.schemas."""
+        return {"$ref": REF.format(model=model)}
 
+    def post(self, op_id: str, tag: str, summary: str, description: str, request_model: str, answer_model: str,
+             example: Any, *, request_media: dict[str, Any] | None = None,
+             answer_media: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A POST path item: a JSON body (and ``request_media``'s other types), a JSON answer (and
+        ``answer_media``'s), the problems and the common responses."""
+        return {"post": {
+            "operationId": op_id, "tags": [tag], "summary": summary, "description": description,
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": self.ref(request_model)}, **(request_media or {})}},
+            "responses": {
+                "200": {"description": "OK", "headers": self.headers, "content": {"application/json": {
+                    "schema": self.ref(answer_model), "example": example},
+                    **(answer_media or {})}},
+                **self.problems, **self.common,
+            },
+        }}
 
-def _example_check() -> dict[str, Any]:
-    """A real /check answer for a submission with the first documented bug."""
-    from engine import BUG_NAMES
-
-    from .core import check_document, trace_document
-    from .models import CheckRequest, TraceRequest
-
-    base = {"sentence": "the cat sat", "d_model": 4, "num_heads": 1}
-    buggy = trace_document(TraceRequest(**base, inject_bug=BUG_NAMES[0], stages=["weights"]))
-    submission = {"weights": buggy["stages"]["weights"]["values"].tolist()}
-    return check_document(CheckRequest(**base, submission=submission))
+    def get(self, op_id: str, summary: str, description: str, schema: str, example: Any,
+            mime: str = "application/json") -> dict[str, Any]:
+        """A GET path item of the meta tag: one answer of ``mime`` (the model ``schema``, or none)."""
+        plain = {"type": "object"} if mime == "application/yaml" else {"type": "string"}  # YAML parses to a mapping
+        content = {mime: {"schema": self.ref(schema) if schema else plain, "example": example}}
+        return {"get": {"operationId": op_id, "summary": summary, "description": description, "tags": ["meta"],
+                        "responses": {"200": {"description": "OK", "headers": self.headers, "content": content},
+                                      **self.common}}}
 
 
 def build_spec() -> dict[str, Any]:
@@ -69,7 +90,6 @@ def build_spec() -> dict[str, Any]:
     schemas = defs["$defs"]
     limits = Settings()
     stage_list = ", ".join(f"`{s}`" for s in STAGE_IDS)
-    tag = {"name": "trace", "description": "Attention traces"}
     problems = {
         "400": _problem("The body is not valid JSON (at /check, or not a readable npz archive: "
                         "urn:attention-trace:problem:malformed-npz).", {
@@ -106,57 +126,12 @@ def build_spec() -> dict[str, Any]:
             "type": "urn:attention-trace:problem:internal-error", "title": "Internal Server Error", "status": 500,
             "detail": "The server failed to answer this request. It has been logged.", "instance": "/trace"}),
     }
-    request_id = {"X-Request-ID": {"$ref": "#/components/headers/X-Request-ID"}}
-
-    def get_op(op_id: str, summary: str, description: str, schema: str, example: Any,
-               mime: str = "application/json") -> dict[str, Any]:
-        plain = {"type": "object"} if mime == "application/yaml" else {"type": "string"}  # YAML parses to a mapping
-        content = {mime: {"schema": {"$ref": REF.format(model=schema)} if schema else plain,
-                          "example": example}}
-        return {"get": {"operationId": op_id, "summary": summary, "description": description, "tags": ["meta"],
-                        "responses": {"200": {"description": "OK", "headers": request_id, "content": content},
-                                      **common}}}
-
-    # Content negotiation on /trace and /trace/batch (service/npz.py): the same answer as exact arrays.
-    npz_media = {"application/x-npz": {
-        "schema": {"type": "string", "contentMediaType": "application/x-npz",
-                   "description": "Sent when the request's Accept prefers application/x-npz (JSON stays the "
-                                  "default). An uncompressed zip that np.load reads: `metadata.json` is the JSON "
-                                  "answer with each numeric array replaced by {\"npz\": KEY}, KEY the array's "
-                                  "JSON Pointer without the leading slash (e.g. `stages/q/values`); each array "
-                                  "is the member KEY.npy, float64 in the JSON's shape. Masked entries are NaN, "
-                                  "and a masked stage gains `mask` (boolean, true where the JSON has null). "
-                                  "Every number equals the JSON answer's bit for bit."}}}
-
-    # /check also takes the submission as an npz archive (service/npz.py, read_submission).
-    npz_submission = {"application/x-npz": {
-        "schema": {"type": "string", "contentMediaType": "application/x-npz",
-                   "description": "The same request as an archive np.load reads (what np.savez or "
-                                  "np.savez_compressed writes), for submissions too large for JSON: "
-                                  "`metadata.json` is the CheckRequest, in which any submitted numeric stage may "
-                                  "be {\"npz\": KEY} and the member KEY.npy holds its array (float64; float32 and "
-                                  "integers are read as float64), as the npz answers lay them out. Masked entries "
-                                  "of masked_scores: -Infinity or ≤ -1e9, or {\"npz\": KEY, \"mask\": {\"npz\": "
-                                  "MASK_KEY}} with a boolean array true where masked. Other fields, and the token "
-                                  "stages, stay JSON in metadata.json. Bounds, checked before anything is read: "
-                                  f"the body and what its members unpack to at most {limits.max_check_body_bytes} "
-                                  f"bytes each, at most {MAX_MEMBERS} members, metadata.json at most "
-                                  f"{limits.max_check_json_values} JSON values; every member is referenced by "
-                                  "metadata.json. The answer is the same JSON as for the JSON body."}}}
-
-    def post_op(op_id: str, tag_name: str, summary: str, description: str, req_schema: str, resp_schema: str,
-                example: Any, npz: bool = False, npz_request: bool = False) -> dict[str, Any]:
-        return {"post": {
-            "operationId": op_id, "tags": [tag_name], "summary": summary, "description": description,
-            "requestBody": {"required": True, "content": {"application/json": {
-                "schema": {"$ref": REF.format(model=req_schema)}}, **(npz_submission if npz_request else {})}},
-            "responses": {
-                "200": {"description": "OK", "headers": request_id, "content": {"application/json": {
-                    "schema": {"$ref": REF.format(model=resp_schema)}, "example": example},
-                    **(npz_media if npz else {})}},
-                **problems, **common,
-            },
-        }}
+    parts = Parts(problems, common, {"X-Request-ID": {"$ref": "#/components/headers/X-Request-ID"}}, limits)
+    paths: dict[str, Any] = {}
+    for family in FAMILIES:
+        paths.update(family.openapi_paths(parts))
+    if set(paths) != set(PATH_ORDER):
+        raise RuntimeError(f"PATH_ORDER lists {sorted(PATH_ORDER)}, the routes give {sorted(paths)}")
 
     return {
         "openapi": "3.1.0",
@@ -179,110 +154,11 @@ def build_spec() -> dict[str, Any]:
             "license": {"name": "MIT", "identifier": "MIT"},
         },
         "servers": [{"url": "http://127.0.0.1:8000", "description": "make run"}],
-        "tags": [tag, {"name": "check", "description": "Grading: compare a submission with the reference"},
+        "tags": [{"name": "trace", "description": "Attention traces"},
+                 {"name": "check", "description": "Grading: compare a submission with the reference"},
                  {"name": "meta", "description": "Health, versions and this document"},
                  {"name": "viewer", "description": "The interactive walkthrough page"}],
-        "paths": {
-            "/trace": {
-                "post": {
-                    "operationId": "trace",
-                    "tags": ["trace"],
-                    "summary": "Trace one multi-head self-attention layer",
-                    "description": "Unknown fields are rejected and types are strict (`true` is not a number, "
-                                   "`\"24\"` is not an integer).",
-                    "requestBody": {
-                        "required": True,
-                        "content": {"application/json": {
-                            "schema": {"$ref": REF.format(model="TraceRequest")},
-                            "examples": {
-                                "classroom": {"summary": "The seed's sentence, 4 heads",
-                                              "value": {"sentence": "the cat sat", "d_model": 24, "num_heads": 4}},
-                                "unscaled_causal": {"summary": "Pre-split tokens, no scaling, causal mask",
-                                                    "value": {"tokens": ["the", "cat", "sat"], "scale": False,
-                                                              "causal": True}},
-                            },
-                        }},
-                    },
-                    "responses": {
-                        "200": {"description": "The full trace.", "headers": request_id, "content": {
-                            "application/json": {"schema": {"$ref": REF.format(model="TraceResponse")},
-                                                 "example": _example_trace()},
-                            **npz_media}},
-                        **problems,
-                        **common,
-                    },
-                }
-            },
-            "/check": post_op(
-                "check", "check", "Check a student's numbers stage by stage",
-                "Recomputes the reference trace for the same request, compares each submitted stage with "
-                "`metric` `allclose` (the default: numpy.isclose's rule, rtol 1e-5 and atol 1e-8, plus "
-                "`stage_rtol` 1e-4 times the stage's largest |value|, so that correct float32 work passes) or "
-                "`rel_error` (CS231n's, against `threshold`), echoed in `tolerance`; names the first wrong stage "
-                "in walkthrough order, and diagnoses which known bug (see `inject_bug` and GET /version) "
-                "reproduces the submission, or else gives `hints` from the student's numbers. A NaN or infinity "
-                "in a submitted stage fails that stage (200, with the indices); in masked_scores, -Infinity or "
-                "a value ≤ -1e9 where the reference masks counts as masked. The body may be as large as "
-                f"{limits.max_check_body_bytes} bytes with at most {limits.max_check_json_values} JSON values "
-                "(413 above either); a submission too large for JSON (every stage of the largest trace is "
-                "47 MiB of JSON) goes as an application/x-npz body. The answer summarises the submission, never "
-                "repeats it (token texts are cut to 64 characters), so it stays small whatever the body holds. "
-                "The response is deterministic and its messages are written to be shown to a student.",
-                "CheckRequest", "CheckResponse", _example_check(), npz_request=True),
-            "/trace/batch": post_op(
-                "traceBatch", "trace", "Several traces in one request",
-                "Each item is a /trace request body, answered independently and in order: a bad item gets "
-                "its own problem entry (with pointers under /items/<i>) and does not fail the rest. "
-                "`Accept: application/x-npz` answers every item's arrays in one archive (keys under "
-                "`results/<i>/result/`).",
-                "BatchRequest", "BatchResponse", None, npz=True),
-            "/explain": explain_openapi_path(schemas, problems, common, request_id, REF),
-            "/export": export_openapi_operation(schemas, REF, problems, common, request_id),
-            "/check/batch": post_op(
-                "checkBatch", "check", "Several checks in one request",
-                "Each item is a /check request body, answered independently and in order.",
-                "BatchRequest", "BatchResponse", None),
-            "/": {"get": {
-                "operationId": "viewer", "tags": ["viewer"], "summary": "The interactive walkthrough page",
-                "description": "A self-contained teaching page (docs/viewer.md) that draws the trace using only "
-                               "this public API. It carries its own Content-Security-Policy.",
-                "responses": {"200": {"description": "The page.", "headers": request_id,
-                                      "content": {"text/html": {"schema": {"type": "string"}}}},
-                              "304": {"description": "Not modified (ETag / If-None-Match)."},
-                              **{k: v for k, v in common.items() if k != "500"}},
-            }},
-            "/static/{path}": {"get": {
-                "operationId": "viewerStatic", "tags": ["viewer"], "summary": "The page's script, style and icon",
-                "parameters": [{"name": "path", "in": "path", "required": True, "schema": {"type": "string"},
-                                "description": "A file of the viewer, e.g. app.js."}],
-                "responses": {"200": {"description": "The file.", "headers": request_id, "content": {
-                    mime: {"schema": {"type": "string"}}
-                    for mime in ("text/html", "text/javascript", "text/css", "image/svg+xml")}},
-                    "304": {"description": "Not modified (ETag / If-None-Match)."},
-                    **{k: v for k, v in common.items() if k != "500"}},
-            }},
-            "/trace/html": {"post": {
-                "operationId": "traceHtml", "tags": ["viewer"],
-                "summary": "The viewer's page for one trace, as one offline HTML file",
-                "description": "Takes a /trace request (every stage: no `stages`) and answers the viewer's page with "
-                               "that trace and its scale-flipped comparison embedded, script and style inlined, and "
-                               "a Content-Security-Policy meta that allows only them (by hash): it opens from disk, "
-                               "offline, read-only, and sends no request (docs/viewer.md).",
-                "requestBody": {"required": True, "content": {"application/json": {
-                    "schema": {"$ref": REF.format(model="TraceRequest")}}}},
-                "responses": {"200": {"description": "The page, as a download.", "headers": {
-                    **request_id, "Content-Disposition": {"schema": {"type": "string"}, "description":
-                                                          'attachment; filename="attention-trace_….html"'}},
-                    "content": {"text/html": {"schema": {"type": "string"}}}},
-                    **problems, **common},
-            }},
-            "/health": get_op("health", "Liveness", "Cheap: touches no engine state.", "Health", {"status": "ok"}),
-            "/version": get_op("version", "Versions and limits",
-                               "Engine and schema versions, library versions and the limits in force.",
-                               "VersionInfo", None),
-            "/openapi.yaml": get_op("openapi", "This document", "The committed OpenAPI document, as served.",
-                                    "", None, mime="application/yaml"),
-        },
+        "paths": {path: paths[path] for path in PATH_ORDER},
         "components": {
             "schemas": schemas,
             "headers": {"X-Request-ID": {
@@ -306,6 +182,8 @@ def _drop_none_examples(spec: dict[str, Any]) -> dict[str, Any]:
 def render() -> str:
     """The exact text of openapi.yaml."""
     spec = _drop_none_examples(build_spec())
+    # The routes' own models (service/routes/) go unnamed: GET /openapi.yaml serves this file, and its bytes,
+    # this line included, are in the recorded answer corpus.
     header = "# Generated by scripts/gen-openapi from service/models.py and service/openapi.py. Do not edit.\n"
     return header + yaml.dump(spec, Dumper=_PlainDumper, sort_keys=False, allow_unicode=True, width=100)
 

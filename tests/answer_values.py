@@ -61,7 +61,7 @@ MACHINE_FLAGS = frozenset({"exact"})
 MACHINE = "\x00m"
 JSON_TYPES = ("application/json", "application/problem+json")
 NPZ = "application/x-npz"
-#: the offline page embeds its trace and request as JSON data blocks (service/standalone.py)
+#: the offline page embeds its trace and request as JSON data blocks (service/offline_page.py)
 EMBEDDED = re.compile(rb'(<script type="application/json" id="(trace-data|trace-json)">)(.*?)(</script>)', re.S)
 
 

@@ -18,8 +18,8 @@ import pytest
 
 import engine
 from attention_trace.client import CheckResult, LocalClient, Tolerance, encode_json
-from service import compare
-from service.compare import Received, Tolerance as ServiceTolerance
+from engine.checking import compare
+from engine.checking.compare import Received, Tolerance as ServiceTolerance
 
 BODY = {"sentence": "the cat sat on the mat", "d_model": 24, "num_heads": 4}
 CAUSAL = BODY | {"causal": True}

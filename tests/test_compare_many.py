@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service import compare
-from service.compare import (MASK_FILL, MAX_NON_FINITE_SHOWN, REL_ERROR_FLOOR, Comparison, Received, Tolerance,
+from engine.checking import compare
+from engine.checking.compare import (MASK_FILL, MAX_NON_FINITE_SHOWN, REL_ERROR_FLOOR, Comparison, Received, Tolerance,
                              _capped, non_finite_name, stage_scale)
 
 CASES = settings(max_examples=300, deadline=None, derandomize=True)

@@ -264,8 +264,9 @@ def test_dependencies_are_installed_before_the_code_is_copied():
     assert copy_reqs < install_reqs < copy_code < install_pkg
     copied = {s.rstrip("/") for ins, v in order[copy_reqs + 1:install_pkg] if ins == "COPY"
               for s in copy_parts(v)[1]}
-    # every package pyproject.toml names, so that `pip install .` finds them
-    packages = set(pyproject()["tool"]["setuptools"]["packages"])
+    # every package pyproject.toml names (a subpackage comes with its parent's directory), so that
+    # `pip install .` finds them
+    packages = {p.split(".")[0] for p in pyproject()["tool"]["setuptools"]["packages"]}
     assert packages | {"gunicorn.conf.py", "openapi.yaml", "pyproject.toml", "README.md"} <= copied
 
 

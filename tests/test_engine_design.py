@@ -211,12 +211,12 @@ def test_the_service_and_the_engine_enforce_each_rule_with_the_same_words(client
 
 
 def test_one_handler_turns_any_engine_error_into_the_same_422(client, monkeypatch):
-    import service.core
+    from service.models import TraceSpec
 
     def overflow(*args, **kwargs):
         raise engine.NumericOverflowError("the explicit input and parameters overflow float64; use smaller values")
 
-    monkeypatch.setattr(service.core, "run_trace", overflow)
+    monkeypatch.setattr(TraceSpec, "run_trace", overflow)
     expected = {"pointer": "/input", "type": "numeric_overflow",
                 "message": "the explicit input and parameters overflow float64; use smaller values"}
     for path, body in (("/trace", {"sentence": "a"}), ("/check", {"sentence": "a", "submission": {"tokens": ["a"]}})):

@@ -351,13 +351,18 @@ def test_each_head_uses_its_own_projections():
 # The engine is framework-free
 # ---------------------------------------------------------------------------
 
-#: the framework-free core: the engine (with its exports and recipe) and the grader, which computes its
-#: references with the engine in process; each run as its users run it
+#: the framework-free core: the engine (with its exports, recipe and checking) and the grader, which computes
+#: its references and verdicts with the engine in process; each run as its users run it
 CORE_USES = {
     "engine": "import engine\nengine.trace(engine.TraceConfig(), sentence='the cat sat')\n",
     "engine.export": "import engine, engine.export as x\n"
                      "x.export(engine.trace(engine.TraceConfig(), sentence='a b'), 'circuitsvis')\n",
     "engine.recipe": "import engine.recipe as r\nr.recipe(r.TraceConfig(causal=True), decode=True)\n",
+    "engine.checking": "import numpy as np, engine\nfrom engine import checking\n"
+                       "t = engine.trace(engine.TraceConfig(causal=True), sentence='the cat sat')\n"
+                       "w = np.ones(t.stages['weights'].shape)\n"
+                       "assert checking.check(t, checking.Submission.of_arrays({'weights': (w, None)}),\n"
+                       "                      checking.Tolerance.default())['diagnosis']['hints']\n",
     "grader": "import grader, grader.core, grader.__main__\nfrom grader import config, reference\n"
               "c = config.load(grader.COURSE)\nreference.EngineSource().reference(c.configurations['one-head'], 1)\n",
 }

@@ -241,7 +241,7 @@ def test_non_json_bodies_are_problems_too(client):
 
 
 def test_an_export_beyond_the_work_budget_is_refused_before_any_work(app_factory):
-    from service.export_api import ExportRequest
+    from service.routes.export import ExportRequest
     from service.settings import Settings
     from service import budget
 

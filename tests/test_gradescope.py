@@ -191,7 +191,7 @@ def test_the_zip_runs_in_gradescope_layout(tmp_path):
             "attention-trace/grader/sandbox.py", "attention-trace/grader/launcher.py",
             "attention-trace/grader/harness.py", "attention-trace/grader/students/correct.py",
             "attention-trace/pyproject.toml", "attention-trace/requirements.txt", "attention-trace/engine/bugs.py",
-            "attention-trace/service/core.py", "attention-trace/attention_trace/client.py"} <= names
+            "attention-trace/service/routes/check.py", "attention-trace/attention_trace/client.py"} <= names
     assert not any("__pycache__" in n or "/hostile/" in n for n in names)
     assert modes["setup.sh"] & 0o100 and modes["run_autograder"] & 0o100
     for script in ("run_autograder", "setup.sh"):

@@ -289,6 +289,31 @@ def test_the_engine_and_the_service_grade_every_shipped_student_alike(tmp_path):
         assert a.extra["engine_version"] == b.extra["engine_version"]
 
 
+def test_the_engine_gives_the_hints_the_service_gives(tmp_path):
+    """A mistake no known bug reproduces (the scores as k·qᵀ): from the engine too, the grade names no
+    mistake and gives /check's hints on what the numbers show, in the same words as through the service;
+    hidden tests give them with their numbers cut out."""
+    student = (STUDENTS / "correct.py").read_text().replace("return q @ k.transpose(0, 2, 1)",
+                                                             "return k @ q.transpose(0, 2, 1)")
+    assert "k @ q.transpose" in student
+    course = config.load(COURSE)
+    seeds = {name: 5 for name in course.configurations}
+    a = grade(tmp_path / "engine", student, course, seeds=seeds, source=reference.EngineSource())
+    b = grade(tmp_path / "service", student, course, seeds=seeds, source=reference.ServiceSource(LocalClient()))
+    assert [(t.name, t.points, t.message) for t in a.tests] == [(t.name, t.points, t.message) for t in b.tests]
+    scores = next(t for t in a.tests if t.name == "scores")
+    assert not scores.passed and "known mistake" not in scores.message
+    assert "Hint: Your values are the transposes of the expected ones" in scores.message, scores.message
+    # The output times 1.5, from the engine: the visible test's hint names the factor, the hidden one's does not.
+    student = (STUDENTS / "correct.py").read_text().replace("return concat @ W_O.T  #", "return 1.5 * concat @ W_O.T  #")
+    r = grade(tmp_path / "factor", student, course, seeds=seeds)
+    visible = next(t for t in r.tests if t.name == "output")
+    assert "Hint: Your values are the expected ones times a constant c = 1.5" in visible.message, visible.message
+    hidden = next(t for t in r.tests if t.visibility == "hidden")
+    assert not hidden.passed and not re.search(r"\d\.\d|\[\d", hidden.message), hidden.message
+    assert "Hint: Your values are the expected ones times a constant c = …." in hidden.message, hidden.message
+
+
 def test_the_default_source_is_the_engine_and_needs_no_web_framework(tmp_path):
     assert isinstance(core.make_source(config.load(COURSE)), reference.EngineSource)
     r = grade(tmp_path, STUDENTS / "correct.py")

@@ -144,8 +144,8 @@ def test_trace_html_is_inside_the_request_cost_budget(plain):
         cpu = time.thread_time() - start
         assert resp.status_code == 200 and len(resp.get_data()) > 19_000_000
         assert b'"comparison":null' in resp.get_data()[:2_000_000]
-    from service.api import parse_body
-    from service.models import TraceRequest
+    from service.edge import parse_body
+    from service.routes.trace import TraceRequest
 
     with create_app().app_context():
         units = budget.page_cost([parse_body(TraceRequest, orjson.dumps(large))])

@@ -8,7 +8,7 @@ from pydantic.json_schema import models_json_schema
 
 from answer_values import document_differences
 from conftest import ROOT
-from service.models import TraceRequest
+from service.routes.trace import TraceRequest
 from service.openapi import CONTRACT_MODELS
 from service.openapi import REF, render
 
@@ -19,7 +19,7 @@ def test_spec_is_valid_openapi_3_1(spec):
 
 
 def test_committed_spec_matches_the_models():
-    # Fails on any drift between service/models.py and openapi.yaml: run scripts/gen-openapi and commit the
+    # Fails on any drift between the models (service/models.py, service/routes/) and openapi.yaml: run scripts/gen-openapi and commit the
     # result. The examples are real answers computed at generation, so their numbers are compared as answers
     # are (within 1e-12 of their scale: another CPU's BLAS rounds last bits differently); all else exactly.
     committed = (ROOT / "openapi.yaml").read_text(encoding="utf-8")
@@ -135,3 +135,22 @@ def test_response_schemas_require_exactly_the_fields_every_answer_sends_and_have
                 problems.append(f"{name}.{prop} is left out where it does not apply, never sent as null, "
                                 "but its schema admits null")
     assert not problems, "\n".join(problems)
+
+
+def test_each_endpoint_family_documents_exactly_the_routes_it_serves(app, spec):
+    """One pattern (service/routes/): each family's blueprint serves exactly the paths its openapi_paths
+    gives, and the document is the union of them."""
+    from service.openapi import Parts
+    from service.routes import FAMILIES
+    from service.settings import Settings
+
+    parts = Parts({}, {}, {}, Settings())
+    documented = set()
+    for family in FAMILIES:
+        served = {r.rule.replace("<path:filename>", "{path}") for r in app.url_map.iter_rules()
+                  if r.endpoint.startswith(f"{family.bp.name}.")}
+        paths = set(family.openapi_paths(parts))
+        assert served == paths, family.__name__
+        assert not documented & paths, family.__name__
+        documented |= paths
+    assert documented == set(spec["paths"])

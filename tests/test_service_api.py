@@ -307,12 +307,12 @@ def test_wrong_method_is_405_with_allow(client, method, path):
 def test_unexpected_error_is_generic_500(app_factory, monkeypatch):
     app = app_factory()
     app.config["PROPAGATE_EXCEPTIONS"] = False
-    import service.core
+    import service.routes.trace
 
     def boom(*a, **k):
         raise RuntimeError("secret internal detail")
 
-    monkeypatch.setattr(service.core, "render_trace", boom)
+    monkeypatch.setattr(service.routes.trace, "render_trace", boom)
     resp = app.test_client().post("/trace", json={"sentence": "a"})
     doc = problem(resp, 500)
     assert "secret" not in resp.get_data(as_text=True)

@@ -1,4 +1,4 @@
-"""service/standalone.py: one trace as one offline HTML file (POST /trace/html, attention-trace --html).
+"""service/offline_page.py: one trace as one offline HTML file (POST /trace/html, attention-trace --html).
 
 The file itself (through the Flask test client, every response checked against
 openapi.yaml): one document, its scripts and style inlined and allowed by hash in
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from service.standalone import comparison_request, csp_for, export_filename, render_html, viewer_scripts
-from service.viewer import STATIC_DIR
+from service.offline_page import comparison_request, csp_for, export_filename, render_html, viewer_scripts
+from service.routes.viewer import STATIC_DIR
 from test_viewer_browser import (  # the viewer's own helpers: the page's rounding and its maps
     MINUS, WAIT, WebDriverWait, as_cells, chromium, clear_downloads, explain_rows, fixed, heatmap_labels,
     heatmap_values, js_small, pct, wait_download, walkthrough_row, wait_until,

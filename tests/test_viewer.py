@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from service import API_CSP
-from service.standalone import viewer_scripts
-from service.viewer import STATIC_DIR, VIEWER_CSP, VIEWER_FILES
+from service.offline_page import viewer_scripts
+from service.routes.viewer import STATIC_DIR, VIEWER_CSP, VIEWER_FILES
 
 ROOT = Path(__file__).resolve().parent.parent
 STATIC_FILES = sorted(p.name for p in STATIC_DIR.iterdir())
@@ -232,7 +232,7 @@ def test_blueprint_serves_static_files_without_the_apps_static_route():
     # The blueprint alone serves /static/ (create_app builds Flask with static_folder=None).
     from flask import Flask
 
-    from service.viewer import bp
+    from service.routes.viewer import bp
 
     app = Flask("bare", static_folder=None)
     app.register_blueprint(bp)
@@ -289,7 +289,7 @@ def test_subscripts_have_readable_names(page):
 
 
 def test_trace_html_is_a_download_of_the_standalone_page(web):
-    from service.standalone import export_filename, render_html
+    from service.offline_page import export_filename, render_html
 
     body = {"sentence": "the cat sat", "d_model": 24, "num_heads": 4, "causal": True}
     resp = web.post("/trace/html", data=json.dumps(body), content_type="application/json", buffered=True)

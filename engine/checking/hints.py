@@ -19,9 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from engine import STAGE_INFO, TraceConfig
-from engine.layer import TOKEN_STAGE_IDS
-
+from ..layer import STAGE_INFO, TOKEN_STAGE_IDS, TraceConfig
 from .compare import MASK_FILL, Received, Tolerance, compare, stage_scale
 
 HINT_CODES: tuple[str, ...] = ("non_finite", "rows_do_not_sum_to_1", "diagonal_masked", "transposed", "permutation",

@@ -7,15 +7,14 @@ format is defined), next to the usual ``config`` and ``tokens``
 the /trace ones: parsed at the edge by pydantic (``ExportRequest``), every
 error an RFC 9457 problem.
 
-The request and response models live here, not in ``service.models``: the
-OpenAPI document inlines their schemas in the /export operation
-(:func:`openapi_operation`), and reuses the shared components (``TokenOut``,
-``ConfigOut``, ``ParametersIn``, …) by reference.
+Its request and answer models live here with the route and its fragment of
+openapi.yaml (:func:`openapi_paths`), which refers to the shared parts
+(``TokenOut``, ``ConfigOut``, ``ParametersIn``, …) in ``components.schemas``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from flask import Blueprint, Response, g
@@ -24,10 +23,14 @@ from pydantic_core import PydanticCustomError
 
 from engine.export import EXPORT_FORMATS, TE_SUFFIXES, check_export, export, export_value_count
 
-from . import budget, compression, core, serialize
-from .api import json_response, parse_body, settings
-from .models import ConfigOut, InjectedBug, TokenOut, TraceRequest, engine_rules, omitted
-from .problems import ProblemError
+from .. import budget, compression, serialize
+from ..edge import json_response, parse_body, settings
+from ..models import ConfigOut, InjectedBug, TokenOut, engine_rules, omitted
+from ..problems import ProblemError
+from .trace import TraceRequest, injected_bug_document
+
+if TYPE_CHECKING:
+    from ..openapi import Parts
 
 bp = Blueprint("export", __name__)
 
@@ -151,12 +154,16 @@ class ExportResponse(BaseModel):
     injected_bug: InjectedBug | None = omitted("Only with inject_bug: the numbers are deliberately wrong in this way.")
 
 
+#: the models whose schemas this module's path publishes in components.schemas
+MODELS: tuple[type[BaseModel], ...] = (ExportRequest, ExportResponse)
+
+
 # ----------------------------------------------------------------- the endpoint
 
 
 def export_document(req: ExportRequest) -> dict[str, Any]:
     """The /export answer for a validated request."""
-    t = core.run_trace(req, bug=req.inject_bug)
+    t = req.run_trace(bug=req.inject_bug)
     for sid in ("scores", "scaled_scores", "masked_scores", "weights"):  # every number an export takes
         st = t.stages.get(sid)
         if st is not None and not np.isfinite(st.values).all():
@@ -173,7 +180,7 @@ def export_document(req: ExportRequest) -> dict[str, Any]:
         doc["context_tokens"] = serialize.tokens_document(t.context_tokens or [])
     doc["data"] = export(t, req.format, req.precision)
     if req.inject_bug:
-        doc["injected_bug"] = core.injected_bug_document(req.inject_bug)
+        doc["injected_bug"] = injected_bug_document(req.inject_bug)
     return doc
 
 
@@ -205,9 +212,8 @@ def _example() -> dict[str, Any]:
     return orjson.loads(serialize.dumps(export_document(req)))
 
 
-def openapi_operation(components: dict[str, Any], ref: str, problems: dict[str, Any], common: dict[str, Any],
-                      headers: dict[str, Any]) -> dict[str, Any]:
-    """The /export path item of openapi.yaml (service/openapi.py calls this)."""
+def openapi_paths(parts: Parts) -> dict[str, Any]:
+    """/export: its path item of openapi.yaml (service/openapi.py)."""
     examples = {
         "bertviz": {"summary": "bertviz head_view, 4 heads",
                     "value": {"sentence": "the cat sat", "d_model": 24, "num_heads": 4, "format": "bertviz"}},
@@ -220,7 +226,7 @@ def openapi_operation(components: dict[str, Any], ref: str, problems: dict[str, 
                                   "value": {"sentence": "the cat sat", "num_heads": 2, "causal": True,
                                             "format": "transformer-explainer"}},
     }
-    return {"post": {
+    return {"/export": {"post": {
         "operationId": "export",
         "tags": ["trace"],
         "summary": "Export a trace to bertviz, CircuitsVis or Transformer Explainer",
@@ -232,11 +238,11 @@ def openapi_operation(components: dict[str, Any], ref: str, problems: dict[str, 
                        "self-attention only: with a context they answer 422 (bertviz has a cross-attention view). "
                        "The trace and its export together must fit the request work budget (422 otherwise).",
         "requestBody": {"required": True, "content": {"application/json": {
-            "schema": {"$ref": ref.format(model="ExportRequest")}, "examples": examples}}},
+            "schema": parts.ref("ExportRequest"), "examples": examples}}},
         "responses": {
-            "200": {"description": "The export.", "headers": headers, "content": {"application/json": {
-                "schema": {"$ref": ref.format(model="ExportResponse")}, "example": _example()}}},
-            **problems,
-            **common,
+            "200": {"description": "The export.", "headers": parts.headers, "content": {"application/json": {
+                "schema": parts.ref("ExportResponse"), "example": _example()}}},
+            **parts.problems,
+            **parts.common,
         },
-    }}
+    }}}

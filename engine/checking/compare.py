@@ -1,4 +1,4 @@
-"""How /check compares a student's numbers with the reference, free of any web framework.
+"""How a student's numbers are compared with the reference (/check and the grader), free of any web framework.
 
 * :class:`Tolerance`: the metric (``allclose`` or ``rel_error``) and its
   parameters, with the defaults that docs/checking.md derives from
@@ -10,7 +10,7 @@
 * :func:`compare`: one stage against the reference, every value at once
   (vectorised; no Python loop over values).
 
-``service.core`` builds the /check answer from these, and the measuring script
+``report.check`` builds the verdicts from these, and the measuring script
 uses the very same functions, so what it measures is what /check does.
 """
 

@@ -2,20 +2,20 @@
 
 The body is a /trace request plus ``head``, ``query`` and ``key`` (0-based);
 the answer is the explanation of that cell with the trace's schema and engine
-versions and its config. Edge handling is /trace's (``service.api``): the
+versions and its config. Edge handling is /trace's (``service.edge``): the
 content type and body limit, strict pydantic validation with every problem in
 one 422, the engine's refusals as 422s, the request's cost estimate for
 compression, and JSON without NaN or infinities.
 
-The models live here, not in ``service.models``: ``openapi_path`` writes their
-schemas inline in the /explain operation (sub-models that /trace already
-publishes, such as ``ConfigOut``, stay references to ``components.schemas``).
+Its request and answer models live here with the route and its fragment of
+openapi.yaml (:func:`openapi_paths`), which refers to the shared parts
+(``ConfigOut``, …) in ``components.schemas``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from flask import Blueprint, Response, g
@@ -24,10 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 import engine
 from engine.explain import STEP_IDS, check_cell, check_explainable, explain_cell
 
-from . import budget, compression, serialize
-from .api import json_response, parse_body, read_json_body
-from .core import run_trace
-from .models import ConfigOut, StageId, TraceRequest, engine_rules, omitted
+from .. import budget, compression, serialize
+from ..edge import json_response, parse_body, read_json_body
+from ..models import ConfigOut, StageId, engine_rules, omitted
+from .trace import TraceRequest
+
+if TYPE_CHECKING:
+    from ..openapi import Parts
 
 bp = Blueprint("explain", __name__)
 
@@ -144,8 +147,8 @@ class ExplainResponse(BaseModel):
     decode: ExplainDecode | None = omitted("Only with decode: the query's KV-cache step.")
 
 
-#: the models whose schemas /explain publishes inline (openapi_path)
-EXPLAIN_MODELS: tuple[type[BaseModel], ...] = (ExplainRequest, ExplainResponse)
+#: the models whose schemas this module's path publishes in components.schemas
+MODELS: tuple[type[BaseModel], ...] = (ExplainRequest, ExplainResponse)
 
 
 # ------------------------------------------------------------------ the answer
@@ -177,7 +180,7 @@ def _rounded(doc: Any, precision: int) -> Any:
 
 def explain_document(req: ExplainRequest) -> dict[str, Any]:
     """The /explain answer for a validated request."""
-    t = run_trace(req)
+    t = req.run_trace()
     cell = explain_cell(t, req.head, req.query, req.key, decode=engine.decode(t) if req.decode else None)
     _finite(cell, "explanation")
     if req.precision is not None:
@@ -205,10 +208,9 @@ def _example() -> dict[str, Any]:
     return orjson.loads(serialize.dumps(explain_document(req)))
 
 
-def openapi_path(components: dict[str, Any], problems: dict[str, Any], common: dict[str, Any],
-                 headers: dict[str, Any], ref: str) -> dict[str, Any]:
-    """The /explain path item of openapi.yaml (service/openapi.py adds it)."""
-    return {"post": {
+def openapi_paths(parts: Parts) -> dict[str, Any]:
+    """/explain: its path item of openapi.yaml (service/openapi.py)."""
+    return {"/explain": {"post": {
         "operationId": "explain", "tags": ["trace"],
         "summary": "Explain one cell: every number from q·k to the weight",
         "description": "The seed article's worked example for one head, query and key: the d_k products q_i[m]·k_j[m] "
@@ -221,13 +223,13 @@ def openapi_path(components: dict[str, Any], problems: dict[str, Any], common: d
                        "gets exp 0 and weight 0, and `mask_reason` says why. The body is a /trace request plus "
                        "head, query and key (docs/explain.md).",
         "requestBody": {"required": True, "content": {"application/json": {
-            "schema": {"$ref": ref.format(model="ExplainRequest")},
+            "schema": parts.ref("ExplainRequest"),
             "examples": {"seed": {"summary": "The seed's sentence: query 'cat', key 'sat'",
                                   "value": {"sentence": "the cat sat", "d_model": 24, "num_heads": 1, "head": 0,
                                             "query": 1, "key": 2}}}}}},
         "responses": {
-            "200": {"description": "The cell's explanation.", "headers": headers, "content": {"application/json": {
-                "schema": {"$ref": ref.format(model="ExplainResponse")}, "example": _example()}}},
-            **problems, **common,
+            "200": {"description": "The cell's explanation.", "headers": parts.headers, "content": {
+                "application/json": {"schema": parts.ref("ExplainResponse"), "example": _example()}}},
+            **parts.problems, **parts.common,
         },
-    }}
+    }}}
