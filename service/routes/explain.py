@@ -213,7 +213,7 @@ def openapi_paths(parts: Parts) -> dict[str, Any]:
     return {"/explain": {"post": {
         "operationId": "explain", "tags": ["trace"],
         "summary": "Explain one cell: every number from q·k to the weight",
-        "description": "The seed article's worked example for one head, query and key: the d_k products q_i[m]·k_j[m] "
+        "description": "The classic 'the cat sat' worked example, for any head, query and key: the d_k products q_i[m]·k_j[m] "
                        "(RoPE's rotated q and k; the query head's K/V head under grouped-query attention), their sum "
                        "= scores, ÷ the scale factor = scaled_scores, the row's maximum, exp(scaled − max), the "
                        "softmax's denominator, exp / denominator = weights, and each key's weight_j·v_j with their "
