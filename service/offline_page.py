@@ -23,7 +23,7 @@ configuration, disabled; the query token, head and decoding step can still be
 picked, the maps read and downloaded as SVG; what needs the service (another
 trace, explaining a cell, this export) is hidden.
 
-Used by ``POST /trace/html`` (service/viewer.py) and ``attention-trace trace
+Used by ``POST /trace/html`` (service/routes/trace.py) and ``attention-trace trace
 SENTENCE --html FILE`` (attention_trace/cli.py), which write the same bytes for
 the same request.
 """

@@ -4,7 +4,7 @@
  *
  * The page is a plain client of the API, exactly as a third-party frontend would be: POST /trace, POST /explain,
  * POST /trace/html and GET /version, each a literal fetch of this origin (tests/test_viewer.py lists them against
- * openapi.yaml). A saved page (service/standalone.py) embeds its trace as <script type="application/json"> data;
+ * openapi.yaml). A saved page (service/offline_page.py) embeds its trace as <script type="application/json"> data;
  * once readEmbedded has found one, every request here refuses (and the saved page's CSP would refuse it too).
  *
  * Adds `api` to globalThis.AttentionTrace; nothing runs at load. tests/js/api.test.js runs the pure part

@@ -8,7 +8,7 @@
  * nothing of the attention itself; the only arithmetic here is formatting, colour scales, a row sum shown as a
  * check, and the element-wise average of the heads, which the page shows as the thing the model does *not* do.
  *
- * The same scripts draw a saved trace (service/standalone.py): when the page embeds one (<script
+ * The same scripts draw a saved trace (service/offline_page.py): when the page embeds one (<script
  * type="application/json" id="trace-data">), they draw that, read-only, and never make a request.
  *
  * The scripts, in the order index.html loads them (classic scripts with `defer`, each adding its part to the one
@@ -621,7 +621,7 @@
     }
   }
 
-  /** The file name of an export of the trace on screen (service/standalone.py names the HTML file alike). */
+  /** The file name of an export of the trace on screen (service/offline_page.py names the HTML file alike). */
   const exportNameOnScreen = () => exportName(state.main.doc, state.main.body);
 
   /** Save a Blob under a name, through a temporary link (no server round trip). */
@@ -715,7 +715,7 @@
     schedule(0);
   }
 
-  // ------------------------------------------------------------------ a saved trace (service/standalone.py)
+  // ------------------------------------------------------------------ a saved trace (service/offline_page.py)
 
   /** The inputs show the configuration the trace was made with; the page draws it without the service. */
   function initStandalone() {

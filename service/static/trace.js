@@ -2,7 +2,7 @@
  * attention-trace viewer: reading a /trace answer. Pure: no DOM, no state.
  *
  * The tokens along the key axis (the context's, in cross-attention), the K/V head a query head reads (grouped-query
- * attention), how much of a long trace the page draws, the file name of an export (service/standalone.py
+ * attention), how much of a long trace the page draws, the file name of an export (service/offline_page.py
  * names the HTML file alike, export_filename), and present mode's slides.
  *
  * Adds `trace` to globalThis.AttentionTrace; tests/js/trace.test.js runs it under Node.

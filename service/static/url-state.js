@@ -102,7 +102,7 @@
 
   /**
    * The comparison request: the same with scale flipped (and without decoding: it needs the weights only). A request
-   * without `scale` is scaled (the service's default), so its comparison is not (service/standalone.py alike).
+   * without `scale` is scaled (the service's default), so its comparison is not (service/offline_page.py alike).
    */
   function comparisonBody(body) {
     const alt = { ...body, scale: 'scale' in body ? !body.scale : false };

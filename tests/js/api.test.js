@@ -7,7 +7,7 @@ const { load } = require('./load.js');
 
 /** A stand-in for the saved page's document: the two JSON data blocks, or none. */
 const page = (blocks) => ({ getElementById: (id) => (id in blocks ? { textContent: blocks[id] } : null) });
-/** What service/standalone.py writes into the page: every "<" as \u003c. */
+/** What service/offline_page.py writes into the page: every "<" as \u003c. */
 const forScript = (json) => json.replaceAll('<', '\\u003c');
 
 test('unescapeScriptJson undoes exactly what the saved page escaped', () => {
