@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import zipfile
 
 import numpy as np
@@ -247,3 +248,122 @@ def test_a_batch_of_stacks_over_the_budget_is_refused_as_a_whole(app_factory):
     resp = limits.test_client().post("/trace/batch", json={"items": items})
     assert resp.status_code == 422 and resp.get_json()["errors"][0]["type"] == "batch_too_costly"
     _ok(limits.test_client().post("/trace/batch", json={"items": items[:1]}))
+
+
+# ---------------------------------------------------------------- /explain: a norm, an FFN unit, any layer
+
+
+def _trace_of(client, body):
+    return _ok(client.post("/trace", json={k: v for k, v in body.items()
+                                           if k not in ("cell", "layer", "token", "feature", "unit", "head",
+                                                        "query", "key")}))
+
+
+@pytest.mark.parametrize("body", [
+    BASE | {"block": "gpt2", "num_layers": 2, "norm_weights": "seeded"},
+    BASE | {"block": "vaswani2017", "num_layers": 2, "norm_weights": "seeded"},
+], ids=["pre-norm", "post-norm"])
+@pytest.mark.parametrize("cell, layer", [("norm1", 1), ("norm2", 0), ("norm2", 1)])
+def test_explain_walks_a_layernorm_value_to_the_traces_numbers(client, body, cell, layer):
+    doc = _ok(client.post("/explain", json=body | {"cell": cell, "layer": layer, "token": 2, "feature": 5}))
+    trace = _trace_of(client, body)
+    stage = lambda sid: np.array(trace["stages"][sid]["values"])  # noqa: E731 (a local shorthand)
+    steps = {s["id"]: s for s in doc["steps"]}
+    assert [s["id"] for s in doc["steps"]] == ["mean", "variance", "normalised", "scaled"]
+    assert (doc["norm"], doc["norm_kind"], doc["layer"], doc["token"], doc["feature"]) == (cell, "layer_norm",
+                                                                                          layer, 2, 5)
+    assert steps["mean"]["value"] == stage(f"{cell}_mean")[layer, 2]
+    assert steps["variance"]["value"] == stage(f"{cell}_variance")[layer, 2]
+    assert steps["scaled"]["value"] == stage(cell)[layer, 2, 5]
+    # the row it reads is the stage it names, and the statistics are that row's, recomputed here
+    x = stage(doc["source_stage"])[tuple(doc["source_index"])]
+    assert steps["mean"]["values"] == x.tolist()
+    assert math.isclose(x.mean(), steps["mean"]["value"], rel_tol=1e-12, abs_tol=1e-14)
+    assert math.isclose(x.var(), steps["variance"]["value"], rel_tol=1e-12, abs_tol=1e-14)
+    x_hat = (x[5] - x.mean()) / math.sqrt(x.var() + doc["config"]["norm_eps"])
+    assert math.isclose(steps["normalised"]["value"], x_hat, rel_tol=1e-10)
+    gamma, beta = steps["scaled"]["gamma"], steps["scaled"]["beta"]
+    assert math.isclose(gamma * x_hat + beta, steps["scaled"]["value"], rel_tol=1e-10, abs_tol=1e-13)
+    expected_source = ("residual_stream" if body.get("block") == "gpt2" and cell == "norm1" else
+                       "residual1" if body.get("block") == "gpt2" or cell == "norm1" else "residual2")
+    assert doc["source_stage"] == expected_source
+
+
+def test_explain_walks_an_rmsnorm_and_the_final_norm(client):
+    body = BASE | {"block": "llama", "num_kv_heads": 1, "d_ff": 16, "num_layers": 2, "norm_weights": "seeded"}
+    trace = _trace_of(client, body)
+    doc = _ok(client.post("/explain", json=body | {"cell": "norm1", "layer": 1, "token": 3, "feature": 0}))
+    steps = {s["id"]: s for s in doc["steps"]}
+    assert list(steps) == ["mean_square", "normalised", "scaled"] and "beta" not in steps["scaled"]
+    x = np.array(trace["stages"]["residual_stream"]["values"])[1, 3]  # pre-norm: layer 1 reads the stream at depth 1
+    assert steps["mean_square"]["value"] == trace["stages"]["norm1_mean_square"]["values"][1][3]
+    assert math.isclose(float(np.mean(x * x)), steps["mean_square"]["value"], rel_tol=1e-12)
+    assert steps["scaled"]["value"] == trace["stages"]["norm1"]["values"][1][3][0]
+    final = _ok(client.post("/explain", json=body | {"cell": "final_norm", "token": 1, "feature": 4}))
+    assert "layer" not in final and final["source_index"] == [2, 1]  # the last stream, x_L
+    assert final["steps"][-1]["value"] == trace["stages"]["final_norm"]["values"][1][4]
+    assert final["steps"][0]["value"] == trace["stages"]["final_norm_mean_square"]["values"][1]
+
+
+@pytest.mark.parametrize("body", [
+    BASE | {"block": "gpt2", "num_layers": 2},
+    BASE | {"block": "llama", "num_kv_heads": 1, "d_ff": 16, "num_layers": 2},
+    BASE | {"ffn": "gelu", "num_layers": 2},
+    BASE | {"block": "vaswani2017", "num_layers": 2},
+], ids=["gelu_tanh", "swiglu", "gelu", "relu"])
+def test_explain_walks_a_feed_forward_unit_to_the_traces_numbers(client, body):
+    trace = _trace_of(client, body)
+    stage = lambda sid: np.array(trace["stages"][sid]["values"])  # noqa: E731 (a local shorthand)
+    doc = _ok(client.post("/explain", json=body | {"cell": "ffn", "layer": 1, "token": 2, "unit": 3}))
+    steps = {s["id"]: s for s in doc["steps"]}
+    gated = doc["ffn"] == "swiglu"
+    assert list(steps) == ["products", "pre_activation", *(["up"] if gated else []), "activation",
+                           *(["gated"] if gated else []), "contribution"]
+    assert steps["pre_activation"]["value"] == stage("ffn_pre_activation")[1, 2, 3]
+    assert steps["activation"]["value"] == stage("ffn_activation")[1, 2, 3]
+    assert math.isclose(sum(steps["products"]["values"]), steps["pre_activation"]["value"], rel_tol=1e-12,
+                        abs_tol=1e-14)
+    a = steps["pre_activation"]["value"]
+    want = {"relu": max(a, 0.0), "gelu": 0.5 * a * (1 + math.erf(a / math.sqrt(2))),
+            "gelu_tanh": 0.5 * a * (1 + math.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3))),
+            "swiglu": a / (1 + math.exp(-a))}[doc["ffn"]]
+    assert math.isclose(steps["activation"]["value"], want, rel_tol=1e-12, abs_tol=1e-15)
+    if gated:
+        assert steps["up"]["value"] == stage("ffn_up")[1, 2, 3] and steps["gated"]["value"] == stage("ffn_gated")[1, 2, 3]
+    assert steps["contribution"]["vector"] == stage("ffn_output")[1, 2].tolist()
+    # every unit's share adds up to the output row
+    total = sum(np.array(_ok(client.post("/explain", json=body | {"cell": "ffn", "layer": 1, "token": 2, "unit": u}))
+                         ["steps"][-1]["values"]) for u in range(doc["d_ff"]))
+    np.testing.assert_allclose(total, stage("ffn_output")[1, 2], rtol=1e-12, atol=1e-13)
+
+
+def test_explain_takes_the_layer_of_an_attention_cell(client):
+    body = BASE | {"block": "gpt2", "num_layers": 3, "head": 1, "query": 3, "key": 0}
+    trace = _trace_of(client, body)
+    for layer in range(3):
+        doc = _ok(client.post("/explain", json=body | {"layer": layer}))
+        weight = next(s for s in doc["steps"] if s["id"] == "weight")
+        assert doc["layer"] == layer and weight["value"] == trace["stages"]["weights"]["values"][layer][1][3][0]
+    one = _ok(client.post("/explain", json=BASE | {"head": 0, "query": 0, "key": 0, "layer": 0}))
+    assert "layer" not in one
+    assert one == _ok(client.post("/explain", json=BASE | {"head": 0, "query": 0, "key": 0}))
+
+
+@pytest.mark.parametrize("body, errors", [
+    ({"block": "gpt2", "num_layers": 3, "head": 0, "query": 0, "key": 0, "layer": 3},
+     [("/layer", "layer_out_of_range")]),
+    ({"head": 0, "query": 0, "key": 0, "layer": 1}, [("/layer", "layer_out_of_range")]),
+    ({"cell": "norm1", "token": 0, "feature": 0}, [("/cell", "explain_needs_block")]),
+    ({"cell": "ffn", "token": 0, "unit": 0}, [("/cell", "explain_needs_block")]),
+    ({"block": "vaswani2017", "cell": "final_norm", "token": 0, "feature": 0}, [("/cell", "norm_not_in_block")]),
+    ({"block": "gpt2", "cell": "norm2", "token": 4, "feature": 0}, [("/token", "token_out_of_range")]),
+    ({"block": "gpt2", "cell": "norm2", "token": 0, "feature": 8}, [("/feature", "feature_out_of_range")]),
+    ({"block": "gpt2", "cell": "ffn", "token": 0, "unit": 32}, [("/unit", "unit_out_of_range")]),
+    ({"block": "gpt2", "cell": "ffn", "token": 0}, [("/unit", "missing")]),
+    ({"block": "gpt2", "cell": "norm1", "token": 0, "unit": 0}, [("/feature", "missing"), ("/unit", "extra_forbidden")]),
+])
+def test_a_block_cell_out_of_range_is_a_422_at_its_field(client, body, errors):
+    resp = client.post("/explain", json=BASE | body)
+    assert resp.status_code == 422 and resp.mimetype == "application/problem+json"
+    assert [(e["pointer"], e["type"]) for e in resp.get_json()["errors"]] == errors
+
