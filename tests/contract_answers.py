@@ -76,6 +76,7 @@ def answers(client) -> list[tuple[str, str, str, int, str, object]]:
     post("explain, a SwiGLU unit", "/explain", {**base, "block": "llama", "d_ff": 16, "cell": "ffn", "token": 1,
                                                 "unit": 2})
     post("explain, a ReLU unit", "/explain", {**base, "block": "vaswani2017", "cell": "ffn", "token": 1, "unit": 2})
+    post("export bertviz, a stack", "/export", {**base, "block": "gpt2", "num_layers": 2, "format": "bertviz"})
     get("health", "/health")
     get("version", "/version")
     post("422", "/trace", {"sentence": "a", "num_heads": 5}, status=422)

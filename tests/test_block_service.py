@@ -367,3 +367,23 @@ def test_a_block_cell_out_of_range_is_a_422_at_its_field(client, body, errors):
     assert resp.status_code == 422 and resp.mimetype == "application/problem+json"
     assert [(e["pointer"], e["type"]) for e in resp.get_json()["errors"]] == errors
 
+
+# ---------------------------------------------------------------- /export: bertviz's model_view, every layer
+
+
+@pytest.mark.parametrize("body", [
+    BASE | {"block": "gpt2", "num_layers": 3},
+    BASE | {"block": "llama", "num_kv_heads": 1, "d_ff": 16, "num_layers": 2},
+    BASE | {"norm_position": "post", "ffn": "gelu_tanh", "num_layers": 4, "causal": True},
+], ids=["gpt2", "llama", "post-norm"])
+def test_export_fills_bertviz_model_view_with_every_layer(client, body):
+    trace = _trace_of(client, body)
+    weights = np.array(trace["stages"]["weights"]["values"], dtype=float)  # [layer, head, query, key]; masked: nan
+    doc = _ok(client.post("/export", json=body | {"format": "bertviz"}))
+    attention = doc["data"]["attention"]  # model_view's list: one [batch, head, query, key] array per layer
+    assert len(attention) == body["num_layers"] == weights.shape[0]
+    for layer, a in enumerate(attention):
+        a = np.array(a)
+        assert a.shape == (1, body["num_heads"], 4, 4)
+        assert np.array_equal(a[0], np.nan_to_num(weights[layer], nan=0.0)), layer  # a masked weight is 0
+    assert doc["data"]["tokens"] == [t["text"] for t in trace["tokens"]]
