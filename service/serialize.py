@@ -19,7 +19,7 @@ from engine import Trace
 from engine.decoding import DecodeStep
 from engine.tokenize import Token
 
-SCHEMA_VERSION = "1.2.0"
+SCHEMA_VERSION = "1.3.0"
 
 _OPTS = orjson.OPT_SERIALIZE_NUMPY
 
