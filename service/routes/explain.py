@@ -15,12 +15,14 @@ openapi.yaml (:func:`openapi_paths`), which refers to the shared parts
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 import orjson
 from flask import Blueprint, Response, g
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, WrapValidator,
+                      model_validator)
+from pydantic_core import PydanticCustomError
 
 import engine
 from engine import EngineError, TraceConfig
@@ -45,6 +47,17 @@ _CELL_DOC = (" Validated against the configuration after tokenizing; a value out
              "names the field and the valid range.")
 
 
+def _cell_kind(v: Any, handler: ValidatorFunctionWrapHandler) -> str:
+    """An attention cell's ``cell`` is "attention" (a norm's or the FFN's body is another model's): a cell of
+    no kind is told every kind."""
+    try:
+        return handler(v)
+    except ValidationError:
+        kinds = [repr(kind) for kind in CELL_KINDS]
+        raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                  {"expected": f"{', '.join(kinds[:-1])} or {kinds[-1]}"}) from None
+
+
 class ExplainRequest(TraceRequest):
     """A /trace request plus the cell to explain: head, query and key (0-based)."""
 
@@ -67,7 +80,7 @@ class ExplainRequest(TraceRequest):
     key: int = Field(json_schema_extra={"minimum": 0},
                      description="The key token's index, 0 … n − 1; in cross-attention an index into the "
                      "context's tokens." + _CELL_DOC)
-    cell: Literal[CELL_KINDS] = Field(  # type: ignore[valid-type]
+    cell: Annotated[Literal["attention"], WrapValidator(_cell_kind)] = Field(
         default="attention",
         description="Which cell to explain: `attention` (the default: head, query and key), or in a stack of "
         "blocks a norm's value (`norm1`, `norm2`, `final_norm`: with layer, token and feature; NormExplainRequest) "

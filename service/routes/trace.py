@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from flask import Blueprint, Response, current_app, g, request
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 import engine
@@ -26,8 +26,8 @@ from engine.layer import ALL_STAGE_IDS, check_stages
 from .. import batch, budget, compression, npz, serialize
 from ..batch import BatchRequest
 from ..edge import json_response, parse_body, read_json_body, settings
-from ..models import (STAGE_ID_CHOICES, BoundedNumber, BugName, ConfigOut, InjectedBug, StageId, TokenOut, TraceSpec,
-                      engine_rules, has_block_field, omitted)
+from ..models import (BoundedNumber, BugName, ConfigOut, InjectedBug, StageId, TokenOut, TraceSpec, engine_rules,
+                      omitted)
 from ..offline_page import comparison_request, export_filename, render_html_bytes
 from ..problems import ProblemError
 
@@ -69,8 +69,9 @@ class TraceRequest(TraceSpec):
     stages: list[StageId] | None = Field(
         default=None,
         min_length=1,
-        max_length=len(STAGE_ID_CHOICES),
-        description="Return only these stages (by id); default: every stage. A grader that only needs "
+        max_length=len(ALL_STAGE_IDS),
+        description="Return only these stages (by id, at most 20: leave it out for every stage); default: every "
+        "stage. A grader that only needs "
         "`weights` gets only `weights`. A stage this configuration does not compute is a 422, each one listed: "
         "`masked_scores` without `causal: true`, `q_rotated`/`k_rotated` without RoPE, `positional_encoding` "
         "under RoPE, the context stages without a context, `token_embedding` and `positional_encoding` (and the "
@@ -101,17 +102,6 @@ class TraceRequest(TraceSpec):
         "A bug that would change no number of this trace (a scaling bug with `scale: false` or d_k = 1, "
         "averaging one head, a softmax or mask bug on one token) is refused with a 422 that says why.",
     )
-
-    @field_validator("stages", mode="before")
-    @classmethod
-    def _stage_count(cls, v: Any, info: ValidationInfo) -> Any:
-        # One layer's trace names at most its own stages' count, as before the block's stages existed (and with
-        # the same words); a stack's may name the block's too (the schema's bound).
-        if isinstance(v, list) and len(v) > len(ALL_STAGE_IDS) and not has_block_field(info):
-            raise PydanticCustomError("too_long", "List should have at most {max_length} items after validation, "
-                                      "not {actual_length}", {"field_type": "List", "max_length": len(ALL_STAGE_IDS),
-                                                              "actual_length": len(v)})
-        return v
 
     @model_validator(mode="after")
     def _options(self) -> TraceRequest:
