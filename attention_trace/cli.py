@@ -46,6 +46,8 @@ from .cli_common import (
     resolve_query,
     write_file,
 )
+from engine.layer import BLOCK_PRESETS, FFN_KINDS, NORM_KINDS, NORM_POSITIONS, NORM_WEIGHTS, preset_fields
+
 from .client import CheckResult, ClientError, ProblemError, Trace, TransportError
 from .explain_cli import run_explain
 
@@ -64,7 +66,12 @@ FIELD_FLAGS = {"/sentence": "SENTENCE", "/d_model": "--d-model", "/num_heads": "
                "/rope_base": "--rope-base", "/rope_pairing": "--rope-pairing", "/num_kv_heads": "--kv-heads",
                "/window": "--window", "/context_sentence": "--context", "/decode": "--decode",
                "/head": "--head", "/query": "--explain", "/key": "--explain", "/format": "--export",
-               "/tokens": "--tokens", "/stages": "--stages", "/inject_bug": "--inject-bug"}
+               "/tokens": "--tokens", "/stages": "--stages", "/inject_bug": "--inject-bug",
+               "/num_layers": "--layers", "/block": "--block", "/norm": "--norm", "/norm_position": "--norm-position",
+               "/ffn": "--ffn", "/d_ff": "--d-ff", "/norm_eps": "--norm-eps", "/norm_weights": "--norm-weights",
+               "/layer": "--layer"}
+#: the block's request fields, each set by its option of the same name (--layers sets num_layers)
+BLOCK_FIELDS = ("num_layers", "block", "norm", "norm_position", "ffn", "d_ff", "norm_eps", "norm_weights")
 
 
 # --------------------------------------------------------------- walkthrough
@@ -78,8 +85,10 @@ def _cell_rows(labels: list[str], cells: list[list[str]], keys: list[str], prefi
 
 
 def render_walkthrough(t: Trace, query: int, heads: Sequence[int], *, decimals: int = 3,
-                       layout: str = "auto", style: Style | None = None, sentence: str | None = None) -> str:
-    """The classic walkthrough's table for one query token, for each of the given heads."""
+                       layout: str = "auto", style: Style | None = None, sentence: str | None = None,
+                       layer: int = 0) -> str:
+    """The classic walkthrough's table for one query token, for each of the given heads (in a stack of blocks,
+    of ``layer``'s attention)."""
     style = style or Style(False)
     cfg = t.config
     texts = t.texts
@@ -87,11 +96,16 @@ def render_walkthrough(t: Trace, query: int, heads: Sequence[int], *, decimals: 
     keys = [k["text"] for k in t.raw["context_tokens"]] if t.raw.get("context_tokens") else texts
     n = len(keys)
     pdec = percent_decimals(decimals)
-    scores = t.array("scores")  # [head, query, key]
-    scaled = t.array("scaled_scores")
-    weights = t.array("weights")
-    context = t.array("context")  # [head, token, d_k]
-    masked = t.stages["masked_scores"].mask if cfg.causal else None  # [head, query, key]
+
+    def of_layer(a: Any) -> Any:
+        """A stack's stages have a leading layer axis: the table shows one layer's."""
+        return a[layer] if cfg.stack and a is not None else a
+
+    scores = of_layer(t.array("scores"))  # [head, query, key]
+    scaled = of_layer(t.array("scaled_scores"))
+    weights = of_layer(t.array("weights"))
+    context = of_layer(t.array("context"))  # [head, token, d_k]
+    masked = of_layer(t.stages["masked_scores"].mask) if cfg.causal else None  # [head, query, key]
     scale_txt = (f"scores ÷ √{cfg.d_k} = {fmt_number(cfg.scale_factor, decimals)}" if cfg.scale
                  else "scores not scaled (÷ 1)")
     subject = f'"{sentence}"' if sentence is not None else " ".join(texts)
@@ -103,6 +117,9 @@ def render_walkthrough(t: Trace, query: int, heads: Sequence[int], *, decimals: 
         else "",
         f" · window {raw_cfg['window']}" if "window" in raw_cfg else "",
         f" · cross-attention to {json.dumps(' '.join(keys), ensure_ascii=False)}" if keys is not texts else "",
+        f" · {cfg.num_layers} {cfg.norm_position}-norm block{'s' if cfg.num_layers != 1 else ''} "
+        f"({cfg.block or 'no preset'}: {cfg.norm}, {cfg.ffn}, d_ff {cfg.d_ff}), layer {layer}'s attention"
+        if cfg.stack else "",
     ])
     out = [style.bold(subject) + f" · {len(texts)} token{'s' if len(texts) != 1 else ''} · d_model {cfg.d_model} · "
            f"{cfg.num_heads} {head_word} · d_k {cfg.d_k} · seed {cfg.seed} · {scale_txt}"
@@ -235,6 +252,21 @@ def _trace_options(p: argparse.ArgumentParser, *, sentence_help: str = "the text
                                                            "W keys, its own included")
     v.add_argument("--context", metavar="TEXT", dest="context_sentence",
                    help="cross-attention: the keys and values come from this context sentence")
+    b = p.add_argument_group("Transformer block (any of these traces a stack of blocks; docs/engine.md)")
+    b.add_argument("--block", choices=tuple(BLOCK_PRESETS),
+                   help="a preset: vaswani2017 (post-norm LayerNorm, ReLU), gpt2 (pre-norm LayerNorm, GELU tanh; "
+                        "sets --causal), llama (pre-norm RMSNorm, SwiGLU; sets --causal and --rope)")
+    b.add_argument("--layers", type=int, metavar="N", dest="num_layers",
+                   help="how many blocks are stacked (default 1; more needs a block option)")
+    b.add_argument("--norm", choices=NORM_KINDS, help="the norms (default: the preset's)")
+    b.add_argument("--norm-position", choices=NORM_POSITIONS, dest="norm_position",
+                   help="post (2017) or pre (GPT-2, Llama: and a final norm); default: the preset's")
+    b.add_argument("--ffn", choices=FFN_KINDS, help="the feed-forward network's activation (default: the preset's)")
+    b.add_argument("--d-ff", type=int, metavar="N", dest="d_ff",
+                   help="the feed-forward network's width (default 4·d_model; swiglu: Llama's rounding)")
+    b.add_argument("--norm-eps", type=float, metavar="E", dest="norm_eps", help="the norms' ε (default: the preset's)")
+    b.add_argument("--norm-weights", choices=NORM_WEIGHTS, dest="norm_weights",
+                   help="unit (γ = 1, β = 0; the default) or seeded")
     v.add_argument("--decode", action="store_true",
                    help="also show the KV-cache decoding step of the query token (with --causal)")
 
@@ -266,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the query token: an index (0 = first, -1 = last) or a token's text; '=TEXT' forces text "
                         "(default: the second token, or the first if there is only one)")
     t.add_argument("--head", type=int, metavar="H", help="show only this head (0-based; default: every head)")
+    t.add_argument("--layer", type=int, metavar="L", help="in a stack of blocks, the layer whose attention the table "
+                   "(or --explain) shows (0-based; default 0)")
     t.add_argument("--stages", nargs="+", metavar="STAGE",
                    help="with --json or --npz: return only these stages (stage ids, e.g. weights context)")
     out = t.add_argument_group("output (one of them; default: the walkthrough table)").add_mutually_exclusive_group()
@@ -309,6 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     _trace_options(e)
     e.add_argument("cell", metavar="QUERY,KEY", help="the query and key tokens (text or 0-based index), e.g. cat,sat")
     e.add_argument("--head", type=int, metavar="H", help="the head (default 0)")
+    e.add_argument("--layer", type=int, metavar="L", help="in a stack of blocks, the layer whose attention the cell "
+                   "is in (default 0)")
     e.add_argument("--json", action="store_true", help="print the /explain answer instead")
     _display_options(e)
     connection_options(e)
@@ -346,7 +382,8 @@ def trace_body(args: argparse.Namespace) -> dict[str, Any]:
         body["causal"] = True
     if args.rope:
         body["positional_encoding"] = "rope"
-    for name in ("rope_base", "rope_pairing", "num_kv_heads", "window", "context_sentence", "inject_bug"):
+    for name in ("rope_base", "rope_pairing", "num_kv_heads", "window", "context_sentence", "inject_bug",
+                 *BLOCK_FIELDS):
         if getattr(args, name) is not None:
             body[name] = getattr(args, name)
     if args.decode:
@@ -374,7 +411,9 @@ def run_trace(args: argparse.Namespace, out: TextIO) -> int:
     if args.stages is not None:
         body["stages"] = list(args.stages)
     elif not args.json and not args.npz:
-        body["stages"] = [s for s in TABLE_STAGES if s != "masked_scores" or args.causal]
+        # masked_scores exists when the trace is causal: asked for, or set by a preset the request leaves it to
+        causal = args.causal or preset_fields(args.block, set(body)).get("causal", False)
+        body["stages"] = [s for s in TABLE_STAGES if s != "masked_scores" or causal]
     if args.npz:  # the archive exactly as the service sent it: exact float64 (np.load reads it)
         with make_client(args) as client:
             data = client.trace_npz(body)
@@ -391,14 +430,25 @@ def run_trace(args: argparse.Namespace, out: TextIO) -> int:
     if args.head is not None and not 0 <= args.head < h:
         raise UsageError(f"--head {args.head}: there {'is 1 head (0)' if h == 1 else f'are {h} heads (0 to {h - 1})'}")
     heads = [args.head] if args.head is not None else list(range(h))
+    layer = check_layer_option(args.layer, t.config.num_layers)
     style = Style.for_stream(out, args.color)
     text = render_walkthrough(t, query, heads, decimals=args.decimals, layout=args.layout, style=style,
-                              sentence=args.sentence)
+                              sentence=args.sentence, layer=layer)
     injected = t.raw.get("injected_bug")
     if injected:
         text += "\n\n" + style.red(f"Injected bug {injected['name']}") + f": {injected['summary']}. {injected['warning']}"
     out.write(text + "\n")
     return EXIT_OK
+
+
+def check_layer_option(layer: int | None, layers: int) -> int:
+    """--layer, checked against the trace's layers (0 when not given)."""
+    if layer is None:
+        return 0
+    if not 0 <= layer < layers:
+        raise UsageError(f"--layer {layer}: the trace has {layers} layer{'s' if layers != 1 else ''} "
+                         f"(0 to {layers - 1})")
+    return layer
 
 
 def export(args: argparse.Namespace, body: dict[str, Any], fmt: str, out: TextIO) -> int:

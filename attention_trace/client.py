@@ -32,7 +32,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from typing import Any, Generic, TypeVar, Union
 
 import numpy as np
@@ -191,11 +191,28 @@ class Config:
     n_tokens: int
     n_parameters: int
     n_matrices: int
+    # A stack of Transformer blocks (a block field in the request): its settings as resolved; one attention
+    # layer's answer has none of them.
+    num_layers: int = 1
+    block: str | None = None
+    norm: str | None = None
+    norm_position: str | None = None
+    ffn: str | None = None
+    d_ff: int | None = None
+    norm_eps: float | None = None
+    norm_weights: str | None = None
+
+    @property
+    def stack(self) -> bool:
+        """Whether the trace is a stack of blocks (every per-layer stage has a leading layer axis)."""
+        return self.norm is not None
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Config:
-        # Only the known fields: a newer service may add more.
-        return cls(**{f: doc.get(f) for f in cls.__dataclass_fields__})  # type: ignore[arg-type]
+        # Only the known fields: a newer service may add more; a field with a default may be absent.
+        fields = cls.__dataclass_fields__
+        return cls(**{f: doc.get(f) for f in fields  # type: ignore[arg-type]
+                      if f in doc or fields[f].default is MISSING})
 
 
 NPZ = "application/x-npz"
@@ -297,11 +314,13 @@ class _Stages(dict):  # type: ignore[type-arg]
 @dataclass(frozen=True)
 class Stats:
     axes: tuple[str, ...]
-    entropy: np.ndarray  # [head, query], nats
-    max_weight: np.ndarray  # [head, query]
+    entropy: np.ndarray  # [head, query], nats; a stack's [layer, head, query]
+    max_weight: np.ndarray  # [head, query]; a stack's [layer, head, query]
 
 
 _PER_HEAD = ("W_Q", "W_K", "W_V", "W_O")
+#: a stack of blocks' request fields, echoed (resolved) in an answer's config
+_BLOCK_FIELDS = ("num_layers", "block", "norm", "norm_position", "ffn", "d_ff", "norm_eps", "norm_weights")
 
 
 @dataclass(frozen=True)
@@ -309,7 +328,9 @@ class Parameters:
     """The layer's weights (``include_parameters``), per head whatever the layout they were sent in.
 
     Subscriptable like the stages: ``t.parameters["W_Q"]``; a ``parameters_layout: "torch"`` answer's own arrays
-    are there too, ``t.parameters["in_proj_weight"]`` and ``t.parameters["out_proj.weight"]``.
+    are there too, ``t.parameters["in_proj_weight"]`` and ``t.parameters["out_proj.weight"]``, and so are a stack of
+    blocks' (every array with a leading layer axis: ``t.parameters["W_1"]`` [layer, d_ff, d_model], the norms' γ and
+    β, the final norm's).
     """
 
     W_Q: np.ndarray  # [head, d_k, d_model]
@@ -347,7 +368,8 @@ class Parameters:
                              for i in range(3))
             w_o = _to_array(doc["out_proj.weight"])
             return cls(w_q, w_k, w_v, w_o, layout="torch", sent={"in_proj_weight": stacked, "out_proj.weight": w_o})
-        return cls(*(_to_array(doc[k]) for k in _PER_HEAD))
+        rest = {k: _to_array(v) for k, v in doc.items() if k not in _PER_HEAD}  # a stack's FFN and norms
+        return cls(*(_to_array(doc[k]) for k in _PER_HEAD), sent=rest)
 
 
 @dataclass(frozen=True)
@@ -424,6 +446,7 @@ class Trace:
         body: dict[str, Any] = {"tokens": self.texts}
         body |= {k: cfg[k] for k in ("d_model", "num_heads", "seed", "scale", "causal", "positional_encoding")}
         body |= {k: cfg[k] for k in ("rope_base", "rope_pairing", "num_kv_heads", "window", "decode") if k in cfg}
+        body |= {k: cfg[k] for k in _BLOCK_FIELDS if cfg.get(k) is not None}  # a stack's resolved settings
         if self.raw.get("context_tokens") is not None:
             body["context_tokens"] = [t["text"] for t in self.raw["context_tokens"]]
         return body
@@ -642,6 +665,8 @@ class Explanation:
     config: Config
     raw: dict[str, Any] = field(repr=False, compare=False)
     request_id: str | None = field(default=None, compare=False)
+    #: a stack of blocks: the layer whose attention the cell is in (None for one attention layer)
+    layer: int | None = None
 
     def step(self, step_id: str) -> dict[str, Any]:
         """The step with this id: products, score, scaled, row_max, exp, denominator, weight, contributions."""
@@ -669,7 +694,7 @@ class Explanation:
     def from_json(cls, doc: dict[str, Any], request_id: str | None = None) -> Explanation:
         return cls(doc["head"], doc["query"], doc["key"], doc["query_token"], doc["key_token"], doc["masked"],
                    doc["mask_reason"], doc["scale_factor"], list(doc["steps"]), Config.from_json(doc["config"]),
-                   raw=doc, request_id=request_id)
+                   raw=doc, request_id=request_id, layer=doc.get("layer"))
 
 
 R = TypeVar("R")
@@ -901,6 +926,26 @@ class _Base:
         doc, rid = self._call("POST", "/explain", _merge(body, {**options, "head": head, "query": query, "key": key}),
                               request_id)
         return Explanation.from_json(doc, rid)
+
+    def explain_norm(self, sentence: str | Request | None = None, /, *, cell: str, token: int, feature: int,
+                     layer: int = 0, request_id: str | None = None, **options: Any) -> dict[str, Any]:
+        """POST /explain of a stack's norm value: ``cell`` "norm1", "norm2" or "final_norm", the token and the
+        feature (0-based), in ``layer``: the token's mean and variance (or mean square), the normalised value,
+        γ·x̂ + β. ``options`` are /trace's fields, a block field among them. Returns the JSON document."""
+        body = {"sentence": sentence} if isinstance(sentence, str) else sentence
+        fields = {**options, "cell": cell, "layer": layer, "token": token, "feature": feature}
+        doc, _ = self._call("POST", "/explain", _merge(body, fields), request_id)
+        return doc
+
+    def explain_ffn(self, sentence: str | Request | None = None, /, *, token: int, unit: int, layer: int = 0,
+                    request_id: str | None = None, **options: Any) -> dict[str, Any]:
+        """POST /explain of a stack's feed-forward unit (0-based ``token`` and ``unit`` in ``layer``): the products
+        with W_1's row, the pre-activation, the activation (SwiGLU's up projection and gate) and the unit's share
+        of the output. ``options`` are /trace's fields, a block field among them. Returns the JSON document."""
+        body = {"sentence": sentence} if isinstance(sentence, str) else sentence
+        fields = {**options, "cell": "ffn", "layer": layer, "token": token, "unit": unit}
+        doc, _ = self._call("POST", "/explain", _merge(body, fields), request_id)
+        return doc
 
     def export(self, sentence: str | Request | None = None, /, *, format: str, request_id: str | None = None,
                **options: Any) -> dict[str, Any]:

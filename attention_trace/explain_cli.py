@@ -88,7 +88,8 @@ def render_explanation(e: Explanation, *, decimals: int = 3, style: Style | None
     keys = d["key_tokens"]
     out = [style.bold(f"{subject}: {head_txt}, query {e.query} {e.query_token!r}, key {e.key} {e.key_token!r}")
            + f" · d_model {cfg.d_model} · {cfg.num_heads} head{'s' if cfg.num_heads != 1 else ''} · d_k {cfg.d_k}"
-           + (" · keys from the context" if d["key_source"] == "context_tokens" else "")]
+           + (" · keys from the context" if d["key_source"] == "context_tokens" else "")
+           + (f" · layer {e.layer} of {cfg.num_layers}" if e.layer is not None else "")]
     if e.masked:
         out.append(style.red("masked") + f": {e.mask_reason}")
     out.append("")
@@ -150,7 +151,9 @@ def run_explain(args: argparse.Namespace, body: dict[str, Any], out: TextIO, spe
         context = t.raw.get("context_tokens")
         keys = [k["text"] for k in context] if context else queries
         query, key = split_spec(spec, queries, keys, cross=bool(context))
-        e = client.explain(body, head=0 if args.head is None else args.head, query=query, key=key)
+        layer = getattr(args, "layer", None)  # a stack of blocks: the layer whose attention the cell is in
+        e = client.explain(body | ({} if layer is None else {"layer": layer}),
+                           head=0 if args.head is None else args.head, query=query, key=key)
     if args.json:
         out.write(json.dumps(e.raw, ensure_ascii=False) + "\n")
     else:

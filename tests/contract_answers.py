@@ -58,6 +58,25 @@ def answers(client) -> list[tuple[str, str, str, int, str, object]]:
                                                   "key": 1})
     post("export, injected bug", "/export", {**base, "causal": True, "inject_bug": "no_scale",
                                              "format": "transformer-explainer"})
+    post("trace, stack of blocks", "/trace", {**base, "block": "gpt2", "num_layers": 2, "include_parameters": True,
+                                              "norm_weights": "seeded"})
+    post("trace, llama stack", "/trace", {**base, "block": "llama", "num_kv_heads": 1, "d_ff": 16,
+                                          "include_parameters": True})
+    post("trace, a block without a preset", "/trace", {**base, "norm": "rms_norm", "include_parameters": True,
+                                                       "stages": ["weights", "norm1"]})
+    stack = post("trace, reference stack", "/trace", {**base, "block": "gpt2", "stages": ["norm1", "weights"]})
+    post("check, a stack's stages", "/check", {**base, "block": "gpt2", "submission": {
+        "norm1": stack["stages"]["norm1"]["values"], "weights": [[[[0.5] * 3] * 3] * 2]}})
+    post("explain, a stack's layer", "/explain", {**base, "block": "gpt2", "num_layers": 2, "layer": 1, "head": 0,
+                                                  "query": 2, "key": 1})
+    post("explain, a LayerNorm value", "/explain", {**base, "block": "gpt2", "num_layers": 2, "cell": "norm2",
+                                                    "layer": 1, "token": 2, "feature": 3})
+    post("explain, the final RMSNorm", "/explain", {**base, "block": "llama", "d_ff": 16, "cell": "final_norm",
+                                                    "token": 0, "feature": 1})
+    post("explain, a SwiGLU unit", "/explain", {**base, "block": "llama", "d_ff": 16, "cell": "ffn", "token": 1,
+                                                "unit": 2})
+    post("explain, a ReLU unit", "/explain", {**base, "block": "vaswani2017", "cell": "ffn", "token": 1, "unit": 2})
+    post("export bertviz, a stack", "/export", {**base, "block": "gpt2", "num_layers": 2, "format": "bertviz"})
     get("health", "/health")
     get("version", "/version")
     post("422", "/trace", {"sentence": "a", "num_heads": 5}, status=422)

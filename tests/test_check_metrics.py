@@ -471,7 +471,7 @@ def test_client_reads_the_new_fields_and_a_1_0_0_document():
     w = np.array(local.trace(BODY).stages["weights"].values)
     w[0, 0, 0] = np.nan
     r = local.check(BODY, submission={"weights": w * 0.9})
-    assert r.schema_version == "1.2.0" and r.tolerance.metric == "allclose" and r.tolerance.stage_rtol == 1e-4
+    assert r.schema_version == "1.3.0" and r.tolerance.metric == "allclose" and r.tolerance.stage_rtol == 1e-4
     s = r.stages["weights"]
     assert s.non_finite.count == 1 and s.non_finite.first == [([0, 0, 0], "NaN")]
     assert s.first_mismatch.received == "NaN" and s.rel_error is not None and s.abs_tolerance is not None

@@ -15,14 +15,20 @@ openapi.yaml (:func:`openapi_paths`), which refers to the shared parts
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
+import orjson
 from flask import Blueprint, Response, g
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, WrapValidator,
+                      model_validator)
+from pydantic_core import PydanticCustomError
 
 import engine
-from engine.explain import STEP_IDS, check_cell, check_explainable, explain_cell
+from engine import EngineError, TraceConfig
+from engine.explain import (NORMS, STEP_IDS, check_cell, check_explainable, check_ffn_cell, check_layer,
+                            check_norm_cell, explain_cell, explain_ffn_cell, explain_norm_cell)
+from engine.layer import FFN_KINDS, NORM_KINDS
 
 from .. import budget, compression, serialize
 from ..edge import json_response, parse_body, read_json_body
@@ -34,8 +40,22 @@ if TYPE_CHECKING:
 
 bp = Blueprint("explain", __name__)
 
+#: the cells /explain walks: an attention weight (the default), a norm's value, a feed-forward unit
+CELL_KINDS: tuple[str, ...] = ("attention", *NORMS, "ffn")
+
 _CELL_DOC = (" Validated against the configuration after tokenizing; a value out of range is a 422 whose entry "
              "names the field and the valid range.")
+
+
+def _cell_kind(v: Any, handler: ValidatorFunctionWrapHandler) -> str:
+    """An attention cell's ``cell`` is "attention" (a norm's or the FFN's body is another model's): a cell of
+    no kind is told every kind."""
+    try:
+        return handler(v)
+    except ValidationError:
+        kinds = [repr(kind) for kind in CELL_KINDS]
+        raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                  {"expected": f"{', '.join(kinds[:-1])} or {kinds[-1]}"}) from None
 
 
 class ExplainRequest(TraceRequest):
@@ -60,6 +80,14 @@ class ExplainRequest(TraceRequest):
     key: int = Field(json_schema_extra={"minimum": 0},
                      description="The key token's index, 0 … n − 1; in cross-attention an index into the "
                      "context's tokens." + _CELL_DOC)
+    cell: Annotated[Literal["attention"], WrapValidator(_cell_kind)] = Field(
+        default="attention",
+        description="Which cell to explain: `attention` (the default: head, query and key), or in a stack of "
+        "blocks a norm's value (`norm1`, `norm2`, `final_norm`: with layer, token and feature; NormExplainRequest) "
+        "or a feed-forward unit (`ffn`: with layer, token and unit; FFNExplainRequest).")
+    layer: int = Field(default=0, json_schema_extra={"minimum": 0},
+                       description="In a stack of blocks: the layer whose attention the cell is in, 0 … num_layers − "
+                       "1; 0 otherwise." + _CELL_DOC)
 
     @model_validator(mode="after")
     def _cell(self) -> ExplainRequest:
@@ -68,6 +96,77 @@ class ExplainRequest(TraceRequest):
             check_explainable(self.inject_bug)
             check_cell(self.trace_config, len(self._tokens), n_keys, self.head, self.query, self.key,
                        cross=self._context is not None)
+            check_layer(_Bounds(self.trace_config, len(self._tokens)), self.layer)  # type: ignore[arg-type]
+        return self
+
+
+class _Bounds:
+    """What the engine's cell rules read of a trace (its configuration, token and layer counts), known from
+    the validated request before anything is traced."""
+
+    __slots__ = ("config", "n_tokens", "num_layers")
+
+    def __init__(self, config: TraceConfig, n_tokens: int) -> None:
+        self.config, self.n_tokens, self.num_layers = config, n_tokens, config.num_layers
+
+
+def _at_cell(error: EngineError) -> EngineError:
+    """The engine names the norm it explains ``norm``, which a request calls ``cell`` (its ``norm`` field is the
+    block's norm kind): the same error, at /cell."""
+    if error.field not in ("norm", "unit") or error.code not in ("norm_not_in_block", "explain_needs_block"):
+        return error
+    message = "cell" + error.message[len("norm"):] if error.message.startswith("norm must") else error.message
+    return type(error)(message, field="cell", code=error.code)
+
+
+class NormExplainRequest(TraceRequest):
+    """A /trace request with a block field, plus a norm's value to explain: cell, layer, token and feature."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"sentence": "the cat sat", "d_model": 8, "num_heads": 2, "block": "gpt2", "num_layers": 2, "cell": "norm1",
+         "layer": 1, "token": 2, "feature": 5}]})
+
+    cell: Literal[NORMS] = Field(  # type: ignore[valid-type]
+        description="The norm: norm1, norm2 (each layer's), or final_norm (pre-norm stacks only; no layer).")
+    layer: int = Field(default=0, json_schema_extra={"minimum": 0},
+                       description="The layer, 0 … num_layers − 1 (ignored for final_norm)." + _CELL_DOC)
+    token: int = Field(json_schema_extra={"minimum": 0}, description="The token, 0 … n − 1." + _CELL_DOC)
+    feature: int = Field(json_schema_extra={"minimum": 0}, description="The feature, 0 … d_model − 1." + _CELL_DOC)
+
+    @model_validator(mode="after")
+    def _cell(self) -> NormExplainRequest:
+        with engine_rules():
+            check_explainable(self.inject_bug)
+            try:
+                check_norm_cell(_Bounds(self.trace_config, len(self._tokens)),  # type: ignore[arg-type]
+                                self.cell, self.layer, self.token, self.feature)
+            except EngineError as e:
+                raise _at_cell(e) from None
+        return self
+
+
+class FFNExplainRequest(TraceRequest):
+    """A /trace request with a block field, plus a feed-forward unit to explain: cell "ffn", layer, token, unit."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"sentence": "the cat sat", "d_model": 8, "num_heads": 2, "block": "llama", "d_ff": 16, "cell": "ffn",
+         "layer": 0, "token": 1, "unit": 3}]})
+
+    cell: Literal["ffn"] = Field(description="The feed-forward network.")
+    layer: int = Field(default=0, json_schema_extra={"minimum": 0},
+                       description="The layer, 0 … num_layers − 1." + _CELL_DOC)
+    token: int = Field(json_schema_extra={"minimum": 0}, description="The token, 0 … n − 1." + _CELL_DOC)
+    unit: int = Field(json_schema_extra={"minimum": 0}, description="The hidden unit, 0 … d_ff − 1." + _CELL_DOC)
+
+    @model_validator(mode="after")
+    def _cell(self) -> FFNExplainRequest:
+        with engine_rules():
+            check_explainable(self.inject_bug)
+            try:
+                check_ffn_cell(_Bounds(self.trace_config, len(self._tokens)),  # type: ignore[arg-type]
+                               self.layer, self.token, self.unit)
+            except EngineError as e:
+                raise _at_cell(e) from None
         return self
 
 
@@ -144,11 +243,87 @@ class ExplainResponse(BaseModel):
     masked_keys: list[int] = Field(description="The keys the mask hides from this query row.")
     steps: list[ExplainStep] = Field(description="products, score, scaled, row_max, exp, denominator, weight, "
                                                  "contributions, in this order.")
+    layer: int | None = omitted("A stack of blocks only: the layer the cell is in.")
     decode: ExplainDecode | None = omitted("Only with decode: the query's KV-cache step.")
 
 
+class NormExplainStep(BaseModel):
+    """One step of a norm's value: its token's statistic(s), the normalised value, then the gain (and bias)."""
+
+    id: Literal["mean", "variance", "mean_square", "normalised", "scaled"]
+    stage: StageId = Field(description="The stage the step's number is in (the normalised value is inside the "
+                                       "norm's stage).")
+    index: list[int] = Field(description="Where `value` is in `stage`'s values.")
+    formula: str
+    value: float = Field(description="The step's number: the trace's own, where it is a stage entry.")
+    note: str
+    values: list[float] | None = omitted("mean: the token's d_model features; variance: each (x[j] − μ)²; "
+                                         "mean_square: each x[j]².")
+    recomputed: float | None = omitted("The step redone from the numbers shown (sums in feature order).")
+    exact: bool | None = omitted("Whether `recomputed` equals the trace's number bit for bit.")
+    x: float | None = omitted("normalised: the input's value at the feature.")
+    epsilon: float | None = omitted("normalised: ε, inside the square root.")
+    gamma: float | None = omitted("scaled: γ at the feature.")
+    beta: float | None = omitted("scaled: β at the feature; LayerNorm only.")
+
+
+class NormExplainResponse(BaseModel):
+    schema_version: str
+    engine_version: str
+    config: ConfigOut
+    parameters_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    norm: Literal[NORMS] = Field(description="The norm explained (the request's cell).")  # type: ignore[valid-type]
+    norm_kind: Literal[NORM_KINDS]  # type: ignore[valid-type]
+    layer: int | None = omitted("norm1 and norm2 only (the final norm is the stack's, after every layer).")
+    token: int
+    token_text: str
+    feature: int
+    source_stage: StageId = Field(description="The stage the norm reads: residual_stream (pre-norm), residual1 or "
+                                              "residual2 (post-norm).")
+    source_index: list[int] = Field(description="The row it reads in source_stage.")
+    steps: list[NormExplainStep] = Field(description="LayerNorm: mean, variance, normalised, scaled; RMSNorm: "
+                                                     "mean_square, normalised, scaled.")
+
+
+class FFNExplainStep(BaseModel):
+    """One step of a feed-forward unit: the products with its W_1 row, their sum, the activation, its share."""
+
+    id: Literal["products", "pre_activation", "up", "activation", "gated", "contribution"]
+    stage: StageId
+    index: list[int] = Field(description="Where `value` (or the step's row) is in `stage`'s values.")
+    formula: str
+    value: float | None = Field(description="The step's number; null for products and contribution (their "
+                                             "numbers are in `values`).")
+    note: str
+    values: list[float] | None = omitted("products: x[j]·W_1[u, j] for each j; contribution: h[u]·W_2[:, u].")
+    x: list[float] | None = omitted("products: the FFN's input row.")
+    w: list[float] | None = omitted("products: W_1's row u.")
+    recomputed: float | None = omitted("The step redone from the numbers shown (the activation with Python's "
+                                       "math module).")
+    exact: bool | None = omitted("Whether `recomputed` equals the trace's number bit for bit.")
+    vector: list[float] | None = omitted("contribution: the trace's ffn_output row, which every unit's share adds "
+                                         "up to.")
+
+
+class FFNExplainResponse(BaseModel):
+    schema_version: str
+    engine_version: str
+    config: ConfigOut
+    parameters_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    layer: int
+    token: int
+    token_text: str
+    unit: int
+    ffn: Literal[FFN_KINDS]  # type: ignore[valid-type]
+    d_ff: int
+    source_stage: StageId = Field(description="The stage the FFN's input row is in.")
+    steps: list[FFNExplainStep] = Field(description="products, pre_activation, (up,) activation, (gated,) "
+                                                    "contribution, in this order.")
+
+
 #: the models whose schemas this module's path publishes in components.schemas
-MODELS: tuple[type[BaseModel], ...] = (ExplainRequest, ExplainResponse)
+MODELS: tuple[type[BaseModel], ...] = (ExplainRequest, ExplainResponse, NormExplainRequest, NormExplainResponse,
+                                       FFNExplainRequest, FFNExplainResponse)
 
 
 # ------------------------------------------------------------------ the answer
@@ -178,10 +353,19 @@ def _rounded(doc: Any, precision: int) -> Any:
     return doc
 
 
-def explain_document(req: ExplainRequest) -> dict[str, Any]:
-    """The /explain answer for a validated request."""
+AnyExplainRequest = ExplainRequest | NormExplainRequest | FFNExplainRequest
+
+
+def explain_document(req: AnyExplainRequest) -> dict[str, Any]:
+    """The /explain answer for a validated request: an attention cell, a norm's value or a feed-forward unit."""
     t = req.run_trace()
-    cell = explain_cell(t, req.head, req.query, req.key, decode=engine.decode(t) if req.decode else None)
+    if isinstance(req, NormExplainRequest):
+        cell = explain_norm_cell(t, req.cell, req.token, req.feature, layer=req.layer)
+    elif isinstance(req, FFNExplainRequest):
+        cell = explain_ffn_cell(t, req.token, req.unit, layer=req.layer)
+    else:
+        cell = explain_cell(t, req.head, req.query, req.key, decode=engine.decode(t) if req.decode else None,
+                            layer=req.layer)
     _finite(cell, "explanation")
     if req.precision is not None:
         cell = _rounded(cell, req.precision)
@@ -190,9 +374,28 @@ def explain_document(req: ExplainRequest) -> dict[str, Any]:
             "parameters_digest": t.parameters_digest, **cell}
 
 
+#: the request model of each cell other than an attention weight
+_CELL_REQUESTS: dict[str, type[TraceRequest]] = {**{norm: NormExplainRequest for norm in NORMS},
+                                                 "ffn": FFNExplainRequest}
+
+
+def request_model(raw: bytes) -> type[TraceRequest]:
+    """The model a body is validated with, by its ``cell``: ExplainRequest (an attention cell, as before the
+    block's cells existed, for any body without a block cell), NormExplainRequest or FFNExplainRequest."""
+    if b"cell" not in raw and b"\\u" not in raw:  # no "cell" key, even escaped: the attention cell
+        return ExplainRequest
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return ExplainRequest  # refused by parse_body, as before
+    cell = body.get("cell") if isinstance(body, dict) else None
+    return _CELL_REQUESTS.get(cell, ExplainRequest) if isinstance(cell, str) else ExplainRequest
+
+
 @bp.post("/explain")
 def post_explain() -> Response:
-    req = parse_body(ExplainRequest, read_json_body())
+    raw = read_json_body()
+    req = parse_body(request_model(raw), raw)
     g.cpu_estimate = compression.estimate_s(budget.cost("/trace", [req]))  # the trace it computes
     return json_response(explain_document(req))
 
@@ -221,15 +424,24 @@ def openapi_paths(parts: Parts) -> dict[str, Any]:
                        "there; the numbers are the trace's own, and `recomputed` / `exact` say whether the step "
                        "recomputed from the shown numbers equals them bit for bit. A masked cell keeps its score, "
                        "gets exp 0 and weight 0, and `mask_reason` says why. The body is a /trace request plus "
-                       "head, query and key (docs/explain.md).",
+                       "head, query and key (docs/explain.md). In a stack of blocks (a block field), `layer` "
+                       "chooses the attention's layer, and `cell` a norm's value (`norm1`, `norm2`, `final_norm` "
+                       "with token and feature: the token's mean and variance, or mean square, each (x[j] − μ)², "
+                       "the normalised value and γ·x̂ + β) or a feed-forward unit (`ffn` with token and unit: the "
+                       "products with W_1's row, their sum, the activation, SwiGLU's up projection and gate, and "
+                       "the unit's share of ffn_output).",
         "requestBody": {"required": True, "content": {"application/json": {
-            "schema": parts.ref("ExplainRequest"),
+            "schema": {"anyOf": [parts.ref("ExplainRequest"), parts.ref("NormExplainRequest"),
+                                 parts.ref("FFNExplainRequest")]},
             "examples": {"seed": {"summary": "The seed's sentence: query 'cat', key 'sat'",
                                   "value": {"sentence": "the cat sat", "d_model": 24, "num_heads": 1, "head": 0,
                                             "query": 1, "key": 2}}}}}},
         "responses": {
             "200": {"description": "The cell's explanation.", "headers": parts.headers, "content": {
-                "application/json": {"schema": parts.ref("ExplainResponse"), "example": _example()}}},
+                "application/json": {"schema": {"anyOf": [parts.ref("ExplainResponse"),
+                                                          parts.ref("NormExplainResponse"),
+                                                          parts.ref("FFNExplainResponse")]},
+                                     "example": _example()}}},
             **parts.problems, **parts.common,
         },
     }}}
