@@ -41,7 +41,8 @@
       }
     }
 
-    /** Ask the service to explain one cell of the trace on screen: the request as traced, plus head, query, key. */
+    /** Ask the service to explain one cell of the trace on screen: the request as traced, plus head, query, key (and a
+     * stack's layer shown). */
     async function explainCell(head, query, key) {
       if (!state.main) return;
       const { doc, body } = state.main;
@@ -61,7 +62,9 @@
       ui.explainStatus.textContent = `Explaining head ${head}: query ${quoted(doc.tokens[query].text)} → key ${quoted(keyTokens[key].text)}…`;
       let answer;
       try {
-        answer = await postJson(ENDPOINTS.explain, { ...body, head, query, key }, controller.signal);
+        // A stack's cell is in the layer shown (trace.js, layerView): /explain's `layer`, from 0.
+        const layer = Number.isInteger(doc.layer) ? { layer: doc.layer } : {};
+        answer = await postJson(ENDPOINTS.explain, { ...body, ...layer, head, query, key }, controller.signal);
       } catch (err) {
         if (err?.name === 'AbortError' || controller !== state.explainController) return;
         state.explainController = null;
