@@ -33,11 +33,14 @@
 
   const FFN_NAMES = Object.freeze({ relu: 'ReLU', gelu: 'GELU', gelu_tanh: 'GELU (tanh)', swiglu: 'SwiGLU' });
 
+  /** Each preset's feed-forward network (engine/layer.py's BLOCK_PRESETS; tests/test_viewer_js.py compares them). */
+  const PRESET_FFN = Object.freeze({ vaswani2017: 'relu', gpt2: 'gelu_tanh', llama: 'swiglu' });
+
   /**
    * Which block an answer's stages describe: {pre, normKind, ffn, finalNorm, preset}. Pre-norm has the final norm
    * (GPT-2's ln_f, Llama's norm) and post-norm has none (docs/engine.md, "The stages of a block"); RMSNorm has a
    * mean square where LayerNorm has a mean and a variance; SwiGLU has a gate. The config's own fields, when the
-   * answer echoes them, are taken as they are.
+   * answer echoes them, are taken as they are; the FFN's kind is the config's, the request's or its preset's.
    */
   function blockOf(doc, body = {}) {
     const S = doc.stages;
@@ -45,8 +48,9 @@
     const finalNorm = 'final_norm' in S;
     const pre = cfg.norm_position ? cfg.norm_position === 'pre' : finalNorm;
     const normKind = cfg.norm || ('norm1_mean_square' in S ? 'rms_norm' : 'layer_norm');
-    const ffn = cfg.ffn || ('ffn_gated' in S ? 'swiglu' : null);
     const preset = typeof cfg.block === 'string' ? cfg.block : typeof body.block === 'string' ? body.block : null;
+    // The request's own ffn, else its preset's (a request's block fields override the preset's choices).
+    const ffn = cfg.ffn || body.ffn || PRESET_FFN[preset] || ('ffn_gated' in S ? 'swiglu' : null);
     return { pre, normKind, ffn, finalNorm, preset };
   }
 
@@ -55,7 +59,7 @@
 
   // Geometry, in the SVG's user units: one column of boxes, the residual connections in a lane on its right.
   const COL_X = 16;
-  const COL_W = 224;
+  const COL_W = 260;
   const BOX_H = 40;
   const ADD_R = 14;
   const GAP = 22;
@@ -79,10 +83,10 @@
       norm1: { kind: 'norm', label: `${norm}₁`, detail: block.pre ? 'normalise the layer\'s input' : 'normalise the first sum' },
       attention: { kind: 'attention', label: `${opts.causal ? 'Masked multi' : 'Multi'}-head attention`,
         detail: [heads, block.pre ? 'reads LN₁(x)' : 'reads x'].filter(Boolean).join(' · ') },
-      residual1: { kind: 'add', label: '+', detail: block.pre ? 'h = x + MHA(LN₁(x))' : 'y = x + MHA(x)' },
+      residual1: { kind: 'add', label: '+', detail: block.pre ? 'x + MHA(LN₁(x))' : 'x + MHA(x)' },
       norm2: { kind: 'norm', label: `${norm}₂`, detail: block.pre ? 'normalise the first sum' : 'the layer\'s output' },
       ffn: { kind: 'ffn', label: `Feed-forward${ffnName}`, detail: block.pre ? 'reads LN₂(h)' : 'reads LN₁(y)' },
-      residual2: { kind: 'add', label: '+', detail: block.pre ? 'h + FFN(LN₂(h)): the layer\'s output' : 'z = h + FFN(h)' },
+      residual2: { kind: 'add', label: '+', detail: block.pre ? 'h + FFN(LN₂(h))' : 'h + FFN(h)' },
       final_norm: { kind: 'norm', label: `Final ${norm}`, detail: 'after the last layer' },
     };
     // The order the layer computes, and where each residual connection branches off the stream (the box it skips
@@ -151,6 +155,6 @@
     (_, d) => (d === 0 ? 'x₀ input' : `x${subscriptDigits(d)} after layer ${d - 1}`));
 
   globalThis.AttentionTrace.block = Object.freeze({
-    BOX_STAGES, FFN_NAMES, isStatStage, blockOf, boxStages, blockDiagram, residualNorms, depthLabels, subscriptDigits,
+    BOX_STAGES, FFN_NAMES, PRESET_FFN, isStatStage, blockOf, boxStages, blockDiagram, residualNorms, depthLabels, subscriptDigits,
   });
 })();

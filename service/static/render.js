@@ -1009,7 +1009,7 @@
           : svgEl('rect', { class: 'bd-shape', x: b.x, y: b.y, width: b.w, height: b.h, rx: 6 });
         const texts = b.kind === 'add'
           ? [svgEl('text', { class: 'bd-label bd-plus', x: b.x, y: b.y + 5, 'text-anchor': 'middle', text: '+' }),
-            svgEl('text', { class: 'bd-detail', x: b.x + b.w / 2 + 6, y: b.y + 4, text: b.detail })]
+            svgEl('text', { class: 'bd-detail', x: b.x - b.w / 2 - 8, y: b.y + 4, 'text-anchor': 'end', text: b.detail })]
           : [svgEl('text', { class: 'bd-label', x: b.x + b.w / 2, y: b.y + 16, 'text-anchor': 'middle', text: b.label }),
             svgEl('text', { class: 'bd-detail', x: b.x + b.w / 2, y: b.y + 31, 'text-anchor': 'middle', text: b.detail })];
         const name = b.kind === 'add' ? `Add (${b.id}): ${b.detail}` : `${b.label}: ${b.detail}`;
@@ -1070,14 +1070,15 @@
       const ids = BLOCK.boxStages(shown, S);
       const stats = ids.filter(BLOCK.isStatStage);
       const where = shown === 'final_norm' ? `the last layer's output, x${BLOCK.subscriptDigits(L)}` : `layer ${doc.layer}`;
-      ui.blockStage.replaceChildren(
+      ui.blockStage.replaceChildren(...[
         h('h3', { class: 'subhead', data: { box: shown } }, `${box.kind === 'add' ? `Add: ${shown}` : box.label}`,
           h('span', { class: 'muted', text: ` · ${where} · ${box.detail}` })),
         shown === 'attention'
           ? h('p', { class: 'hint', text: `The maps above are this layer's (layer ${doc.layer}): its scores and weights for the chosen head. `
             + 'Below, the attention\'s output, the heads concatenated and mixed by W_O.' }) : null,
         stats.length ? stageStats(stats, S, doc.tokens) : null,
-        ids.filter((sid) => !BLOCK.isStatStage(sid)).map((sid) => stageMatrix(sid, S[sid], doc.tokens)));
+        ...ids.filter((sid) => !BLOCK.isStatStage(sid)).map((sid) => stageMatrix(sid, S[sid], doc.tokens)),
+      ].filter(Boolean));
     }
 
     function renderResidual() {

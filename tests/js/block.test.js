@@ -28,7 +28,8 @@ const LLAMA = stagesOf('norm1_mean_square', 'norm1', 'output', 'residual1', 'nor
 
 test('blockOf: pre-norm has the final norm, RMSNorm a mean square, SwiGLU a gate; the config wins when it says', () => {
   assert.deepEqual(B.blockOf({ stages: PRE_LN, config: {} }, { block: 'gpt2' }),
-    { pre: true, normKind: 'layer_norm', ffn: null, finalNorm: true, preset: 'gpt2' });
+    { pre: true, normKind: 'layer_norm', ffn: 'gelu_tanh', finalNorm: true, preset: 'gpt2' });
+  assert.equal(B.blockOf({ stages: PRE_LN, config: {} }, { block: 'gpt2', ffn: 'relu' }).ffn, 'relu', 'the request\'s own');
   assert.deepEqual(B.blockOf({ stages: POST_LN, config: {} }),
     { pre: false, normKind: 'layer_norm', ffn: null, finalNorm: false, preset: null });
   assert.deepEqual(B.blockOf({ stages: LLAMA, config: { block: 'llama' } }),
