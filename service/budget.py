@@ -15,7 +15,12 @@ response carries). Measured on the project's machine (docs/reliability.md,
 
 A weight set is counted once per distinct (seed, d_model, num_heads,
 num_kv_heads) in a batch, and counted whether or not it is cached: the bound
-must not depend on what happened to be computed before.
+must not depend on what happened to be computed before. A stack of
+Transformer blocks generates every layer's weights (attention, norms and
+feed-forward network): its set is counted at its own weights
+(``TraceConfig.n_parameters``), once per distinct stack. A single stack's
+numbers and weights together are bounded by the budget when it is validated
+(``engine.checks.check_block_cost``, in service/models.py), before any work.
 
 The budget (``Settings.max_request_cost``) is what the most expensive single
 /trace may cost: ``max_trace_values`` numbers plus one weight set at
@@ -43,16 +48,33 @@ ITEM_COST = 10_000
 CHECK_FACTOR = 4
 
 
+def _stack(spec: Any) -> Any:
+    """The validated request's configuration when it is a stack of blocks, else None."""
+    config = getattr(spec, "_config", None)
+    return config if config is not None and config.has_block else None
+
+
 def weight_key(spec: Any) -> tuple | None:
     """The generated weight set a request needs (None when it brings its own)."""
     if getattr(spec, "parameters", None) is not None:
         return None
+    stack = _stack(spec)
+    if stack is not None:  # every layer's attention, norms and feed-forward network: what the weights depend on
+        return ("stack", stack.seed, stack.d_model, stack.num_heads, stack.kv_heads, stack.num_layers,
+                stack.ff_width, stack.gated, stack.norm_kind, stack.seeded_norm, stack.final_norm)
     return (getattr(spec, "seed", 0), spec.d_model, spec.num_heads, getattr(spec, "num_kv_heads", None))
 
 
-def weight_cost(d_model: int) -> int:
-    """Units to generate one weight set: 4·d_model² numbers (an upper bound under grouped K/V heads)."""
-    return 4 * d_model * d_model
+def weight_cost(d_model: int, weights: int | None = None) -> int:
+    """Units to generate one weight set: 4·d_model² numbers (an upper bound under grouped K/V heads), or a
+    stack's ``weights`` (every layer's)."""
+    return 4 * d_model * d_model if weights is None else weights
+
+
+def spec_weights(spec: Any) -> int | None:
+    """The weights a stack of blocks generates (None for one attention layer: 4·d_model² bounds it)."""
+    stack = _stack(spec)
+    return None if stack is None else stack.n_parameters
 
 
 def cost(path: str, specs: Iterable[Any]) -> int:
@@ -64,7 +86,7 @@ def cost(path: str, specs: Iterable[Any]) -> int:
         key = weight_key(spec)
         if key is not None and key not in weights:
             weights.add(key)
-            total += weight_cost(spec.d_model)
+            total += weight_cost(spec.d_model, spec_weights(spec))
     return total
 
 

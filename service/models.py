@@ -26,21 +26,29 @@ import re
 import unicodedata
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
+                      ValidatorFunctionWrapHandler, WrapValidator, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 import engine
 from engine import BUG_NAMES, EngineError, Token, TraceConfig
 from engine.decoding import decode_value_count
 from engine.checks import (
+    D_FF_MAX,
     MAX_EXPLICIT_VALUE,
+    MAX_LAYERS,
     ROPE_BASE_MAX,
     SEED_MAX,
+    check_block_cost,
     check_choice,
+    check_d_ff,
     check_input_shape,
     check_kv_heads_value,
+    check_norm_eps,
+    check_num_layers,
     check_one_context,
     check_one_source,
+    check_optional_choice,
     check_parameter_shapes,
     check_rope_base,
     check_sentence,
@@ -56,9 +64,17 @@ from engine.checks import (
 )
 from engine.layer import (
     ALL_STAGE_IDS,
+    BLOCK_FIELDS,
+    BLOCK_PRESETS,
+    BLOCK_STAGE_IDS,
     DEFAULT_ROPE_BASE,
+    FFN_KINDS,
+    NORM_KINDS,
+    NORM_POSITIONS,
+    NORM_WEIGHTS,
     POSITIONAL_ENCODING_CHOICES,
     ROPE_PAIRINGS,
+    preset_fields,
     trace_value_count,
 )
 from engine.params import explicit_parameters
@@ -66,7 +82,38 @@ from engine.params import explicit_parameters
 from .problems import problem_entry
 from .settings import Settings
 
-StageId = Literal[ALL_STAGE_IDS]  # type: ignore[valid-type]
+#: a stage id a request may name: engine 1.0's and its variants' (ALL_STAGE_IDS), then a stack of blocks' own
+#: (BLOCK_STAGE_IDS, which only a trace with a block field computes)
+STAGE_ID_CHOICES: tuple[str, ...] = (*ALL_STAGE_IDS, *BLOCK_STAGE_IDS)
+
+
+def _quoted(choices: tuple[str, ...]) -> str:
+    """Choices as pydantic's literal_error lists them: 'a', 'b' or 'c'."""
+    names = [repr(c) for c in choices]
+    return f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+#: an unknown stage id's message names the stages of the request's kind: a request without a block field is
+#: answered as before the block existed, word for word; a stack's adds the block's stages
+_ATTENTION_STAGES_EXPECTED = _quoted(ALL_STAGE_IDS)
+_EVERY_STAGE_EXPECTED = _quoted(STAGE_ID_CHOICES)
+
+
+def has_block_field(info: ValidationInfo) -> bool:
+    """Whether the request being validated gave a block field (TraceSpec's, validated before what names stages)."""
+    data = info.data or {}
+    return any(data.get(name) is not None for name in BLOCK_FIELDS)
+
+
+def _known_stage_id(v: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> str:
+    try:
+        return handler(v)
+    except ValidationError:
+        expected = _EVERY_STAGE_EXPECTED if has_block_field(info) else _ATTENTION_STAGES_EXPECTED
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected}) from None
+
+
+StageId = Annotated[Literal[STAGE_ID_CHOICES], WrapValidator(_known_stage_id)]  # type: ignore[valid-type]
 
 _SENTENCE_HARD_MAX = 1_000_000  # schema ceiling; the configured max_sentence_chars is lower
 _TOKENS_HARD_MAX = 100_000  # schema ceilings of a token list and of one token; the configured max_tokens is lower
@@ -218,6 +265,70 @@ class TraceSpec(BaseModel):
         "[kv head, d_k, d_model] (kv heads = num_kv_heads, or num_heads) and W_O [d_model, num_heads·d_k].",
     )
 
+    # A stack of Transformer blocks around the attention (docs/engine.md, "The Transformer block"): any of
+    # these fields but num_layers asks for one. With none of them the answer is the single attention layer's,
+    # exactly as before. Checked by the engine's rules before the schema's (type invalid_size), as the
+    # variants' own fields are.
+    num_layers: int = Field(
+        default=1, ge=1, le=MAX_LAYERS,
+        description="How many Transformer blocks are stacked; more than 1 needs a block field (`layers_need_block` "
+        "otherwise). Every per-layer stage gains a leading `layer` axis; `residual_stream` [depth, token, d_model] "
+        "holds the stack's input and each layer's output. The size limits count every layer's numbers and weights.",
+    )
+    block: Literal[tuple(BLOCK_PRESETS)] | None = Field(  # type: ignore[valid-type]
+        default=None,
+        description="Trace a stack of blocks of this preset: `vaswani2017` (post-norm LayerNorm, ReLU, d_ff "
+        "4·d_model), `gpt2` (pre-norm LayerNorm, GELU's tanh approximation, a final norm; sets causal: true unless "
+        "given), `llama` (pre-norm RMSNorm, SwiGLU with Llama's d_ff rounding, a final norm; sets "
+        "positional_encoding rope and causal: true unless given; GQA with num_kv_heads). The block fields below "
+        "override the preset's choices; without a preset they override vaswani2017's.",
+    )
+    norm: Literal[NORM_KINDS] | None = Field(  # type: ignore[valid-type]
+        default=None, description="The block's norms: layer_norm (mean and biased variance over the features, ε "
+        "inside the square root) or rms_norm (mean square); null: the preset's (layer_norm without one).")
+    norm_position: Literal[NORM_POSITIONS] | None = Field(  # type: ignore[valid-type]
+        default=None, description="post (2017: x = Norm(x + Sublayer(x))) or pre (GPT-2, Llama: x = x + "
+        "Sublayer(Norm(x)), and a final norm); null: the preset's (post without one).")
+    ffn: Literal[FFN_KINDS] | None = Field(  # type: ignore[valid-type]
+        default=None, description="The feed-forward network's activation: relu, gelu (exact, erf), gelu_tanh (the "
+        "tanh approximation) or swiglu (SiLU of the gate W_1 times the up projection W_3); null: the preset's.")
+    d_ff: int | None = Field(
+        default=None, ge=1, le=D_FF_MAX, description="The feed-forward network's inner width; null: 4·d_model, and "
+        "for swiglu Llama's ⌊8·d_model/3⌋ rounded up to a multiple of 256.")
+    norm_eps: float | None = Field(
+        default=None, gt=0, le=1, description="The norms' ε; null: the preset's (1e-5; llama 1e-6).")
+    norm_weights: Literal[NORM_WEIGHTS] | None = Field(  # type: ignore[valid-type]
+        default=None, description="The norms' γ and β: unit (γ = 1, β = 0, the default, as torch initialises a "
+        "norm) or seeded (drawn from the seed).")
+
+    @field_validator("num_layers", mode="before")
+    @classmethod
+    def _num_layers_value(cls, v: Any) -> Any:
+        with engine_rules():
+            check_num_layers(v)
+        return v
+
+    @field_validator("block", "norm", "norm_position", "ffn", "norm_weights", mode="before")
+    @classmethod
+    def _block_choice(cls, v: Any, info: ValidationInfo) -> Any:
+        with engine_rules():
+            check_optional_choice(info.field_name, v, _BLOCK_CHOICES[info.field_name])
+        return v
+
+    @field_validator("d_ff", mode="before")
+    @classmethod
+    def _d_ff_value(cls, v: Any) -> Any:
+        with engine_rules():
+            check_d_ff(v)
+        return v
+
+    @field_validator("norm_eps", mode="before")
+    @classmethod
+    def _norm_eps_value(cls, v: Any) -> Any:
+        with engine_rules():
+            check_norm_eps(v)
+        return v
+
     # The variants' own fields are checked by the engine's rules before the schema's, so that HTTP and
     # the engine refuse them alike: type invalid_size, the engine's message (docs/engine.md, "Errors of
     # the variants"). The schema keeps its bounds, which document the same ranges.
@@ -320,15 +431,24 @@ class TraceSpec(BaseModel):
             check_one_context(self.context_sentence, self.context_tokens)
             head_dim(self.d_model, self.num_heads)
             kv_heads(self.num_heads, self.num_kv_heads)
+            # A block, and what its preset sets outside it (llama's RoPE, gpt2's and llama's causal mask) for
+            # the fields the request leaves out.
+            block = {name: getattr(self, name) for name in BLOCK_FIELDS}
+            has_block = any(v is not None for v in block.values())
+            preset = preset_fields(self.block, self.model_fields_set)
+            causal = preset.get("causal", self.causal)
+            positional_encoding = preset.get("positional_encoding", self.positional_encoding)
             # Every conflict between the variants' settings at once (then the configuration builds).
-            check_variants(d_model=self.d_model, num_heads=self.num_heads, causal=self.causal, window=self.window,
-                           positional_encoding=self.positional_encoding, cross=cross,
+            check_variants(d_model=self.d_model, num_heads=self.num_heads, causal=causal, window=self.window,
+                           positional_encoding=positional_encoding, cross=cross,
                            input_given=self.input is not None, context_input_given=self.context_input is not None,
-                           decode=getattr(self, "decode", False), bug=getattr(self, "inject_bug", None))
+                           decode=getattr(self, "decode", False), bug=getattr(self, "inject_bug", None),
+                           block=has_block, num_layers=self.num_layers, parameters_given=self.parameters is not None)
             config = TraceConfig(d_model=self.d_model, num_heads=self.num_heads, seed=self.seed, scale=self.scale,
-                                 causal=self.causal, positional_encoding=self.positional_encoding,
+                                 causal=causal, positional_encoding=positional_encoding,
                                  max_tokens=settings.max_tokens, num_kv_heads=self.num_kv_heads,
-                                 window=self.window, rope_base=self.rope_base, rope_pairing=self.rope_pairing)
+                                 window=self.window, rope_base=self.rope_base, rope_pairing=self.rope_pairing,
+                                 num_layers=self.num_layers, **block)
             # Count tokens now (the tokenizer stops at limit + 1), so the size of
             # the whole trace is known, and bounded, before any array exists.
             tokens = split_tokens(sentence=self.sentence, tokens=self.tokens, max_tokens=settings.max_tokens)
@@ -347,6 +467,8 @@ class TraceSpec(BaseModel):
             count += decoding
             check_trace_size(count, settings.max_trace_values, n=n, d_model=self.d_model, num_heads=self.num_heads,
                              n_context=m, decode_values=decoding)
+            if config.has_block:  # and every layer's weights, generated before anything is computed
+                check_block_cost(count, config.n_parameters, settings.max_request_cost, num_layers=config.num_layers)
         self._config, self._tokens, self._context, self._value_count = config, tokens, context, count
         return self
 
@@ -379,6 +501,12 @@ class TraceSpec(BaseModel):
                                          num_heads=self.num_heads, num_kv_heads=self.num_kv_heads)
         return engine.trace(self.trace_config, split=self.split, input=self.input, parameters=params, bug=bug,
                             context_split=self.context_split, context_input=self.context_input)
+
+
+#: the block fields that name a choice, and their choices (checked by the engine's rule)
+_BLOCK_CHOICES: dict[str, tuple[str, ...]] = {"block": tuple(BLOCK_PRESETS), "norm": NORM_KINDS,
+                                              "norm_position": NORM_POSITIONS, "ffn": FFN_KINDS,
+                                              "norm_weights": NORM_WEIGHTS}
 
 
 def settings_of(info: ValidationInfo) -> Settings:
@@ -449,6 +577,16 @@ class ConfigOut(BaseModel):
     n_context_tokens: int | None = omitted("Cross-attention only.")
     decode: bool | None = omitted("Only when decode was asked for (then true).")
     parameters_layout: Literal["torch"] | None = omitted("Only when not per_head.")
+    # A stack of blocks only: its settings as resolved (a preset's choices and the defaults filled in).
+    num_layers: int | None = omitted("A stack of blocks only.")
+    block: Literal[tuple(BLOCK_PRESETS)] | None = omitted(  # type: ignore[valid-type]
+        "A stack of blocks only: the preset asked for, or null.", nullable=True)
+    norm: Literal[NORM_KINDS] | None = omitted("A stack of blocks only.")  # type: ignore[valid-type]
+    norm_position: Literal[NORM_POSITIONS] | None = omitted("A stack of blocks only.")  # type: ignore[valid-type]
+    ffn: Literal[FFN_KINDS] | None = omitted("A stack of blocks only.")  # type: ignore[valid-type]
+    d_ff: int | None = omitted("A stack of blocks only: the feed-forward network's width in use.")
+    norm_eps: float | None = omitted("A stack of blocks only: the norms' ε in use.")
+    norm_weights: Literal[NORM_WEIGHTS] | None = omitted("A stack of blocks only.")  # type: ignore[valid-type]
 
 
 class InjectedBug(BaseModel):

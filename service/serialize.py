@@ -127,12 +127,14 @@ def trace_document(
         "parameters_digest": t.parameters_digest,
         "stages": out_stages,
         "stats": {
-            "axes": ["head", "query"],
+            "axes": ["layer", "head", "query"] if t.config.has_block else ["head", "query"],
             "entropy": _array(t.entropy, "entropy", precision, finite),
             "max_weight": _array(t.max_weight, "max_weight", precision, finite),
         },
     }
-    if include_parameters and parameters_layout == "torch":
+    if include_parameters and t.config.has_block:  # each layer's arrays on a leading layer axis, then the final norm's
+        doc["parameters"] = {name: _array(a, name, precision, finite) for name, a in t.parameters.stacked().items()}
+    elif include_parameters and parameters_layout == "torch":
         p = t.parameters
         d_model = t.config.d_model
         stacked = np.concatenate([W.reshape(-1, d_model) for W in (p.W_Q, p.W_K, p.W_V)])  # -> [3·d_model, d_model]
@@ -204,6 +206,10 @@ def config_document(
         doc["window"] = cfg.window
     if t.cross:
         doc["n_context_tokens"] = t.n_context
+    if cfg.has_block:  # the stack's settings as resolved: the preset's choices and the defaults filled in
+        doc |= {"num_layers": cfg.num_layers, "block": cfg.block, "norm": cfg.norm_kind,
+                "norm_position": "pre" if cfg.pre_norm else "post", "ffn": cfg.ffn_kind, "d_ff": cfg.ff_width,
+                "norm_eps": cfg.eps, "norm_weights": "seeded" if cfg.seeded_norm else "unit"}
     return doc
 
 

@@ -58,6 +58,12 @@ def answers(client) -> list[tuple[str, str, str, int, str, object]]:
                                                   "key": 1})
     post("export, injected bug", "/export", {**base, "causal": True, "inject_bug": "no_scale",
                                              "format": "transformer-explainer"})
+    post("trace, stack of blocks", "/trace", {**base, "block": "gpt2", "num_layers": 2, "include_parameters": True,
+                                              "norm_weights": "seeded"})
+    post("trace, llama stack", "/trace", {**base, "block": "llama", "num_kv_heads": 1, "d_ff": 16,
+                                          "include_parameters": True})
+    post("trace, a block without a preset", "/trace", {**base, "norm": "rms_norm", "include_parameters": True,
+                                                       "stages": ["weights", "norm1"]})
     get("health", "/health")
     get("version", "/version")
     post("422", "/trace", {"sentence": "a", "num_heads": 5}, status=422)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from flask import Blueprint, Response, current_app, g, request
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 import engine
@@ -26,8 +26,8 @@ from engine.layer import ALL_STAGE_IDS, check_stages
 from .. import batch, budget, compression, npz, serialize
 from ..batch import BatchRequest
 from ..edge import json_response, parse_body, read_json_body, settings
-from ..models import (BoundedNumber, BugName, ConfigOut, InjectedBug, StageId, TokenOut, TraceSpec, engine_rules,
-                      omitted)
+from ..models import (STAGE_ID_CHOICES, BoundedNumber, BugName, ConfigOut, InjectedBug, StageId, TokenOut, TraceSpec,
+                      engine_rules, has_block_field, omitted)
 from ..offline_page import comparison_request, export_filename, render_html_bytes
 from ..problems import ProblemError
 
@@ -56,7 +56,8 @@ class TraceRequest(TraceSpec):
 
     include_parameters: bool = Field(
         default=False, description="Also return W_Q [head, d_k, d_model], W_K and W_V [kv head, d_k, d_model] "
-        "(kv heads = num_kv_heads, or num_heads) and W_O [d_model, h·d_k]."
+        "(kv heads = num_kv_heads, or num_heads) and W_O [d_model, h·d_k]; in a stack of blocks every layer's "
+        "weights on a leading layer axis (W_1, W_2, SwiGLU's W_3, the norms' γ and β) and the final norm's."
     )
     parameters_layout: Literal["per_head", "torch"] = Field(
         default="per_head",
@@ -68,13 +69,14 @@ class TraceRequest(TraceSpec):
     stages: list[StageId] | None = Field(
         default=None,
         min_length=1,
-        max_length=len(ALL_STAGE_IDS),
+        max_length=len(STAGE_ID_CHOICES),
         description="Return only these stages (by id); default: every stage. A grader that only needs "
         "`weights` gets only `weights`. A stage this configuration does not compute is a 422, each one listed: "
         "`masked_scores` without `causal: true`, `q_rotated`/`k_rotated` without RoPE, `positional_encoding` "
         "under RoPE, the context stages without a context, `token_embedding` and `positional_encoding` (and the "
-        "context's) with your own input. It filters what is returned, not the decoding steps, and not what "
-        "max_trace_values counts.",
+        "context's) with your own input, a block's stages (`norm1` … `final_norm`) without a block field or "
+        "where the block has none (`stage_needs_block`). It filters what is returned, not the decoding steps, "
+        "and not what max_trace_values counts.",
     )
     precision: int | None = Field(
         default=None,
@@ -100,6 +102,17 @@ class TraceRequest(TraceSpec):
         "averaging one head, a softmax or mask bug on one token) is refused with a 422 that says why.",
     )
 
+    @field_validator("stages", mode="before")
+    @classmethod
+    def _stage_count(cls, v: Any, info: ValidationInfo) -> Any:
+        # One layer's trace names at most its own stages' count, as before the block's stages existed (and with
+        # the same words); a stack's may name the block's too (the schema's bound).
+        if isinstance(v, list) and len(v) > len(ALL_STAGE_IDS) and not has_block_field(info):
+            raise PydanticCustomError("too_long", "List should have at most {max_length} items after validation, "
+                                      "not {actual_length}", {"field_type": "List", "max_length": len(ALL_STAGE_IDS),
+                                                              "actual_length": len(v)})
+        return v
+
     @model_validator(mode="after")
     def _options(self) -> TraceRequest:
         if self.parameters_layout == "torch":
@@ -112,6 +125,10 @@ class TraceRequest(TraceSpec):
                 layout.append({"type": "layout_needs_all_kv_heads", "pointer": "/parameters_layout",
                                "message": "torch.nn.MultiheadAttention has a K and V head per query head; drop "
                                           "num_kv_heads or use parameters_layout per_head"})
+            if self.trace_config.has_block:
+                layout.append({"type": "layout_needs_one_layer", "pointer": "/parameters_layout",
+                               "message": "torch.nn.MultiheadAttention holds one attention layer, not a stack of "
+                                          "blocks; use parameters_layout per_head (each array gains a layer axis)"})
             if layout:
                 first = layout[0]
                 raise PydanticCustomError(first["type"], "{message}", {"message": first["message"],
@@ -148,9 +165,10 @@ class StageOut(BaseModel):
 
 
 class StatsOut(BaseModel):
-    axes: list[str] = Field(description='Always ["head", "query"].')
-    entropy: list[list[float]] = Field(description="Entropy of each weights row, in nats.")
-    max_weight: list[list[float]] = Field(description="Largest weight in each row; near 1 means saturated.")
+    axes: list[str] = Field(description='["head", "query"]; ["layer", "head", "query"] in a stack of blocks.')
+    entropy: list[list[float]] | list[list[list[float]]] = Field(description="Entropy of each weights row, in nats.")
+    max_weight: list[list[float]] | list[list[list[float]]] = Field(
+        description="Largest weight in each row; near 1 means saturated.")
 
 
 class ParametersOut(BaseModel):
@@ -160,6 +178,24 @@ class ParametersOut(BaseModel):
     W_V: list[list[list[float]]] = Field(description="[kv head, d_k, d_model]: kv heads = num_kv_heads, or "
                                                      "num_heads")
     W_O: list[list[BoundedNumber]] = Field(description="[d_model, num_heads·d_k]")
+
+
+class BlockParametersOut(BaseModel):
+    """A stack of blocks: each layer's arrays stacked on a leading layer axis, then the final norm's."""
+
+    W_Q: list[list[list[list[float]]]] = Field(description="[layer, head, d_k, d_model]")
+    W_K: list[list[list[list[float]]]] = Field(description="[layer, kv head, d_k, d_model]")
+    W_V: list[list[list[list[float]]]] = Field(description="[layer, kv head, d_k, d_model]")
+    W_O: list[list[list[float]]] = Field(description="[layer, d_model, num_heads·d_k]")
+    norm1_gamma: list[list[float]] = Field(description="[layer, d_model]: the first norm's γ.")
+    norm1_beta: list[list[float]] | None = omitted("[layer, d_model]: the first norm's β; LayerNorm only.")
+    W_1: list[list[list[float]]] = Field(description="[layer, d_ff, d_model]: the first projection (SwiGLU's gate).")
+    W_3: list[list[list[float]]] | None = omitted("[layer, d_ff, d_model]: SwiGLU's up projection; swiglu only.")
+    W_2: list[list[list[float]]] = Field(description="[layer, d_model, d_ff]: back to d_model.")
+    norm2_gamma: list[list[float]] = Field(description="[layer, d_model]: the second norm's γ.")
+    norm2_beta: list[list[float]] | None = omitted("[layer, d_model]: the second norm's β; LayerNorm only.")
+    final_norm_gamma: list[float] | None = omitted("[d_model]: the final norm's γ; pre-norm only.")
+    final_norm_beta: list[float] | None = omitted("[d_model]: the final norm's β; pre-norm LayerNorm only.")
 
 
 class TorchParametersOut(BaseModel):
@@ -203,8 +239,8 @@ class TraceResponse(BaseModel):
     )
     stages: dict[StageId, StageOut] = Field(description="Every stage, keyed by stage id, in walkthrough order.")
     stats: StatsOut
-    parameters: ParametersOut | TorchParametersOut | None = omitted(
-        "Only when include_parameters is true, in parameters_layout.")
+    parameters: ParametersOut | TorchParametersOut | BlockParametersOut | None = omitted(
+        "Only when include_parameters is true, in parameters_layout (a stack of blocks: every layer's weights).")
     context_tokens: list[TokenOut] | None = omitted(
         "Cross-attention only: the context's tokens (offsets into context_sentence).")
     decode: list[DecodeStepOut] | None = omitted("Only with decode: one entry per token.")
