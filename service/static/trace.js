@@ -58,14 +58,16 @@
 
   /**
    * The file name (without extension) of an export of a trace:
-   * attention-trace_<sentence>_d<d_model>_h<heads>_seed<seed>[_unscaled][_causal][_rope][_kv…][_w…][_cross][_decode].
+   * attention-trace_<sentence>_d<d_model>_h<heads>_seed<seed>[_unscaled][_causal][_rope][_kv…][_w…][_cross][_decode]
+   * [_<block>_L<layers>].
    */
   function exportName(doc, body) {
     const cfg = doc.config;
     const text = typeof body.sentence === 'string' ? body.sentence : doc.tokens.map((t) => t.text).join(' ');
     const slug = text.trim().toLowerCase().replace(/[^a-z0-9]+/g, '-').replace(/^-|-$/g, '').slice(0, 40) || 'trace';
     const variant = [cfg.positional_encoding === 'rope' ? '_rope' : '', cfg.num_kv_heads !== undefined ? `_kv${cfg.num_kv_heads}` : '',
-      cfg.window !== undefined ? `_w${cfg.window}` : '', isCross(doc) ? '_cross' : '', cfg.decode ? '_decode' : ''].join('');
+      cfg.window !== undefined ? `_w${cfg.window}` : '', isCross(doc) ? '_cross' : '', cfg.decode ? '_decode' : '',
+      cfg.num_layers !== undefined ? `_${cfg.block || 'block'}_L${cfg.num_layers}` : ''].join('');
     return `attention-trace_${slug}_d${cfg.d_model}_h${cfg.num_heads}_seed${cfg.seed}${cfg.scale ? '' : '_unscaled'}`
       + `${cfg.causal ? '_causal' : ''}${variant}`;
   }
