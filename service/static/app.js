@@ -402,7 +402,8 @@
     state.altPending = true;
     showTrace(main);
     try {
-      state.alt = atLayer(await postJson(ENDPOINTS.trace, comparisonBody(body), controller.signal));
+      state.alt = await postJson(ENDPOINTS.trace, comparisonBody(body), controller.signal);
+      atLayer(state.alt); // a stack's comparison, at the layer shown
     } catch (err) {
       if (seq !== state.seq || err?.name === 'AbortError') return;
       state.altError = err;
