@@ -32,6 +32,7 @@ from pydantic_core import PydanticCustomError
 
 import engine
 from engine import BUG_NAMES, EngineError, Token, TraceConfig
+from engine.bugs import BLOCK_BUG_NAMES
 from engine.decoding import decode_value_count
 from engine.checks import (
     D_FF_MAX,
@@ -137,6 +138,8 @@ def _bad_characters(text: str) -> str | None:
 
 
 BugName = Literal[BUG_NAMES]  # type: ignore[valid-type]
+#: a name /check's diagnosis may give: the attention's known bugs, then a stack of blocks' own (BLOCK_BUGS)
+AnyBugName = Literal[BUG_NAMES + BLOCK_BUG_NAMES]  # type: ignore[valid-type]
 
 PositionalEncodingName = Literal[POSITIONAL_ENCODING_CHOICES]  # type: ignore[valid-type]
 RopePairingName = Literal[tuple(ROPE_PAIRINGS)]  # type: ignore[valid-type]

@@ -64,6 +64,9 @@ def answers(client) -> list[tuple[str, str, str, int, str, object]]:
                                           "include_parameters": True})
     post("trace, a block without a preset", "/trace", {**base, "norm": "rms_norm", "include_parameters": True,
                                                        "stages": ["weights", "norm1"]})
+    stack = post("trace, reference stack", "/trace", {**base, "block": "gpt2", "stages": ["norm1", "weights"]})
+    post("check, a stack's stages", "/check", {**base, "block": "gpt2", "submission": {
+        "norm1": stack["stages"]["norm1"]["values"], "weights": [[[[0.5] * 3] * 3] * 2]}})
     get("health", "/health")
     get("version", "/version")
     post("422", "/trace", {"sentence": "a", "num_heads": 5}, status=422)

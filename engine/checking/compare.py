@@ -50,8 +50,10 @@ MASK_FILL = -1e9
 NON_FINITE_NAMES: dict[str, float] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 #: how many non-finite indices a stage's answer and message name
 MAX_NON_FINITE_SHOWN = 5
-#: stages are at most 3-dimensional
+#: one attention layer's stages are at most 3-dimensional ([head, query, key])
 MAX_DEPTH = 3
+#: a stack of blocks' stages gain a leading layer axis ([layer, head, query, key])
+MAX_STACK_DEPTH = 4
 
 
 def _g(x: float) -> str:
@@ -134,9 +136,10 @@ class SubmissionTypeError(ValueError):
 _LEAF_TYPES = frozenset({float, int, type(None), str})
 
 
-def scan(values: list[Any]) -> tuple[int, ...] | None:
+def scan(values: list[Any], max_depth: int = MAX_DEPTH) -> tuple[int, ...] | None:
     """Check that a stage's values hold only numbers, null or the names in NON_FINITE_NAMES, at most
-    MAX_DEPTH levels deep; return their shape, or None when the lists are ragged.
+    ``max_depth`` levels deep (MAX_STACK_DEPTH in a stack of blocks); return their shape, or None when the
+    lists are ragged.
 
     Level by level, never value by value in Python: each level's types and
     lengths are collected at C speed (``set(map(type, …))``), so a stage of a
@@ -145,14 +148,14 @@ def scan(values: list[Any]) -> tuple[int, ...] | None:
     shape = [len(values)]
     regular = True
     lists: list[list[Any]] = [values]  # the lists at this depth, across all parents
-    for depth in range(1, MAX_DEPTH + 1):
+    for depth in range(1, max_depth + 1):
         items = chain.from_iterable(lists)
         types = set(map(type, items))
         if list not in types:
             _check_leaves(lists, types)
             return tuple(shape) if regular else None
-        if depth == MAX_DEPTH:
-            raise SubmissionTypeError(f"nested deeper than any stage ({MAX_DEPTH} levels)")
+        if depth == max_depth:
+            raise SubmissionTypeError(f"nested deeper than any stage ({max_depth} levels)")
         if types == {list}:
             inner = list(chain.from_iterable(lists))
         else:  # lists next to numbers: ragged, but every value is still checked

@@ -95,15 +95,16 @@ def _non_finite(sid: str, got: np.ndarray, null: np.ndarray, mask: np.ndarray | 
 
 
 def _row_sums(got: np.ndarray, expected: np.ndarray, tol: Tolerance) -> list[dict[str, str]]:
-    rows = got.sum(axis=-1)  # [head, query]
+    rows = got.sum(axis=-1)  # [(layer,) head, query]
     eps = max(1e-6, tol.allowance(1.0, 1.0)) * math.sqrt(got.shape[-1])
     with np.errstate(invalid="ignore"):
         off = np.isfinite(rows) & (np.abs(rows - 1.0) > eps)
     if not off.any():
         return []
     first = tuple(int(i) for i in np.argwhere(off)[0])
+    row = ", ".join(f"{axis} {i}" for axis, i in zip(("layer", "head", "query")[-len(first):], first, strict=True))
     message = (f"The rows of your weights do not sum to 1: {int(np.count_nonzero(off))} of {rows.size} rows are "
-               f"off, e.g. [head {first[0]}, query {first[1]}] sums to {_fmt(float(rows[first]))}. A softmax "
+               f"off, e.g. [{row}] sums to {_fmt(float(rows[first]))}. A softmax "
                "normalises each query's row over the keys (the last axis), so every row sums to 1")
     cols = got.sum(axis=-2)
     with np.errstate(invalid="ignore"):

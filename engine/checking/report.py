@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..bugs import BUGS
-from ..layer import ALL_STAGE_IDS, STAGE_INFO, TOKEN_STAGE_IDS
+from ..bugs import ALL_BUGS
+from ..layer import ALL_STAGE_IDS, BLOCK_STAGE_IDS, STAGE_INFO, TOKEN_STAGE_IDS
 from ..tracing import Stage, Trace, diagnose
 from . import compare, hints
 
@@ -52,8 +52,13 @@ class Submission:
 
     @property
     def stage_ids(self) -> list[str]:
-        """The submitted stages, in walkthrough order."""
-        return [sid for sid in ALL_STAGE_IDS if sid in self.raw]
+        """The submitted stages, in walkthrough order (a stack's, in the order of ``stage_order``)."""
+        return [sid for sid in (*ALL_STAGE_IDS, *BLOCK_STAGE_IDS) if sid in self.raw]
+
+    def stage_order(self, t: Trace) -> list[str]:
+        """The submitted stages in the order ``t`` computes them: one layer's walkthrough order, or a stack's,
+        where the norms come before or after the attention and a later layer's attention follows the block."""
+        return [sid for sid in t.stages if sid in self.raw]
 
     def received(self, sid: str) -> compare.Received:
         if sid not in self._read:
@@ -103,6 +108,12 @@ def _token_shown(text: str) -> str:
     return repr(_token_cut(text))
 
 
+def _axes(sid: str, expected: Stage) -> tuple[str, ...]:
+    """The axes a message names: the stage's own (one layer's, as before), with a stack's leading layer axis."""
+    axes = STAGE_INFO[sid].axes
+    return ("layer", *axes) if expected.axes[:1] == ("layer",) else axes
+
+
 def _unmatched_shape(sid: str, expected: Stage, sub: Submission) -> dict[str, Any] | None:
     """The entry of the token stage, or of a stage whose shape is wrong; None for one to compare by value."""
     exp_shape = list(expected.shape)
@@ -136,7 +147,7 @@ def _unmatched_shape(sid: str, expected: Stage, sub: Submission) -> dict[str, An
                 "received_shape": None if got_shape is None else list(got_shape),
                 "n_values": int(np.prod(exp_shape)), "mismatches": int(np.prod(exp_shape)),
                 "max_abs_error": None, "max_rel_error": None, **none, "first_mismatch": None,
-                "message": f"the shape is wrong: expected {exp_shape} ({', '.join(info.axes)}), "
+                "message": f"the shape is wrong: expected {exp_shape} ({', '.join(_axes(sid, expected))}), "
                            f"got {'a ragged array' if got_shape is None else list(got_shape)}"}
     return None
 
@@ -161,7 +172,8 @@ def _stage_result(sid: str, expected: Stage, sub: Submission, c: compare.Compari
             r = c.first_received
             r_txt = "null" if r is None else r if isinstance(r, str) else _fmt(r)
             parts.append(f"{c.mismatches} of {c.n_values} values are off{' in all' if c.non_finite else ''}; "
-                         f"the first is at {c.first} ({', '.join(info.axes)}): expected {e_txt}, got {r_txt}")
+                         f"the first is at {c.first} ({', '.join(_axes(sid, expected))}): expected {e_txt}, "
+                         f"got {r_txt}")
         message = "; ".join(parts)
     if c.treated_as_masked:
         message += _masked_note(c.treated_as_masked)
@@ -206,7 +218,7 @@ def check(t: Trace, sub: Submission, tol: compare.Tolerance) -> dict[str, Any]:
     """Compare a submission with the reference ``t``; diagnose the first wrong stage. The answer's
     ``passed``, ``first_wrong_stage``, ``stages``, ``diagnosis`` and ``message``, in that order (/check's
     CheckResponse without its envelope). Every submitted stage must be one ``t`` has."""
-    order = sub.stage_ids
+    order = sub.stage_order(t)
     results = compare_stages(order, t, sub, tol)
     first_wrong = next((sid for sid in order if not results[sid]["passed"]), None)
 
@@ -227,7 +239,7 @@ def check(t: Trace, sub: Submission, tol: compare.Tolerance) -> dict[str, Any]:
         info = STAGE_INFO[first_wrong]
         where = f"Stage '{first_wrong}' (step {info.step}, {t.stages[first_wrong].formula}) is the first that differs"
         if bug:
-            diag_msg = f"Your numbers match the known bug '{bug}': {BUGS[bug].summary}."
+            diag_msg = f"Your numbers match the known bug '{bug}': {ALL_BUGS[bug].summary}."
         else:
             diag_msg = ("Your numbers do not match any known bug; compare your step "
                         f"{info.step} with {t.stages[first_wrong].formula}.")
@@ -239,7 +251,7 @@ def check(t: Trace, sub: Submission, tol: compare.Tolerance) -> dict[str, Any]:
         "passed": first_wrong is None,
         "first_wrong_stage": first_wrong,
         "stages": results,
-        "diagnosis": {"bug": bug, "summary": BUGS[bug].summary if bug else None, "matches": matches,
+        "diagnosis": {"bug": bug, "summary": ALL_BUGS[bug].summary if bug else None, "matches": matches,
                       "message": diag_msg, "hints": hint_list},
         "message": message,
     }

@@ -28,7 +28,7 @@ from engine.layer import ALL_STAGE_IDS, TOKEN_STAGE_IDS, check_stages
 from .. import batch, npz, serialize
 from ..batch import BatchRequest
 from ..edge import bound_json_values, json_response, parse_body, read_json_body, settings
-from ..models import BugName, ConfigOut, StageId, TraceSpec, engine_rules
+from ..models import AnyBugName, ConfigOut, StageId, TraceSpec, engine_rules
 from ..problems import ProblemError, validation_problem
 from ..settings import Settings
 
@@ -112,23 +112,25 @@ class CheckRequest(TraceSpec):
             check_stages(list(self.submission), self.trace_config, explicit_input=self.input is not None,
                          field="submission", keyed=True, cross=self._context is not None)
         arrays = (info.context or {}).get("npz_submission") or {}  # sid -> (values, mask) from an npz body
+        # a stack's stages gain a leading layer axis: one level deeper than one layer's
+        depth = compare.MAX_STACK_DEPTH if self.trace_config.has_block else compare.MAX_DEPTH
         # Every value's type, and each stage's shape, in one pass over the rows (compare.scan).
         for sid, values in self.submission.items():
             if sid in TOKEN_STAGE_IDS:  # token texts: compared as strings (engine/checking/report.py)
                 continue
             if sid in arrays:
                 a, mask = arrays[sid]
-                if not 1 <= a.ndim <= compare.MAX_DEPTH:
+                if not 1 <= a.ndim <= depth:
                     raise PydanticCustomError(
                         "submission_type", "submission.{sid}: {problem}",
                         {"sid": sid, "pointer": f"/submission/{sid}", "problem": (
                             "a single number, not an array" if a.ndim == 0 else
-                            f"{a.ndim} dimensions, deeper than any stage ({compare.MAX_DEPTH})")})
+                            f"{a.ndim} dimensions, deeper than any stage ({depth})")})
                 self._arrays[sid] = compare.received_npz(a, mask)
                 self._shapes[sid] = a.shape
                 continue
             try:
-                self._shapes[sid] = compare.scan(values)
+                self._shapes[sid] = compare.scan(values, depth)
             except compare.SubmissionTypeError as e:
                 raise PydanticCustomError(
                     "submission_type", "submission.{sid}: {problem}",
@@ -219,10 +221,11 @@ class Hint(BaseModel):
 
 
 class Diagnosis(BaseModel):
-    bug: BugName | None = Field(description="The first known bug (in the documented order) that reproduces "
+    bug: AnyBugName | None = Field(description="The first known bug (in the documented order) that reproduces "
                                             "every submitted stage within tolerance; null if none does.")
     summary: str | None
-    matches: list[BugName] = Field(description="Every known bug that reproduces the submission.")
+    matches: list[AnyBugName] = Field(description="Every known bug that reproduces the submission (in a stack of "
+                                              "blocks, the block's known mistakes too, docs/engine.md).")
     message: str
     hints: list[Hint] = Field(
         description="When no known bug matches: what the student's numbers in the first wrong stage show "
