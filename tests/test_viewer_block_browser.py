@@ -114,6 +114,15 @@ def test_the_layer_picker_shows_that_layers_maps_without_a_request(driver, serve
     assert "layer 2" in driver.find_element(By.ID, "trace-status").text
     assert trace_requests(driver) == [] and sent(driver, "/trace") == [], "a layer is drawn from the answer on screen"
     assert "layer=2" in driver.current_url
+    # A cell of layer 2 explained: /explain explains the first layer only, so the page computes it (cell.js) from
+    # layer 2's numbers, and sends nothing.
+    driver.find_element(By.CSS_SELECTOR, "table[data-stage='weights'] td[data-row='3'][data-col='1']").click()
+    status = driver.find_element(By.ID, "explain-status")
+    wait_until(driver, lambda d: status.text.startswith("Layer 2, head 1: query 3"))
+    assert status.text.endswith(f"weight {fixed(W[2][1][3][1] * 100, 2)}%.")
+    steps = js(driver, "return [...document.querySelectorAll('#explain-body tr[data-step]')].map(tr => tr.dataset.step)")
+    assert "weight" in steps and "denominator" in steps, steps
+    assert sent(driver, "/explain") == [] and sent(driver, "/trace") == []
 
 
 def test_the_residual_stream_is_each_tokens_norm_at_each_depth(driver, server, console):
