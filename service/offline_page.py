@@ -56,7 +56,7 @@ def comparison_request(request_body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def export_filename(trace_document: Mapping[str, Any], request_body: Mapping[str, Any], ext: str = "html") -> str:
-    """``attention-trace_<sentence>_d<d_model>_h<heads>_seed<seed>[_unscaled][_causal][variants].<ext>``,
+    """``attention-trace_<sentence>_d<d_model>_h<heads>_seed<seed>[_unscaled][_causal][variants][_<block>_L<layers>].<ext>``,
     as the viewer names its downloads (trace.js, exportName)."""
     cfg = trace_document["config"]
     text = request_body.get("sentence")
@@ -69,6 +69,8 @@ def export_filename(trace_document: Mapping[str, Any], request_body: Mapping[str
         f"_w{cfg['window']}" if "window" in cfg else "",
         "_cross" if trace_document.get("context_tokens") is not None else "",
         "_decode" if cfg.get("decode") else "",
+        # a stack: its preset (or "block" for one set field by field) and its layers
+        f"_{cfg.get('block') or 'block'}_L{cfg['num_layers']}" if "num_layers" in cfg else "",
     ])
     return (f"attention-trace_{slug}_d{cfg['d_model']}_h{cfg['num_heads']}_seed{cfg['seed']}"
             f"{'' if cfg['scale'] else '_unscaled'}{'_causal' if cfg['causal'] else ''}{variant}.{ext}")

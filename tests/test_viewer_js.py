@@ -91,6 +91,8 @@ EXPORT_CASES = [
     (_doc({}, ["été"]), {"sentence": "été à Zürich"}),
     (_doc({}, ["x"]), {"sentence": "“…”"}),
     (_doc({}, ["x"]), {"sentence": "word " * 20}),
+    (_doc({"causal": True, "num_layers": 3, "block": "gpt2"}, ["the", "cat"]), {"sentence": "the cat", "block": "gpt2"}),
+    (_doc({"num_layers": 1, "block": None, "norm": "rms_norm"}, ["x"]), {"sentence": "x", "norm": "rms_norm"}),
 ]
 
 
@@ -242,3 +244,119 @@ def test_the_pairwise_sum_is_numpys():
     got = run_node("const C = load('format.js', 'trace.js', 'cell.js').cell;"
                    "console.log(JSON.stringify(input.map((r) => C.pairwiseSum(r))));", rows)
     assert got == [float(np.sum(np.array(r))) for r in rows]
+
+
+# ---------------------------------------------------------------- a stack of blocks
+
+STACKS = [
+    {"sentence": "the cat sat on", "d_model": 8, "num_heads": 2, "block": "gpt2", "num_layers": 3},
+    {"sentence": "the cat sat on the mat", "d_model": 8, "num_heads": 2, "block": "vaswani2017", "num_layers": 2,
+     "norm_weights": "seeded"},
+    {"sentence": "the cat sat", "d_model": 8, "num_heads": 2, "num_kv_heads": 1, "block": "llama", "num_layers": 2,
+     "d_ff": 16},
+]
+
+
+@needs_node
+def test_the_presets_match_the_engines():
+    """url-state.js's preset table (what choosing a preset sets outside the block) and block.js's feed-forward
+    networks are engine/layer.py's BLOCK_PRESETS."""
+    from engine.layer import BLOCK_PRESETS, preset_fields
+
+    got = run_node("const AT = load('format.js', 'trace.js', 'url-state.js', 'svg.js', 'cell.js', 'block.js');"
+                   "console.log(JSON.stringify([AT.urlState.BLOCKS, AT.urlState.PRESET_FIELDS, AT.block.PRESET_FFN]));",
+                   None)
+    blocks, fields, ffn = got
+    assert blocks == list(BLOCK_PRESETS)
+    assert fields == {name: preset_fields(name) for name in BLOCK_PRESETS}
+    assert ffn == {name: p.ffn for name, p in BLOCK_PRESETS.items()}
+
+
+@needs_node
+def test_the_residual_norms_are_numpys(client):
+    """block.js's residualNorms of /trace's residual_stream equal numpy's norms, and blockOf reads the block (pre- or
+    post-norm, the norm's kind, a final norm) from the stages alone as the service's config says it."""
+    import numpy as np
+
+    docs = []
+    for body in STACKS:
+        resp = client.post("/trace", json=body)
+        assert resp.status_code == 200, resp.get_json()
+        docs.append(resp.get_json())
+    got = run_node("""
+        const AT = load('format.js', 'trace.js', 'url-state.js', 'svg.js', 'cell.js', 'block.js');
+        console.log(JSON.stringify(input.map((doc) => {
+          const bare = { ...doc, config: {} };  // the block read from its stages only
+          return { norms: AT.block.residualNorms(doc.stages.residual_stream.values), block: AT.block.blockOf(bare),
+                   order: AT.block.blockDiagram(AT.block.blockOf(doc)).order };
+        })));""", docs)
+    for doc, mine in zip(docs, got):
+        want = np.linalg.norm(np.array(doc["stages"]["residual_stream"]["values"]), axis=-1)  # [depth, token]
+        assert np.array(mine["norms"]).shape == (doc["config"]["num_layers"] + 1, len(doc["tokens"]))
+        np.testing.assert_allclose(mine["norms"], want, rtol=1e-12, atol=0)
+        cfg = doc["config"]
+        assert mine["block"]["pre"] == (cfg["norm_position"] == "pre")
+        assert mine["block"]["normKind"] == cfg["norm"]
+        assert mine["block"]["finalNorm"] == ("final_norm" in doc["stages"])
+        # The diagram's boxes are the stages' order: each box's stage comes after the one before it in the answer.
+        first = {"norm1": "norm1", "attention": "output", "residual1": "residual1", "norm2": "norm2",
+                 "ffn": "ffn_output", "residual2": "residual2", "final_norm": "final_norm"}
+        stage_order = list(doc["stages"])
+        at = [stage_order.index(first[box]) for box in mine["order"]]
+        assert at == sorted(at), (cfg["norm_position"], mine["order"])
+
+
+def test_the_javascript_fixture_is_the_engines(client):
+    """tests/js/fixtures/gpt2-stack.json (the node tests' stack) is still what /trace answers, and its norms numpy's."""
+    import numpy as np
+
+    fixture = json.loads((JS_TESTS / "fixtures" / "gpt2-stack.json").read_text(encoding="utf-8"))
+    resp = client.post("/trace", json={"sentence": "the cat sat on", "d_model": 8, "num_heads": 2, "block": "gpt2",
+                                       "num_layers": 3, "causal": True})
+    assert resp.status_code == 200, resp.get_json()
+    doc = resp.get_json()
+    assert fixture["doc"]["tokens"] == doc["tokens"]
+    assert fixture["doc"]["stats"]["axes"] == doc["stats"]["axes"] == ["layer", "head", "query"]
+    for sid, stage in fixture["doc"]["stages"].items():
+        assert stage["axes"] == doc["stages"][sid]["axes"] and stage["shape"] == doc["stages"][sid]["shape"], sid
+        np.testing.assert_allclose(stage["values"], doc["stages"][sid]["values"], rtol=1e-12, atol=1e-13, err_msg=sid)
+    rs = np.array(doc["stages"]["residual_stream"]["values"])
+    np.testing.assert_allclose(fixture["residual_norms"], np.linalg.norm(rs, axis=-1), rtol=1e-12, atol=0)
+
+
+@needs_node
+def test_a_stacks_layer_is_explained_as_the_engine_explains_it(client):
+    """The page explains a cell of a stack's layer with cell.js over that layer (trace.js's layerView): the engine's
+    explain_cell(…, layer=l) for every layer, and /explain's answer for layer 0 (which it explains)."""
+    import engine
+    from engine import TraceConfig
+    from engine.explain import explain_cell
+    from service import serialize
+
+    body = STACKS[0] | {"causal": True}
+    doc = client.post("/trace", json=body).get_json()
+    t = engine.trace(TraceConfig.preset_config("gpt2", d_model=8, num_heads=2, num_layers=3), sentence=body["sentence"])
+    assert t.parameters_digest == doc["parameters_digest"]
+    cells = [(layer, head, query, key) for layer in range(3) for head, query, key in [(1, 3, 2), (0, 2, 2), (1, 1, 3)]]
+    mine = run_node("const AT = load('format.js', 'trace.js', 'cell.js');"
+                    "console.log(JSON.stringify(input.cells.map(([l, h, q, k]) => "
+                    "AT.cell.explainCell(AT.trace.layerView(input.doc, l), h, q, k))));", {"doc": doc, "cells": cells})
+    for (layer, head, query, key), x in zip(cells, mine):
+        want = json.loads(serialize.dumps(explain_cell(t, head, query, key, layer=layer)))
+        where = f"layer {layer} head {head} query {query} key {key}"
+        assert x["layer"] == want["layer"] == layer, where
+        for field in set(want) - {"steps", "config"}:
+            assert x[field] == want[field], (where, field)
+        assert [s["id"] for s in x["steps"]] == [s["id"] for s in want["steps"]], where
+        for mine_step, step in zip(x["steps"], want["steps"]):
+            near = NEAR.get(step["id"], ())
+            for field, value in step.items():
+                if field in near:
+                    _near(mine_step[field], value, f"{where} {step['id']}.{field}")
+                elif not (field == "exact" and step["id"] in NEAR):
+                    assert mine_step[field] == value, (where, step["id"], field)
+        weight = next(s for s in x["steps"] if s["id"] == "weight")
+        assert weight["value"] == doc["stages"]["weights"]["values"][layer][head][query][key] or x["masked"]
+        if layer == 0:
+            service = client.post("/explain", json=body | {"head": head, "query": query, "key": key}).get_json()
+            assert [s["value"] for s in service["steps"]] == [s["value"] for s in want["steps"]], where

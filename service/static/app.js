@@ -18,6 +18,7 @@
  *   url-state.js  the inputs as data: the request, the d_k card's counts, the address both ways (pure)
  *   svg.js        the SVG exports, as an element tree written as escaped XML (pure)
  *   cell.js       one cell, number by number, from a trace alone: /explain's answer for a saved page (pure)
+ *   block.js      a stack's block: which it is, its diagram's layout, the residual stream's lengths (pure)
  *   api.js        the service's endpoints, or the trace a saved page embeds
  *   render.js     drawing the trace, section by section
  *   explain.js    one cell, number by number (POST /explain)
@@ -33,7 +34,8 @@
 (() => {
   const AT = globalThis.AttentionTrace;
   const { fmt, int } = AT.format;
-  const { exportName } = AT.trace;
+  const { exportName, isStack, layerView } = AT.trace;
+  const { PRESET_FIELDS } = AT.urlState;
   const { requestFrom, fieldsFromTrace, comparisonBody, divisors, dkCard, fieldError, curlFor, hashFor,
     fieldsFromHash, selectionFromHash, uiWords } = AT.urlState;
   const { svgFile, comparisonSvg } = AT.svg;
@@ -57,6 +59,8 @@
     colour: 'abs', // the maps' colour scale (format.js, SCALE_MODES)
     present: false, // present mode: one stage at a time
     slide: null, // present mode's slide (trace.js, presentSlides; null: the first)
+    layer: null, // a stack's layer shown (0-based; null: the first); state.main.doc is that layer (trace.js, layerView)
+    bstage: null, // a stack's block box shown (block.js's diagram ids; null: the layer's first)
     main: null, // {doc, text, body, ms}: the trace for the inputs as set
     alt: null, // the same request with scale flipped
     altError: null,
@@ -79,7 +83,10 @@
     pe: $('positional_encoding'), scale: $('scale'), causal: $('causal'),
     ropeFields: $('rope-fields'), ropeBase: $('rope_base'), ropePairing: $('rope_pairing'),
     kvHeads: $('num_kv_heads'), window: $('window'), contextSentence: $('context_sentence'), decode: $('decode'),
-    contextTokens: $('context_tokens'),
+    contextTokens: $('context_tokens'), block: $('block'), numLayers: $('num_layers'),
+    layerPicker: $('layer-picker'), layerOptions: $('layer-options'),
+    blockSection: $('block-section'), blockTitle: $('block-title'), blockDiagram: $('block-diagram'), blockStage: $('block-stage'),
+    residualSection: $('residual-section'), residualBody: $('residual-body'),
     kvSection: $('kv-section'), kvBody: $('kv-body'),
     decodeSection: $('decode-section'), decodeBody: $('decode-body'), decodeStep: $('decode-step'),
     decodeStepValue: $('decode-step-value'),
@@ -109,19 +116,21 @@
     '/num_kv_heads': $('num_kv_heads-error'), '/window': $('window-error'),
     '/context_sentence': $('context_sentence-error'), '/context_tokens': $('context_tokens-error'),
     '/scale': $('scale-error'), '/causal': $('causal-error'), '/decode': $('decode-error'),
+    '/block': $('block-error'), '/num_layers': $('num_layers-error'),
   };
   const fieldInputs = {
     '/sentence': ui.sentence, '/tokens': ui.sentence, '/d_model': ui.dModel, '/num_heads': ui.heads, '/seed': ui.seed,
     '/positional_encoding': ui.pe, '/rope_base': ui.ropeBase, '/rope_pairing': ui.ropePairing,
     '/num_kv_heads': ui.kvHeads, '/window': ui.window, '/context_sentence': ui.contextSentence,
     '/context_tokens': ui.contextTokens, '/scale': ui.scale, '/causal': ui.causal, '/decode': ui.decode,
+    '/block': ui.block, '/num_layers': ui.numLayers,
   };
 
   const explainer = AT.explain.create({ state, ui, saved: STANDALONE });
   const { explainCell, clearExplain } = explainer;
-  const renderer = AT.render.create({ state, ui, saved: STANDALONE, actions: { select, explainCell, downloadSvg, demo } });
+  const renderer = AT.render.create({ state, ui, saved: STANDALONE, actions: { select, explainCell, downloadSvg, demo, selectLayer, selectBox } });
   const { renderSelection, renderPickers, syncPickers, renderStatus, renderFooter, renderDecode, renderSaturation,
-    renderPresent } = renderer;
+    renderPresent, renderBlock } = renderer;
 
   // ------------------------------------------------------------------ inputs
 
@@ -132,7 +141,7 @@
       scale: ui.scale.checked, causal: ui.causal.checked, positional_encoding: ui.pe.value,
       rope_base: ui.ropeBase.value, rope_pairing: ui.ropePairing.value, num_kv_heads: ui.kvHeads.value,
       window: ui.window.value, context_sentence: ui.contextSentence.value, context_tokens: ui.contextTokens.value,
-      decode: ui.decode.checked,
+      decode: ui.decode.checked, block: ui.block.value, num_layers: ui.numLayers.value,
     };
   }
 
@@ -153,6 +162,18 @@
     ui.contextSentence.value = fields.context_sentence;
     ui.contextTokens.value = fields.context_tokens;
     ui.decode.checked = fields.decode;
+    ui.block.value = fields.block;
+    ui.numLayers.value = fields.num_layers;
+  }
+
+  /** A preset chosen: the mask and positions it sets outside the block join the inputs (url-state.js, PRESET_FIELDS). */
+  function choosePreset() {
+    const preset = PRESET_FIELDS[ui.block.value];
+    if (preset) {
+      ui.pe.value = preset.positional_encoding;
+      ui.causal.checked = preset.causal;
+    }
+    schedule(0);
   }
 
   /** The request the inputs describe, or {errors} for what JSON cannot carry. */
@@ -262,9 +283,11 @@
   /** The view into the address (a saved page's inputs are fixed: the selection only). */
   function writeHash() {
     const showStep = STANDALONE ? Array.isArray(state.main?.doc.decode) : ui.decode.checked;
+    // A stack's layer and box, while the inputs (a saved page: its trace) ask for a stack.
+    const stack = STANDALONE ? !!state.main && isStack(state.main.doc.full || state.main.doc) : ui.block.value !== '';
     const hash = hashFor(STANDALONE ? null : readFields(), {
       query: state.query, head: state.head, step: showStep ? state.step : null, colour: state.colour,
-      present: state.present, slide: state.slide,
+      present: state.present, slide: state.slide, layer: stack ? state.layer : null, bstage: stack ? state.bstage : null,
     });
     if (location.hash === hash) return;
     try {
@@ -380,6 +403,7 @@
     showTrace(main);
     try {
       state.alt = await postJson(ENDPOINTS.trace, comparisonBody(body), controller.signal);
+      atLayer(state.alt); // a stack's comparison, at the layer shown
     } catch (err) {
       if (seq !== state.seq || err?.name === 'AbortError') return;
       state.altError = err;
@@ -401,7 +425,7 @@
 
   /** A valid trace (from the service, or embedded in a saved page): the card, the actions and every section. */
   function showTrace(main) {
-    state.main = main;
+    state.main = atLayer(main);
     showProblem(null);
     markStale(false);
     const cfg = main.doc.config;
@@ -485,6 +509,8 @@
 
   /** The trace on screen, drawn whole: the selection kept (or clamped), the pickers, every section. */
   function render() {
+    atLayer(state.main); // the layer the selection asks for (a saved page's address may have changed it)
+    atLayer(state.alt);
     const doc = state.main.doc;
     const tokens = doc.tokens;
     const cfg = doc.config;
@@ -496,6 +522,7 @@
     state.query = Math.min(Math.max(state.query, 0), tokens.length - 1);
     state.queryText = tokens[state.query].text;
     state.head = Math.min(state.head, cfg.num_heads - 1);
+    if (Number.isInteger(doc.layer)) state.layer = doc.layer; // clamped to the stack by layerView
     writeHash();
     renderPickers();
     renderSelection();
@@ -517,6 +544,36 @@
     renderSelection();
     showSlide();
     if (focus) focus();
+  }
+
+  /** A trace ({doc, …}) drawn at the chosen layer: its doc is that layer of the answer (the answer itself, doc.full). */
+  function atLayer(t) {
+    if (!t) return t;
+    t.doc = layerView(t.doc.full || t.doc, state.layer ?? 0);
+    return t;
+  }
+
+  /** Another layer of the stack on screen: every per-layer section redrawn from the same answer, no request. */
+  function selectLayer(layer) {
+    if (!state.main || layer === state.main.doc.layer) return;
+    state.layer = layer;
+    atLayer(state.main);
+    atLayer(state.alt);
+    clearExplain(`Layer ${state.main.doc.layer} shown: click a cell (or press Enter on it) to explain it.`);
+    writeHash();
+    syncPickers();
+    renderSelection();
+    renderStatus();
+    showSlide();
+  }
+
+  /** A box of the block's diagram chosen: its stages shown (and the box highlighted), no request. */
+  function selectBox(id, { focus = false } = {}) {
+    if (!state.main) return;
+    state.bstage = id;
+    writeHash();
+    renderBlock();
+    if (focus) ui.blockDiagram.querySelector(`[data-box="${id}"]`)?.focus();
   }
 
   // ------------------------------------------------------------------ present mode
@@ -702,7 +759,9 @@
       clearTimeout(state.timer);
       refresh();
     });
-    for (const input of [ui.sentence, ui.contextSentence, ui.contextTokens, ui.dModel, ui.seed, ui.ropeBase, ui.kvHeads, ui.window]) {
+    ui.block.addEventListener('change', choosePreset);
+    for (const input of [ui.sentence, ui.contextSentence, ui.contextTokens, ui.dModel, ui.seed, ui.ropeBase, ui.kvHeads, ui.window,
+      ui.numLayers]) {
       input.addEventListener('input', () => schedule(DEBOUNCE_MS));
     }
     ui.heads.addEventListener('input', () => schedule(SLIDER_DEBOUNCE_MS));
@@ -728,7 +787,7 @@
     for (const el of ui.form.elements) el.disabled = true; // nothing here can ask the service for another trace
     readSelection();
     updateDkLive();
-    state.alt = EMBED.comparison ? { doc: EMBED.comparison, text: null, body: comparisonBody(request), ms: null } : null;
+    state.alt = EMBED.comparison ? atLayer({ doc: EMBED.comparison, text: null, body: comparisonBody(request), ms: null }) : null;
     showTrace({ doc, text: EMBED.text, body: request, ms: null });
     renderCurl(request);
     ui.main.setAttribute('aria-busy', 'false');

@@ -241,6 +241,7 @@
       masked, mask_reason: reason, masked_keys: maskedKeys, steps,
     };
     if (Array.isArray(doc.decode)) out.decode = decodeCell(doc.decode, head, query, key, { score, weight });
+    if (Number.isInteger(doc.layer)) out.layer = doc.layer; // one layer of a stack (trace.js, layerView), as the engine says
     return out;
   }
 

@@ -41,12 +41,17 @@
       }
     }
 
-    /** Ask the service to explain one cell of the trace on screen: the request as traced, plus head, query, key. */
+    /**
+     * Ask the service to explain one cell of the trace on screen: the request as traced, plus head, query, key. A
+     * stack's cell is in the layer shown, and /explain takes no layer (it explains the first layer's attention): the
+     * page computes it from the answer on screen instead, with the saved page's code (cell.js), which gives
+     * /explain's steps over that layer's numbers (trace.js, layerView).
+     */
     async function explainCell(head, query, key) {
       if (!state.main) return;
       const { doc, body } = state.main;
       const keyTokens = keyTokensOf(doc);
-      if (view.saved) { // no service: the same answer, from the embedded trace
+      if (view.saved || Number.isInteger(doc.layer)) { // no service (or a stack's layer): the same answer, from the trace
         if (state.explainController) state.explainController.abort();
         state.explainController = null;
         state.explain = { head, query, key };
@@ -154,7 +159,8 @@
       const summary = masked
         ? `masked${x.mask_reason ? ` (${x.mask_reason})` : ''}`
         : weightStep && typeof weightStep.value === 'number' ? `weight ${pct(weightStep.value, 2)}` : '';
-      ui.explainStatus.textContent = `Head ${x.head}: query ${x.query} ${quoted(x.query_token)} → key ${x.key} ${quoted(keyText)}`
+      const layer = Number.isInteger(state.main?.doc.layer) ? `Layer ${state.main.doc.layer}, head` : 'Head';
+      ui.explainStatus.textContent = `${layer} ${x.head}: query ${x.query} ${quoted(x.query_token)} → key ${x.key} ${quoted(keyText)}`
         + `${summary ? `: ${summary}` : ''}.`;
       const facts = h('p', { class: 'hint explain-facts' }, `d_k = ${x.d_k}; the scores are divided by `
         + `${typeof x.scale_factor === 'number' ? fmt(x.scale_factor, 4) : '?'}${x.scale === false ? ' (scaling off)' : ' (√d_k)'}.`);

@@ -3,15 +3,18 @@
  *
  * The status line and the footer, the walkthrough (one query token, one head, stage by stage), the attention maps
  * and every head's thumbnail, the shared K/V heads, KV-cache decoding, the scaled/unscaled comparison, concat vs
- * average, and the query token and head pickers. The DOM is built with createElement/textContent only (h below:
+ * average, the query token, head and layer pickers, and a stack's block (its diagram, as SVG, and the stage shown) and
+ * residual stream. The DOM is built with createElement/textContent only (h below:
  * no HTML string is ever parsed, so a sentence cannot inject markup), and cells are coloured through CSS custom
  * properties set with the CSSOM.
  *
  * app.js calls create(view) once with what the sections read and call: view.state (the trace on screen and the
  * selection), view.ui (the page's elements), view.saved (a saved page) and view.actions (select, explainCell,
- * downloadSvg, which belong to app.js and explain.js). The stateless builders (h, vec …) are shared with them.
+ * downloadSvg, selectLayer, selectBox, which belong to app.js and explain.js). The stateless builders (h, vec …) are
+ * shared with them. A stack's chosen layer is drawn from state.main.doc, which app.js sets to that layer
+ * (trace.js's layerView); state.main.doc.full is the whole answer.
  *
- * Adds `render` to globalThis.AttentionTrace (after format.js, trace.js and svg.js).
+ * Adds `render` to globalThis.AttentionTrace (after format.js, trace.js, svg.js and block.js).
  */
 'use strict';
 
@@ -19,6 +22,11 @@
   const { fmt, pct, int, quoted, fmtBase, extent, unit, norm, mapScale, subscript, ON_DARK_AT } = globalThis.AttentionTrace.format;
   const { HEATMAP_MAX_TOKENS, CELL_NUMBERS_MAX_TOKENS, keyTokensOf, isCross, kvHeadOf, exportName, presentSlides } = globalThis.AttentionTrace.trace;
   const { heatmapSvg } = globalThis.AttentionTrace.svg;
+  const { isStack, numLayers } = globalThis.AttentionTrace.trace;
+  const BLOCK = globalThis.AttentionTrace.block;
+  const SVG_NS = 'http://www.w3.org/2000/svg';
+  const STAGE_MAX_COLS = 32; // a block stage's features drawn; the JSON has them all
+  const STAGE_NUMBERS_MAX_COLS = 16;
 
   const THUMBS_MAX_CELLS = 30000;
   const VECTOR_NUMBERS_MAX = 96;
@@ -44,6 +52,20 @@
       if (kid === null || kid === undefined || kid === false) continue;
       node.append(kid instanceof Node ? kid : String(kid));
     }
+    return node;
+  }
+
+  /** createElementNS for the SVG diagram: attributes as given, kids appended; never parses markup. */
+  function svgEl(tag, attrs, ...kids) {
+    const node = document.createElementNS(SVG_NS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === 'text') node.textContent = v;
+      else if (k === 'data') for (const [name, val] of Object.entries(v)) node.setAttribute(`data-${name}`, String(val));
+      else if (k.startsWith('on') && typeof v === 'function') node.addEventListener(k.slice(2), v);
+      else node.setAttribute(k, String(v));
+    }
+    for (const kid of kids.flat(Infinity)) if (kid !== null && kid !== undefined && kid !== false) node.append(kid);
     return node;
   }
 
@@ -121,6 +143,12 @@
       if (cfg.window !== undefined) extras.push(`window ${cfg.window}`);
       if (isCross(doc)) extras.push(`cross-attention to ${cfg.n_context_tokens} context token${cfg.n_context_tokens === 1 ? '' : 's'}`);
       if (cfg.decode) extras.push('KV-cache decoding');
+      const full = doc.full || doc;
+      if (isStack(full)) {
+        const b = BLOCK.blockOf(full, state.main.body);
+        const L = numLayers(full);
+        extras.push(`${b.preset ? `${b.preset} ` : ''}stack of ${L} layer${L === 1 ? '' : 's'}, showing layer ${doc.layer}`);
+      }
       ui.traceStatus.textContent = `${tokens.length} token${tokens.length === 1 ? '' : 's'} · d_model ${cfg.d_model} · `
         + `${cfg.num_heads} head${cfg.num_heads === 1 ? '' : 's'} of d_k ${cfg.d_k}${extras.map((e) => ` · ${e}`).join('')}`
         + (state.main.ms === null ? ' · a saved trace' : ` · traced in ${Math.round(state.main.ms)} ms`);
@@ -146,6 +174,8 @@
       renderDecode();
       renderSaturation();
       renderMultihead();
+      renderBlock();
+      renderResidual();
       renderPresent();
     }
 
@@ -169,12 +199,26 @@
         });
         return h('label', { class: 'chip chip-head', for: `head-${i}` }, input, h('span', { class: 'chip-text', text: `${i}` }));
       }));
+      // A stack: one chip a layer (changing it redraws from the answer on screen, no request).
+      const full = doc.full || doc;
+      const layers = isStack(full) ? numLayers(full) : 0;
+      ui.layerPicker.hidden = layers === 0;
+      ui.layerOptions.replaceChildren(...Array.from({ length: layers }, (_, i) => {
+        const input = h('input', {
+          type: 'radio', name: 'layer', value: i, id: `layer-${i}`, class: 'chip-input',
+          'aria-label': `layer ${i} of ${layers}`,
+          onchange: () => actions.selectLayer(i),
+        });
+        return h('label', { class: 'chip chip-head', for: `layer-${i}` }, input, h('span', { class: 'chip-text', text: `${i}` }));
+      }));
       syncPickers();
     }
 
     function syncPickers() {
       for (const input of ui.tokenOptions.querySelectorAll('input')) input.checked = Number(input.value) === state.query;
       for (const input of ui.headOptions.querySelectorAll('input')) input.checked = Number(input.value) === state.head;
+      const layer = state.main?.doc.layer;
+      for (const input of ui.layerOptions.querySelectorAll('input')) input.checked = Number(input.value) === layer;
     }
 
     // -- walkthrough
@@ -514,7 +558,8 @@
       const qk = rope ? 'RoPE(Q)RoPE(K)ᵀ' : 'QKᵀ';
       const crossNote = keyTokens ? ' · keys: the context' : '';
       const mode = state.colour;
-      ui.mapsTitle.replaceChildren(`Attention maps${cfg.num_heads > 1 ? ` · head ${hd} of ${cfg.num_heads}` : ''}${crossNote}`);
+      const layerNote = Number.isInteger(doc.layer) ? ` · layer ${doc.layer} of ${numLayers(doc.full)}` : '';
+      ui.mapsTitle.replaceChildren(`Attention maps${layerNote}${cfg.num_heads > 1 ? ` · head ${hd} of ${cfg.num_heads}` : ''}${crossNote}`);
       const maps = [
         heatmap({ stage: 'scores', title: 'Scores', formula: qk, matrix: S.scores.values[hd], tokens, keyTokens, kind: 'score', mode }),
         heatmap({ stage: 'scaled_scores', title: 'Scaled scores', formula: cfg.scale ? `${qk}/√${cfg.d_k}` : `${qk}/1 (scaling off)`,
@@ -911,6 +956,162 @@
       ui.multihead.replaceChildren(...kids);
     }
 
+    // -- a stack: the block's diagram, the stage shown, the residual stream
+
+    /** The box whose stages are shown: state.bstage when the block has it, else the first box (the layer's first step). */
+    function shownBox(diagram) {
+      return diagram.order.includes(state.bstage) ? state.bstage : diagram.order[0];
+    }
+
+    /** One stage of the chosen layer as a token × feature table, coloured on its range (numbers when it is small). */
+    function stageMatrix(sid, st, tokens) {
+      const cols = Math.min(st.shape.at(-1), STAGE_MAX_COLS);
+      const rows = Math.min(tokens.length, HEATMAP_MAX_TOKENS);
+      const values = st.values.slice(0, rows).map((r) => r.slice(0, cols));
+      const range = extent(values);
+      const numbers = cols <= STAGE_NUMBERS_MAX_COLS && rows <= CELL_NUMBERS_MAX_TOKENS;
+      const axis = st.axes.at(-1);
+      const head = h('tr', {}, h('th', { class: 'mx-corner', scope: 'col' }, h('span', { class: 'visually-hidden', text: `token \\ ${axis}` })),
+        Array.from({ length: cols }, (_, j) => h('th', { scope: 'col', class: 'mx-col', title: `${axis} ${j}` },
+          h('span', { class: 'mx-label', text: String(j) }))));
+      const body = values.map((r, i) => h('tr', { data: { row: i }, class: i === state.query ? 'is-query' : null },
+        h('th', { scope: 'row', class: 'mx-row', title: `token ${i}: ${tokens[i].text}` }, h('span', { class: 'mx-label', text: tokens[i].text })),
+        r.map((v, j) => shade(h('td', { class: 'mx-cell', data: { row: i, col: j, value: String(v) },
+          title: `${sid}[${tokens[i].text}, ${j}] = ${fmt(v, 4)}` }, numbers ? fmt(v, 2) : ''), unit(v, range)))));
+      const table = h('table', { class: `mx-grid bs-grid${numbers ? '' : ' is-compact'}`, data: { stage: sid }, vars: { '--m': String(cols) } },
+        h('caption', { class: 'mx-caption' }, h('span', { class: 'bs-title', text: st.title }), ' ',
+          h('code', { class: 'hm-formula', text: `${sid} [${tokens.length} × ${st.shape.at(-1)}]` })),
+        h('thead', {}, head), h('tbody', {}, body));
+      const cut = st.shape.at(-1) > cols || tokens.length > rows
+        ? h('p', { class: 'hint', text: `Showing ${rows} × ${cols} of ${tokens.length} × ${st.shape.at(-1)}; download the JSON for all of them.` })
+        : null;
+      return h('div', { class: 'bs-part' }, h('div', { class: 'mx-scroll' }, table), h('p', { class: 'hint bs-formula' }, h('code', { text: st.formula || '' })), cut);
+    }
+
+    /** A norm's statistics, one column a statistic, one row a token. */
+    function stageStats(ids, S, tokens) {
+      const names = { mean: 'mean μ', variance: 'variance σ²', mean_square: 'mean(x²)' };
+      return h('div', { class: 'bs-part' }, h('div', { class: 'table-scroll' }, h('table', { class: 'side-table bs-stats' },
+        h('caption', { class: 'mx-caption', text: 'Over each token\'s features' }),
+        h('thead', {}, h('tr', {}, h('th', { scope: 'col', text: 'token' }),
+          ids.map((sid) => h('th', { scope: 'col', title: S[sid].formula || '' }, names[sid.replace(/^(norm1|norm2|final_norm)_/, '')] || sid)))),
+        h('tbody', {}, tokens.map((t, i) => h('tr', { data: { row: i }, class: i === state.query ? 'is-query' : null },
+          h('th', { scope: 'row', text: t.text }),
+          ids.map((sid) => h('td', { class: 'num', data: { stage: sid, value: String(S[sid].values[i]) }, text: fmt(S[sid].values[i], 4) }))))))));
+    }
+
+    /** The diagram of the block, as SVG: one focusable button a box, the shown box highlighted. */
+    function blockSvg(diagram, shown, title) {
+      const box = (b) => {
+        const isShown = b.id === shown;
+        const shape = b.kind === 'add'
+          ? svgEl('circle', { class: 'bd-shape', cx: b.x, cy: b.y, r: b.w / 2 })
+          : svgEl('rect', { class: 'bd-shape', x: b.x, y: b.y, width: b.w, height: b.h, rx: 6 });
+        const texts = b.kind === 'add'
+          ? [svgEl('text', { class: 'bd-label bd-plus', x: b.x, y: b.y + 5, 'text-anchor': 'middle', text: '+' }),
+            svgEl('text', { class: 'bd-detail', x: b.x - b.w / 2 - 8, y: b.y + 4, 'text-anchor': 'end', text: b.detail })]
+          : [svgEl('text', { class: 'bd-label', x: b.x + b.w / 2, y: b.y + 16, 'text-anchor': 'middle', text: b.label }),
+            svgEl('text', { class: 'bd-detail', x: b.x + b.w / 2, y: b.y + 31, 'text-anchor': 'middle', text: b.detail })];
+        const name = b.kind === 'add' ? `Add (${b.id}): ${b.detail}` : `${b.label}: ${b.detail}`;
+        return svgEl('g', {
+          class: `bd-box is-${b.kind}${isShown ? ' is-shown' : ''}`, role: 'button', tabindex: 0, 'aria-pressed': String(isShown),
+          'aria-label': name, data: { box: b.id },
+          onclick: () => actions.selectBox(b.id),
+          onkeydown: (e) => boxKeys(e, diagram, b.id),
+        }, svgEl('title', { text: name }), shape, texts);
+      };
+      const arrow = (a) => svgEl('polyline', { class: `bd-arrow is-${a.kind}`, points: a.points.map((p) => p.join(',')).join(' '),
+        'marker-end': 'url(#bd-head)' });
+      return svgEl('svg', { class: 'bd-svg', viewBox: `0 0 ${diagram.width} ${diagram.height}`, width: diagram.width,
+        height: diagram.height, role: 'group', 'aria-label': title },
+      svgEl('defs', {}, svgEl('marker', { id: 'bd-head', viewBox: '0 0 8 8', refX: 7, refY: 4, markerWidth: 7, markerHeight: 7,
+        orient: 'auto-start-reverse' }, svgEl('path', { class: 'bd-head', d: 'M0,0 L8,4 L0,8 z' }))),
+      diagram.arrows.map(arrow),
+      diagram.labels.map((l) => svgEl('text', { class: 'bd-note', x: l.x, y: l.y, 'text-anchor': 'middle', data: { label: l.id }, text: l.text })),
+      diagram.boxes.map(box));
+    }
+
+    /** Keys on a box: Enter or Space shows it, the arrows move to the box before or after it. */
+    function boxKeys(e, diagram, id) {
+      const at = diagram.order.indexOf(id);
+      if (e.key === 'Enter' || e.key === ' ') {
+        e.preventDefault();
+        actions.selectBox(id, { focus: true });
+      } else if (e.key === 'ArrowDown' || e.key === 'ArrowUp') {
+        e.preventDefault();
+        const next = diagram.order[Math.min(Math.max(at + (e.key === 'ArrowDown' ? 1 : -1), 0), diagram.order.length - 1)];
+        ui.blockDiagram.querySelector(`[data-box="${next}"]`)?.focus();
+      }
+    }
+
+    function renderBlock() {
+      const doc = state.main.doc;
+      const full = doc.full || doc;
+      if (!isStack(full)) {
+        ui.blockSection.hidden = true;
+        ui.blockDiagram.replaceChildren();
+        ui.blockStage.replaceChildren();
+        return;
+      }
+      ui.blockSection.hidden = false;
+      const cfg = doc.config;
+      const L = numLayers(full);
+      const b = BLOCK.blockOf(full, state.main.body);
+      const diagram = BLOCK.blockDiagram(b, { causal: cfg.causal, numHeads: cfg.num_heads, layer: doc.layer, numLayers: L });
+      const shown = shownBox(diagram);
+      const focused = ui.blockDiagram.contains(document.activeElement) ? document.activeElement.dataset?.box : null;
+      const kind = b.pre ? 'pre-norm' : 'post-norm';
+      ui.blockTitle.replaceChildren(`The block · layer ${doc.layer} of ${L}${b.preset ? ` · ${b.preset}` : ''} (${kind})`);
+      ui.blockDiagram.replaceChildren(blockSvg(diagram, shown,
+        `Layer ${doc.layer}'s block, ${kind}: ${diagram.order.join(', ')}; the box shown is ${shown}`));
+      if (focused) ui.blockDiagram.querySelector(`[data-box="${focused}"]`)?.focus({ preventScroll: true });
+      const box = diagram.boxes.find((x) => x.id === shown);
+      const S = doc.stages;
+      const ids = BLOCK.boxStages(shown, S);
+      const stats = ids.filter(BLOCK.isStatStage);
+      const where = shown === 'final_norm' ? `the last layer's output, x${BLOCK.subscriptDigits(L)}` : `layer ${doc.layer}`;
+      ui.blockStage.replaceChildren(...[
+        h('h3', { class: 'subhead', data: { box: shown } }, `${box.kind === 'add' ? `Add: ${shown}` : box.label}`,
+          h('span', { class: 'muted', text: ` · ${where} · ${box.detail}` })),
+        shown === 'attention'
+          ? h('p', { class: 'hint', text: `The maps above are this layer's (layer ${doc.layer}): its scores and weights for the chosen head. `
+            + 'Below, the attention\'s output, the heads concatenated and mixed by W_O.' }) : null,
+        stats.length ? stageStats(stats, S, doc.tokens) : null,
+        ...ids.filter((sid) => !BLOCK.isStatStage(sid)).map((sid) => stageMatrix(sid, S[sid], doc.tokens)),
+      ].filter(Boolean));
+    }
+
+    function renderResidual() {
+      const doc = state.main.doc;
+      const full = doc.full || doc;
+      const stream = full.stages.residual_stream;
+      if (!isStack(full) || !stream) {
+        ui.residualSection.hidden = true;
+        ui.residualBody.replaceChildren();
+        return;
+      }
+      ui.residualSection.hidden = false;
+      const norms = BLOCK.residualNorms(stream.values); // [depth, token]
+      const L = norms.length - 1;
+      const labels = BLOCK.depthLabels(L);
+      const range = extent(norms);
+      const tokens = doc.tokens;
+      const table = h('table', { class: 'side-table residual-table' },
+        h('caption', { class: 'visually-hidden', text: 'Each token\'s ‖x‖ at each depth of the residual stream' }),
+        h('thead', {}, h('tr', {}, h('th', { scope: 'col', text: 'token' }),
+          labels.map((l, d) => h('th', { scope: 'col', data: { depth: d }, class: d === doc.layer + 1 ? 'is-layer' : null }, l)))),
+        h('tbody', {}, tokens.map((t, i) => h('tr', { data: { row: i }, class: i === state.query ? 'is-query' : null },
+          h('th', { scope: 'row', text: t.text }),
+          norms.map((byToken, d) => shade(h('td', { class: 'num rs-cell', data: { depth: d, token: i, value: String(byToken[i]) },
+            title: `‖x${BLOCK.subscriptDigits(d)}‖ of ${quoted(t.text)} = ${fmt(byToken[i], 6)}` }, fmt(byToken[i], 3)),
+          unit(byToken[i], range)))))));
+      const q = state.query;
+      const grow = norms[L][q] / norms[0][q];
+      ui.residualBody.replaceChildren(h('div', { class: 'table-scroll' }, table),
+        h('p', { class: 'explain', text: `${quoted(tokens[q].text)}: ‖x‖ goes from ${fmt(norms[0][q], 3)} at the input to `
+          + `${fmt(norms[L][q], 3)} after layer ${L - 1} (× ${fmt(grow, 2)}). The column of the layer shown is marked.` }));
+    }
+
     // -- present mode
 
     /**
@@ -952,9 +1153,9 @@
 
     return {
       renderStatus, renderFooter, renderSelection, renderPickers, syncPickers, renderDecode, renderSaturation, renderPresent,
-      markOverflow,
+      markOverflow, renderBlock, renderResidual,
     };
   }
 
-  globalThis.AttentionTrace.render = Object.freeze({ h, spoken, sub, shade, vec, create });
+  globalThis.AttentionTrace.render = Object.freeze({ h, svgEl, spoken, sub, shade, vec, create });
 })();

@@ -6,6 +6,8 @@
  * d_k card shows before the service answers, the request as a curl command; and the view in the address,
  * both ways: `#sentence=the+cat+sat&d_model=24&num_heads=4&q=1&head=2&causal=1` (heads and tokens from 0, as in
  * the API). A value the address cannot hold (not a whole number, an unknown option) falls back to the default.
+ * A stack of Transformer blocks adds `block` (a preset) and `layers` (num_layers) to the request's part, and the
+ * shown layer (`layer`, from 0) and block stage (`bstage`) to the selection; a plain request leaves all four out.
  *
  * Adds `urlState` to globalThis.AttentionTrace (after format.js); tests/js/url-state.test.js runs it under Node.
  */
@@ -24,8 +26,26 @@
     sentence: DEFAULTS.sentence, d_model: String(DEFAULTS.d_model), num_heads: String(DEFAULTS.num_heads),
     seed: String(DEFAULTS.seed), scale: true, causal: false, positional_encoding: 'sinusoidal',
     rope_base: String(DEFAULTS.rope_base), rope_pairing: DEFAULTS.rope_pairing, num_kv_heads: '', window: '',
-    context_sentence: '', context_tokens: '', decode: false,
+    context_sentence: '', context_tokens: '', decode: false, block: '', num_layers: '1',
   });
+
+  /** The block presets the page offers ('' is attention alone, no block), in the order the control lists them. */
+  const BLOCKS = Object.freeze(['vaswani2017', 'gpt2', 'llama']);
+
+  /**
+   * What a preset sets outside the block (engine/layer.py's BlockPreset: positional_encoding and causal). The
+   * service applies them only to fields a request leaves out, and the page always sends both; so choosing a preset
+   * sets the two controls to the preset's values, and the lecturer may change them afterwards (tests/test_viewer_js.py
+   * compares this table with the engine's).
+   */
+  const PRESET_FIELDS = Object.freeze({
+    vaswani2017: Object.freeze({ positional_encoding: 'sinusoidal', causal: false }),
+    gpt2: Object.freeze({ positional_encoding: 'sinusoidal', causal: true }),
+    llama: Object.freeze({ positional_encoding: 'rope', causal: true }),
+  });
+
+  /** The fields with a preset's own choices applied (choosing it in the control); '' (no block) changes nothing. */
+  const withPreset = (fields, block) => (PRESET_FIELDS[block] ? { ...fields, block, ...PRESET_FIELDS[block] } : { ...fields, block });
 
   /** A whole number 0 or more as typed (spaces around it allowed), or null. */
   function readInt(text) {
@@ -76,6 +96,14 @@
     if (fields.context_sentence !== '') body.context_sentence = fields.context_sentence;
     if (fields.context_tokens !== '') body.context_tokens = splitLines(fields.context_tokens);
     if (fields.decode) body.decode = true;
+    // The stack: a preset, and the layers when not one (more than one without a block is the service's 422 to say).
+    const block = fields.block ?? '';
+    if (block !== '') body.block = block;
+    const layersText = String(fields.num_layers ?? '1').trim();
+    if (layersText !== '1') {
+      body.num_layers = readInt(layersText);
+      if (body.num_layers === null) errors['/num_layers'] = 'enter a whole number, 1 or more';
+    }
     return { body, errors };
   }
 
@@ -97,6 +125,8 @@
       context_sentence: typeof request.context_sentence === 'string' ? request.context_sentence : '',
       context_tokens: Array.isArray(request.context_tokens) ? request.context_tokens.join('\n') : '',
       decode: cfg.decode === true,
+      block: typeof request.block === 'string' ? request.block : typeof cfg.block === 'string' ? cfg.block : '',
+      num_layers: String(request.num_layers ?? cfg.num_layers ?? 1),
     };
   }
 
@@ -184,6 +214,10 @@
     [/\brope_base\b/g, 'RoPE base'],
     [/\brope_pairing\b/g, 'RoPE pairing'],
     [/\bor null\b/g, 'or empty'],
+    [/\bdrop num_layers\b/g, 'set Layers to 1'],
+    [/\bnum_layers\b/g, 'Layers'],
+    [/\bgive block \(/g, 'choose a Block ('],
+    [/\bor (drop )?the block fields\b/g, 'or choose Block: none'],
   ]);
 
   function uiWords(message) {
@@ -225,8 +259,13 @@
       if ('context_sentence' in body) p.set('context', body.context_sentence);
       for (const t of body.context_tokens || []) p.append('ctok', t);
       if (body.decode) p.set('decode', '1');
+      if (body.block) p.set('block', body.block);
+      if (String(fields.num_layers ?? '1').trim() !== '1') p.set('layers', String(fields.num_layers).trim());
     }
     if (selection.step !== null && selection.step !== undefined) p.set('step', String(selection.step));
+    // A stack's shown layer (0-based) and block stage; neither for one attention layer.
+    if (selection.layer !== null && selection.layer !== undefined) p.set('layer', String(selection.layer));
+    if (selection.bstage) p.set('bstage', selection.bstage);
     p.set('q', String(selection.query));
     p.set('head', String(selection.head)); // 0-based, as in the API
     // The view's own settings, each only when it is not the default (a plain address stays plain).
@@ -259,13 +298,16 @@
       context_sentence: get('context', ''),
       context_tokens: p.getAll('ctok').join('\n'),
       decode: get('decode', '0') === '1',
+      block: BLOCKS.includes(get('block', '')) ? get('block', '') : '',
+      num_layers: whole('layers', 1),
     };
   }
 
   /**
    * The view an address selects: the query token, head and decoding step (step null: the first one), the maps'
    * colour scale (format.js's SCALE_MODES), and present mode with its slide (an id of trace.js's presentSlides;
-   * null: the first).
+   * null: the first), and a stack's layer (null: the first) and block stage (an id of block.js's diagram; null: the
+   * first).
    */
   function selectionFromHash(hash) {
     const p = params(hash);
@@ -275,6 +317,8 @@
     const head = Number(get('head', '0'));
     const colour = get('colour', 'abs');
     const slide = get('slide', '');
+    const layer = get('layer', 'x');
+    const bstage = get('bstage', '');
     return {
       step: Number.isInteger(step) && step >= 0 ? step : null,
       query: Number.isInteger(q) && q >= 0 ? q : 1,
@@ -282,11 +326,13 @@
       colour: SCALE_MODES.includes(colour) ? colour : 'abs',
       present: get('present', '0') === '1',
       slide: /^[a-z_]{1,32}$/.test(slide) ? slide : null,
+      layer: /^\d{1,3}$/.test(layer) ? Number(layer) : null,
+      bstage: /^[a-z_0-9]{1,32}$/.test(bstage) ? bstage : null,
     };
   }
 
   globalThis.AttentionTrace.urlState = Object.freeze({
-    DEFAULTS, DEFAULT_FIELDS, readInt, splitLines, requestFrom, fieldsFromTrace, comparisonBody, divisors, dkCard, fieldError, curlFor,
+    DEFAULTS, DEFAULT_FIELDS, BLOCKS, PRESET_FIELDS, withPreset, readInt, splitLines, requestFrom, fieldsFromTrace, comparisonBody, divisors, dkCard, fieldError, curlFor,
     hashFor, fieldsFromHash, selectionFromHash, UI_WORDS, uiWords,
   });
 })();

@@ -119,15 +119,15 @@ test('the address: the defaults, and the example in docs/viewer.md', () => {
     '#sentence=the+cat+sat&d_model=24&num_heads=1&seed=0&scale=1&causal=0&q=1&head=0');
   assert.deepEqual(U.fieldsFromHash(''), U.DEFAULT_FIELDS);
   assert.deepEqual(U.fieldsFromHash('#'), U.DEFAULT_FIELDS);
-  assert.deepEqual(U.selectionFromHash(''), { step: null, query: 1, head: 0, colour: 'abs', present: false, slide: null });
+  assert.deepEqual(U.selectionFromHash(''), { step: null, query: 1, head: 0, colour: 'abs', present: false, slide: null, layer: null, bstage: null });
   const hash = '#sentence=the+cat+sat&d_model=24&num_heads=4&q=1&head=2&causal=1';
   assert.deepEqual(U.fieldsFromHash(hash), fields({ num_heads: '4', causal: true }));
   assert.deepEqual(U.fieldsFromHash(hash.slice(1)), U.fieldsFromHash(hash), 'with or without the #');
-  assert.deepEqual(U.selectionFromHash(hash), { step: null, query: 1, head: 2, colour: 'abs', present: false, slide: null });
+  assert.deepEqual(U.selectionFromHash(hash), { step: null, query: 1, head: 2, colour: 'abs', present: false, slide: null, layer: null, bstage: null });
   const variants = '#sentence=the+cat+sat+on+the+mat&d_model=24&num_heads=4&kv=2&causal=1&window=3&decode=1&step=4';
   assert.deepEqual(U.fieldsFromHash(variants), fields({ sentence: 'the cat sat on the mat', num_heads: '4',
     num_kv_heads: '2', causal: true, window: '3', decode: true }));
-  assert.deepEqual(U.selectionFromHash(variants), { step: 4, query: 1, head: 0, colour: 'abs', present: false, slide: null });
+  assert.deepEqual(U.selectionFromHash(variants), { step: 4, query: 1, head: 0, colour: 'abs', present: false, slide: null, layer: null, bstage: null });
 });
 
 test('the address round trip: every field and the selection come back as they were', () => {
@@ -139,10 +139,14 @@ test('the address round trip: every field and the selection come back as they we
     fields({ positional_encoding: 'none', num_kv_heads: '2', window: '3', causal: true, decode: true }),
     fields({ context_sentence: 'le chat était assis' }),
     fields({ context_tokens: 'le\nchat\n\n##ait\n“</script>”' }),
+    fields({ block: 'gpt2', num_layers: '3', causal: true }),
+    fields({ block: 'llama', num_layers: '12', positional_encoding: 'rope', causal: true, num_kv_heads: '1' }),
+    fields({ block: 'vaswani2017' }),
+    fields({ num_layers: '2' }),
   ];
-  const selections = [{ query: 0, head: 0, step: null, colour: 'abs', present: false, slide: null }, { query: 5, head: 3, step: 2, colour: 'abs', present: false, slide: null },
-    { query: 2, head: 1, step: null, colour: 'row', present: true, slide: 'masked_scores' },
-    { query: 2, head: 1, step: 3, colour: 'map', present: true, slide: null }];
+  const selections = [{ query: 0, head: 0, step: null, colour: 'abs', present: false, slide: null, layer: null, bstage: null }, { query: 5, head: 3, step: 2, colour: 'abs', present: false, slide: null, layer: null, bstage: null },
+    { query: 2, head: 1, step: null, colour: 'row', present: true, slide: 'masked_scores', layer: null, bstage: null },
+    { query: 2, head: 1, step: 3, colour: 'map', present: true, slide: null, layer: 2, bstage: 'ffn' }];
   for (const f of cases) {
     for (const sel of selections) {
       const hash = U.hashFor(f, sel);
@@ -174,10 +178,10 @@ test('the address rejects what it cannot hold: each such value falls back to its
   assert.equal(U.fieldsFromHash(`#rope_base=${'9'.repeat(25)}`).rope_base, '10000', 'more than 24 characters');
   assert.equal(U.fieldsFromHash('#rope_base=5e5').rope_base, '5e5');
   assert.equal(U.fieldsFromHash('#kv=%20%202').num_kv_heads, '', 'spaces are not digits');
-  assert.deepEqual(U.selectionFromHash('#q=-1&head=1.5&step=abc'), { step: null, query: 1, head: 0, colour: 'abs', present: false, slide: null });
-  assert.deepEqual(U.selectionFromHash('#q=2&head=3&step=-1'), { step: null, query: 2, head: 3, colour: 'abs', present: false, slide: null });
-  assert.deepEqual(U.selectionFromHash('#q=1e1&head=0x2&step=4.0'), { step: 4, query: 10, head: 2, colour: 'abs', present: false, slide: null });
-  assert.deepEqual(U.selectionFromHash('#colour=rainbow&present=yes&slide=</script>'), { step: null, query: 1, head: 0, colour: 'abs', present: false, slide: null });
+  assert.deepEqual(U.selectionFromHash('#q=-1&head=1.5&step=abc'), { step: null, query: 1, head: 0, colour: 'abs', present: false, slide: null, layer: null, bstage: null });
+  assert.deepEqual(U.selectionFromHash('#q=2&head=3&step=-1'), { step: null, query: 2, head: 3, colour: 'abs', present: false, slide: null, layer: null, bstage: null });
+  assert.deepEqual(U.selectionFromHash('#q=1e1&head=0x2&step=4.0'), { step: 4, query: 10, head: 2, colour: 'abs', present: false, slide: null, layer: null, bstage: null });
+  assert.deepEqual(U.selectionFromHash('#colour=rainbow&present=yes&slide=</script>'), { step: null, query: 1, head: 0, colour: 'abs', present: false, slide: null, layer: null, bstage: null });
   assert.equal(U.selectionFromHash('#present=1&slide=' + 'a'.repeat(33)).slide, null, 'at most 32 letters');
 });
 
@@ -188,7 +192,7 @@ test('a saved trace shows the fields it was made with', () => {
   assert.deepEqual(U.fieldsFromTrace({ tokens: ['the', 'cat'] }, doc), {
     sentence: 'the cat', d_model: '24', num_heads: '4', seed: '3', scale: false, causal: true,
     positional_encoding: 'rope', rope_base: '500000', rope_pairing: 'interleaved', num_kv_heads: '2', window: '3',
-    context_sentence: '', context_tokens: '', decode: true,
+    context_sentence: '', context_tokens: '', decode: true, block: '', num_layers: '1',
   });
   const plain = { config: { d_model: 8, num_heads: 2, seed: 0, scale: true, causal: false, positional_encoding: 'sinusoidal' },
     tokens: [{ text: 'x' }] };
@@ -201,7 +205,7 @@ test('a saved trace shows the fields it was made with', () => {
 
 test('the view\'s own settings join the address only when not the defaults', () => {
   const base = { query: 1, head: 0, step: null };
-  assert.equal(U.hashFor(null, { ...base, colour: 'abs', present: false, slide: null }), '#q=1&head=0');
+  assert.equal(U.hashFor(null, { ...base, colour: 'abs', present: false, slide: null, layer: null, bstage: null }), '#q=1&head=0');
   assert.equal(U.hashFor(null, { ...base, colour: 'row', present: false, slide: 'weights' }), '#q=1&head=0&colour=row',
     'a slide only in present mode');
   assert.equal(U.hashFor(null, { ...base, colour: 'map', present: true, slide: 'weights' }),
@@ -231,4 +235,80 @@ test('uiWords: the service\'s field names in the page\'s words, the rest of the 
   assert.equal(U.uiWords('window must be a positive integer (how many keys a query sees, its own included) or null, got -2'),
     'window must be a positive integer (how many keys a query sees, its own included) or empty, got -2');
   assert.equal(U.uiWords('the sentence is empty'), 'the sentence is empty', 'nothing else changes');
+});
+
+test('a stack: the preset and the layers join the request only when set, after every other field', () => {
+  const plain = U.requestFrom(fields()).body;
+  assert.ok(!('block' in plain) && !('num_layers' in plain), 'attention alone: the request as before');
+  const { body, errors } = U.requestFrom(fields({ block: 'gpt2', num_layers: ' 3 ', causal: true }));
+  assert.deepEqual(errors, {});
+  assert.equal(JSON.stringify(body), '{"sentence":"the cat sat","d_model":24,"num_heads":1,"seed":0,"scale":true,'
+    + '"causal":true,"positional_encoding":"sinusoidal","block":"gpt2","num_layers":3}');
+  assert.equal(JSON.stringify(U.requestFrom(fields({ block: 'llama' })).body).endsWith(',"block":"llama"}'), true,
+    'one layer of a block: num_layers left to its default');
+  // More than one layer without a block is sent: the service's 422 says what to do (layers_need_block).
+  assert.equal(U.requestFrom(fields({ num_layers: '2' })).body.num_layers, 2);
+  const bad = U.requestFrom(fields({ block: 'gpt2', num_layers: 'three' }));
+  assert.deepEqual(bad.errors, { '/num_layers': 'enter a whole number, 1 or more' });
+  assert.equal(bad.body.num_layers, null);
+  assert.equal(U.requestFrom(fields({ num_layers: '' })).body.num_layers, null, 'an empty count is not one');
+});
+
+test('a preset sets the mask and positions it chooses outside the block, as the engine\'s presets do', () => {
+  assert.deepEqual(U.BLOCKS, ['vaswani2017', 'gpt2', 'llama']);
+  const f = fields({ causal: false, positional_encoding: 'none', num_heads: '4' });
+  assert.deepEqual(U.withPreset(f, 'llama'), { ...f, block: 'llama', positional_encoding: 'rope', causal: true });
+  assert.deepEqual(U.withPreset(f, 'gpt2'), { ...f, block: 'gpt2', positional_encoding: 'sinusoidal', causal: true });
+  assert.deepEqual(U.withPreset({ ...f, causal: true }, 'vaswani2017'),
+    { ...f, block: 'vaswani2017', positional_encoding: 'sinusoidal', causal: false });
+  assert.deepEqual(U.withPreset(f, ''), { ...f, block: '' }, 'none: the inputs as they are');
+  assert.ok(Object.isFrozen(U.PRESET_FIELDS.llama));
+});
+
+test('a stack in the address: block, layers, the layer shown and the box, each only when used', () => {
+  const stack = fields({ block: 'gpt2', num_layers: '3', causal: true });
+  const hash = U.hashFor(stack, { query: 1, head: 0, step: null, layer: 2, bstage: 'norm2' });
+  assert.equal(hash, '#sentence=the+cat+sat&d_model=24&num_heads=1&seed=0&scale=1&causal=1&block=gpt2&layers=3'
+    + '&layer=2&bstage=norm2&q=1&head=0');
+  assert.deepEqual(U.fieldsFromHash(hash), stack);
+  assert.deepEqual(U.selectionFromHash(hash), { step: null, query: 1, head: 0, colour: 'abs', present: false, slide: null,
+    layer: 2, bstage: 'norm2' });
+  const plain = U.hashFor(fields(), { query: 1, head: 0, step: null, layer: null, bstage: null });
+  assert.ok(!/block|layers|layer=|bstage/.test(plain), plain);
+  assert.equal(U.hashFor(null, { query: 0, head: 1, step: null, layer: 0, bstage: 'ffn' }), '#layer=0&bstage=ffn&q=0&head=1',
+    'a saved stack: its selection only');
+  // What the address cannot hold falls back to the default.
+  const f = U.fieldsFromHash('#block=bert&layers=-2');
+  assert.equal(f.block, '');
+  assert.equal(f.num_layers, '1');
+  assert.equal(U.fieldsFromHash('#layers=96').num_layers, '96', 'the service judges the count');
+  const sel = U.selectionFromHash('#layer=1.5&bstage=</script>');
+  assert.equal(sel.layer, null);
+  assert.equal(sel.bstage, null);
+  assert.equal(U.selectionFromHash('#layer=1234').layer, null, 'at most 3 digits');
+  assert.equal(U.selectionFromHash('#layer=07').layer, 7);
+});
+
+test('a saved stack shows the fields it was made with', () => {
+  const doc = { config: { d_model: 8, num_heads: 2, seed: 0, scale: true, causal: true, positional_encoding: 'sinusoidal' },
+    tokens: [{ text: 'x' }] };
+  const shown = U.fieldsFromTrace({ sentence: 'x', block: 'gpt2', num_layers: 3 }, doc);
+  assert.equal(shown.block, 'gpt2');
+  assert.equal(shown.num_layers, '3');
+  assert.equal(U.fieldsFromTrace({ sentence: 'x' }, { ...doc, config: { ...doc.config, block: 'llama', num_layers: 2 } }).block,
+    'llama', 'or from the config the answer echoes');
+  assert.deepEqual(U.requestFrom(shown).body, { sentence: 'x', d_model: 8, num_heads: 2, seed: 0, scale: true, causal: true,
+    positional_encoding: 'sinusoidal', block: 'gpt2', num_layers: 3 });
+});
+
+test('uiWords: a stack\'s messages name the controls', () => {
+  assert.equal(U.uiWords('num_layers 3 stacks Transformer blocks, and no block is asked for: give block ("vaswani2017", '
+    + '"gpt2" or "llama") or a block setting (norm, norm_position, ffn, d_ff, norm_eps, norm_weights), or drop num_layers '
+    + 'for the single attention layer'), 'Layers 3 stacks Transformer blocks, and no block is asked for: choose a Block '
+    + '("vaswani2017", "gpt2" or "llama") or a block setting (norm, norm_position, ffn, d_ff, norm_eps, norm_weights), or '
+    + 'set Layers to 1 for the single attention layer');
+  assert.equal(U.uiWords('… a stack of blocks keeps a cache per layer, which is not traced: drop decode, or the block fields'),
+    '… a stack of blocks keeps a cache per layer, which is not traced: switch KV-cache decoding off, or choose Block: none');
+  assert.equal(U.uiWords('… drop the context, or drop the block fields to trace cross-attention alone'),
+    '… clear the context sentence and tokens, or choose Block: none to trace cross-attention alone');
 });

@@ -1,0 +1,288 @@
+"""A stack of Transformer blocks in the viewer: headless Chromium against real gunicorn on loopback.
+
+The same browser, server and console fixtures as tests/test_viewer_browser.py (every test fails on a console error
+or a CSP violation). A 3-layer GPT-2 stack: the layer picker redraws the maps from the answer on screen (no
+request) with that layer's numbers; the block's diagram highlights the stage shown, and a click or Enter on a box
+shows another; the residual stream's lengths are numpy's; the address brings the same layer and box back; a preset
+sets its mask and positions; the offline page draws the stack under its hash-only CSP.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+
+from test_viewer_browser import (  # the viewer's own harness: its server, its browser, the page's rounding
+    WAIT, Console, Server, as_cells, choose, chromium, clear_requests, fixed, heatmap_values, js, open_page, sent,
+    set_field, trace_requests, wait_ready, wait_until,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.browser]
+
+#: the request the page sends for STACK_HASH (url-state.js's key order)
+STACK_BODY = {"sentence": "the cat sat on", "d_model": 8, "num_heads": 2, "seed": 0, "scale": True, "causal": True,
+              "positional_encoding": "sinusoidal", "block": "gpt2", "num_layers": 3}
+STACK_HASH = "#sentence=the+cat+sat+on&d_model=8&num_heads=2&seed=0&scale=1&causal=1&block=gpt2&layers=3&q=1&head=1"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    srv = Server()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    base = tmp_path_factory.mktemp("block-browser")
+    dirs = {"profile": base / "profile", "downloads": base / "downloads"}
+    for d in dirs.values():
+        d.mkdir()
+    with chromium(dirs, "chromedriver-block.log", ("--disable-quic", "--hide-scrollbars", "--force-color-profile=srgb")) as drv:
+        drv.set_script_timeout(WAIT)
+        yield drv
+
+
+@pytest.fixture()
+def console(driver, server) -> Iterator[Console]:
+    """The browser log of one test: an error (but a 422 the test allows) or a CSP violation fails it."""
+    driver.get_log("browser")
+    driver.get_log("performance")
+    con = Console(driver)
+    yield con
+    assert not con.problems(), "browser console:\n" + "\n".join(con.problems())
+    assert js(driver, "return document.documentElement.dataset.cspViolations || '0'") == "0"
+
+
+def stack_trace(server) -> dict:
+    resp = requests.post(server.url + "/trace", json=STACK_BODY, timeout=10)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def pick_layer(driver, layer: int) -> None:
+    driver.find_element(By.CSS_SELECTOR, f"label[for='layer-{layer}']").click()
+
+
+def shown_box(driver) -> list[str]:
+    """The boxes of the diagram marked as shown (exactly one, when it is drawn)."""
+    return js(driver, "return [...document.querySelectorAll('#block-diagram [data-box][aria-pressed=\"true\"]')]"
+                      ".map(b => b.dataset.box);")
+
+
+def stage_values(driver, stage: str) -> list[list[str]]:
+    """A block stage's table, as the page stores each cell's number (data-value)."""
+    return js(driver, """return [...document.querySelectorAll(`#block-stage table[data-stage="${arguments[0]}"] tbody tr`)]
+        .map(tr => [...tr.querySelectorAll('td.mx-cell')].map(td => td.dataset.value));""", stage)
+
+
+def test_the_layer_picker_shows_that_layers_maps_without_a_request(driver, server, console):
+    doc = stack_trace(server)
+    W = doc["stages"]["weights"]["values"]  # [layer, head, query, key]
+    open_page(driver, server, STACK_HASH)
+    # The page asked for the stack itself, and draws layer 0 first.
+    assert js(driver, "return document.getElementById('curl-command').textContent").endswith(
+        "'" + json.dumps(STACK_BODY, separators=(",", ":")) + "'")
+    assert [e.get_attribute("aria-label") for e in driver.find_elements(By.CSS_SELECTOR, "#layer-options input")] == \
+        ["layer 0 of 3", "layer 1 of 3", "layer 2 of 3"]
+    assert driver.find_element(By.ID, "layer-picker").is_displayed()
+    assert heatmap_values(driver, "weights") == as_cells(W[0][1])
+    clear_requests(driver)
+    pick_layer(driver, 2)
+    wait_until(driver, lambda d: "layer 2 of 3" in d.find_element(By.ID, "maps-title").text)
+    assert driver.find_element(By.ID, "layer-2").is_selected()
+    assert heatmap_values(driver, "weights") == as_cells(W[2][1])
+    assert heatmap_values(driver, "scores") == as_cells(doc["stages"]["scores"]["values"][2][1])
+    assert W[2][1] != W[0][1]
+    # Every head's thumbnail and the walkthrough are layer 2's too.
+    row = js(driver, "return [...document.querySelectorAll('#walkthrough-body [data-stage=\"weights\"] li .frac')]"
+                     ".map(e => e.textContent)")
+    assert row == [f" ({fixed(w, 4)})" for w in W[2][1][1][:2]]  # "cat" (query 1) sees "the" and itself
+    Q = js(driver, "return [...document.querySelectorAll('table[data-matrix=\"Q\"] tbody tr')].map(tr => "
+                   "[...tr.querySelectorAll('td')].map(td => td.textContent))")
+    assert Q == [[fixed(v, 2) for v in r] for r in doc["stages"]["q"]["values"][2][1]]
+    assert "layer 2" in driver.find_element(By.ID, "trace-status").text
+    assert trace_requests(driver) == [] and sent(driver, "/trace") == [], "a layer is drawn from the answer on screen"
+    assert "layer=2" in driver.current_url
+    # A cell of layer 2 explained: /explain explains the first layer only, so the page computes it (cell.js) from
+    # layer 2's numbers, and sends nothing.
+    driver.find_element(By.CSS_SELECTOR, "table[data-stage='weights'] td[data-row='3'][data-col='1']").click()
+    status = driver.find_element(By.ID, "explain-status")
+    wait_until(driver, lambda d: status.text.startswith("Layer 2, head 1: query 3"))
+    assert status.text.endswith(f"weight {fixed(W[2][1][3][1] * 100, 2)}%.")
+    steps = js(driver, "return [...document.querySelectorAll('#explain-body tr[data-step]')].map(tr => tr.dataset.step)")
+    assert "weight" in steps and "denominator" in steps, steps
+    assert sent(driver, "/explain") == [] and sent(driver, "/trace") == []
+
+
+def test_the_residual_stream_is_each_tokens_norm_at_each_depth(driver, server, console):
+    doc = stack_trace(server)
+    want = np.linalg.norm(np.array(doc["stages"]["residual_stream"]["values"]), axis=-1)  # [depth, token]
+    open_page(driver, server, STACK_HASH)
+    assert driver.find_element(By.ID, "residual-section").is_displayed()
+    cells = js(driver, "return [...document.querySelectorAll('#residual-body td.rs-cell')].map(td => "
+                       "[Number(td.dataset.depth), Number(td.dataset.token), td.dataset.value, td.textContent])")
+    assert len(cells) == want.size == 4 * 4
+    for depth, token, value, text in cells:
+        assert math.isclose(float(value), want[depth, token], rel_tol=1e-12), (depth, token)
+        assert text == fixed(want[depth, token], 3), (depth, token)
+    heads = js(driver, "return [...document.querySelectorAll('.residual-table thead th')].map(th => th.textContent)")
+    assert heads == ["token", "x₀ input", "x₁ after layer 0", "x₂ after layer 1", "x₃ after layer 2"]
+    rows = js(driver, "return [...document.querySelectorAll('.residual-table tbody th')].map(th => th.textContent)")
+    assert rows == [t["text"] for t in doc["tokens"]]
+
+
+def test_the_diagram_highlights_the_stage_shown_and_a_box_shows_its_stage(driver, server, console):
+    doc = stack_trace(server)
+    S = doc["stages"]
+    open_page(driver, server, STACK_HASH)
+    pick_layer(driver, 2)
+    wait_until(driver, lambda d: "layer 2 of 3" in d.find_element(By.ID, "block-title").text)
+    boxes = driver.find_elements(By.CSS_SELECTOR, "#block-diagram [data-box]")
+    # GPT-2 is pre-norm: the norm before each sublayer, then the final norm after the stack.
+    assert [b.get_attribute("data-box") for b in boxes] == \
+        ["norm1", "attention", "residual1", "norm2", "ffn", "residual2", "final_norm"]
+    assert all(b.get_attribute("role") == "button" and b.get_attribute("tabindex") == "0" and b.get_attribute("aria-label")
+               for b in boxes)
+    svg = driver.find_element(By.CSS_SELECTOR, "#block-diagram svg")
+    assert svg.get_attribute("role") == "group" and "pre-norm" in svg.get_attribute("aria-label")
+    assert shown_box(driver) == ["norm1"], "the layer's first step, before any is chosen"
+    assert stage_values(driver, "norm1") == as_cells(S["norm1"]["values"][2])
+    means = js(driver, "return [...document.querySelectorAll('#block-stage td[data-stage=\"norm1_mean\"]')]"
+                       ".map(td => td.dataset.value)")
+    assert means == as_cells([S["norm1_mean"]["values"][2]])[0]
+    # A click on the feed-forward box: highlighted, and its stages shown, layer 2's.
+    driver.find_element(By.CSS_SELECTOR, "#block-diagram [data-box='ffn']").click()
+    wait_until(driver, lambda d: shown_box(d) == ["ffn"])
+    for sid in ("ffn_pre_activation", "ffn_activation", "ffn_output"):
+        values = stage_values(driver, sid)
+        assert values == as_cells(S[sid]["values"][2]), sid
+    assert stage_values(driver, "norm1") == [], "one box's stages at a time"
+    assert "bstage=ffn" in driver.current_url
+    # From the keyboard: focus a box, the arrows move along the diagram, Enter shows the one focused.
+    js(driver, "document.querySelector('#block-diagram [data-box=\"attention\"]').focus()")
+    driver.switch_to.active_element.send_keys(Keys.ARROW_DOWN)
+    assert driver.switch_to.active_element.get_attribute("data-box") == "residual1"
+    driver.switch_to.active_element.send_keys(Keys.ENTER)
+    wait_until(driver, lambda d: shown_box(d) == ["residual1"])
+    assert stage_values(driver, "residual1") == as_cells(S["residual1"]["values"][2])
+    assert driver.switch_to.active_element.get_attribute("data-box") == "residual1", "the focus stays on the box"
+    # The final norm is the stack's, not a layer's.
+    driver.find_element(By.CSS_SELECTOR, "#block-diagram [data-box='final_norm']").click()
+    wait_until(driver, lambda d: shown_box(d) == ["final_norm"])
+    assert stage_values(driver, "final_norm") == as_cells(S["final_norm"]["values"])
+
+
+def test_the_address_brings_the_same_layer_and_stage_back(driver, server, console):
+    doc = stack_trace(server)
+    open_page(driver, server, STACK_HASH)
+    pick_layer(driver, 2)
+    driver.find_element(By.CSS_SELECTOR, "#block-diagram [data-box='norm2']").click()
+    wait_until(driver, lambda d: shown_box(d) == ["norm2"])
+    address = driver.current_url
+    fragment = address[address.index("#"):]
+    assert "block=gpt2" in fragment and "layers=3" in fragment and "layer=2" in fragment and "bstage=norm2" in fragment
+    open_page(driver, server, fragment)
+    assert driver.current_url == address
+    assert driver.find_element(By.ID, "layer-2").is_selected()
+    assert "layer 2 of 3" in driver.find_element(By.ID, "maps-title").text
+    assert driver.find_element(By.ID, "block").get_attribute("value") == "gpt2"
+    assert driver.find_element(By.ID, "num_layers").get_attribute("value") == "3"
+    assert shown_box(driver) == ["norm2"]
+    assert heatmap_values(driver, "weights") == as_cells(doc["stages"]["weights"]["values"][2][1])
+    assert stage_values(driver, "norm2") == as_cells(doc["stages"]["norm2"]["values"][2])
+
+
+def test_a_preset_sets_its_mask_and_positions_and_more_layers_need_a_block(driver, server, console):
+    console.allow(r"/trace - Failed to load resource: the server responded with a status of 422")
+    open_page(driver, server, "#sentence=the+cat+sat&d_model=8&num_heads=2")
+    assert not driver.find_element(By.ID, "layer-picker").is_displayed()
+    assert not driver.find_element(By.ID, "block-section").is_displayed()
+    # More than one layer without a block: the service's message, in the page's words, next to Layers.
+    set_field(driver, "num_layers", "2")
+    error = driver.find_element(By.ID, "num_layers-error")
+    wait_until(driver, lambda d: error.is_displayed())
+    assert error.text.startswith("Layers 2 stacks Transformer blocks, and no block is asked for: choose a Block")
+    assert driver.find_element(By.ID, "num_layers").get_attribute("aria-invalid") == "true"
+    # Llama: RoPE and the causal mask come with it, and the stack is drawn (RMSNorm, SwiGLU).
+    clear_requests(driver)
+    choose(driver, "block", "llama")
+    wait_until(driver, lambda d: d.find_element(By.ID, "block-section").is_displayed())
+    wait_ready(driver)
+    assert driver.find_element(By.ID, "positional_encoding").get_attribute("value") == "rope"
+    assert driver.find_element(By.ID, "causal").is_selected()
+    assert not error.is_displayed()
+    labels = js(driver, "return [...document.querySelectorAll('#block-diagram [data-box] .bd-label')].map(t => t.textContent)")
+    assert labels == ["RMSNorm₁", "Masked multi-head attention", "+", "RMSNorm₂", "Feed-forward (SwiGLU)", "+",
+                      "Final RMSNorm"]
+    body = json.loads(js(driver, "return document.getElementById('curl-command').textContent").split(" -d ")[1][1:-1])
+    assert body == {"sentence": "the cat sat", "d_model": 8, "num_heads": 2, "seed": 0, "scale": True, "causal": True,
+                    "positional_encoding": "rope", "rope_base": 10000, "rope_pairing": "rotate_half", "block": "llama",
+                    "num_layers": 2}
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#layer-options input")) == 2
+    # Back to attention alone: the stack's sections go, and the request is the plain one.
+    choose(driver, "block", "")
+    set_field(driver, "num_layers", "1")
+    wait_until(driver, lambda d: not d.find_element(By.ID, "block-section").is_displayed())
+    wait_ready(driver)
+    assert "block" not in driver.current_url and "layer" not in driver.current_url
+
+
+def test_the_offline_page_draws_a_stack_under_its_csp(driver, server, console, tmp_path: Path):
+    page = requests.post(server.url + "/trace/html", json=STACK_BODY, timeout=30)
+    assert page.status_code == 200
+    assert 'filename="attention-trace_the-cat-sat-on_d8_h2_seed0_causal_gpt2_L3.html"' in \
+        page.headers["Content-Disposition"]
+    doc = stack_trace(server)
+    path = tmp_path / "stack.html"
+    path.write_bytes(page.content)
+    driver.get("about:blank")
+    driver.get(path.as_uri() + "#layer=1&bstage=ffn&q=2&head=0")
+    wait_ready(driver)
+    assert js(driver, "return document.documentElement.classList.contains('is-standalone')")
+    assert "a saved trace" in driver.find_element(By.ID, "trace-status").text
+    assert driver.find_element(By.ID, "layer-1").is_selected()
+    assert heatmap_values(driver, "weights") == as_cells(doc["stages"]["weights"]["values"][1][0])
+    assert shown_box(driver) == ["ffn"]
+    assert stage_values(driver, "ffn_output") == as_cells(doc["stages"]["ffn_output"]["values"][1])
+    pick_layer(driver, 2)
+    wait_until(driver, lambda d: "layer 2 of 3" in d.find_element(By.ID, "maps-title").text)
+    assert heatmap_values(driver, "weights") == as_cells(doc["stages"]["weights"]["values"][2][0])
+    assert stage_values(driver, "ffn_output") == as_cells(doc["stages"]["ffn_output"]["values"][2])
+    assert len(js(driver, "return [...document.querySelectorAll('#residual-body td.rs-cell')]")) == 16
+    assert driver.find_element(By.ID, "block").get_attribute("disabled") is not None, "a saved page's inputs are fixed"
+    # A cell of layer 2 explained in the page: that layer's weight.
+    cell = driver.find_element(By.CSS_SELECTOR, "table[data-stage='weights'] td[data-row='2'][data-col='1']")
+    cell.click()
+    status = driver.find_element(By.ID, "explain-status")
+    wait_until(driver, lambda d: status.text.startswith("Layer 2, head 0: query 2"))
+    w = doc["stages"]["weights"]["values"][2][0][2][1]
+    assert status.text.endswith(f"weight {fixed(w * 100, 2)}%.")
+    assert js(driver, "return document.documentElement.dataset.cspViolations || '0'") == "0"
+
+
+def test_present_mode_steps_through_the_block_and_the_residual_stream(driver, server, console):
+    open_page(driver, server, STACK_HASH + "&layer=1&present=1&slide=block")
+    visible = "return ['maps', 'block-section', 'residual-section', 'walkthrough'].filter(id => { " \
+              "const el = document.getElementById(id); return !el.hidden && el.getClientRects().length > 0; });"
+    wait_until(driver, lambda d: js(d, visible) == ["block-section"])
+    where = driver.find_element(By.ID, "present-where").text
+    assert where.startswith("Stage 9 of 10: The block"), where
+    assert "layer 1 of 3" in driver.find_element(By.ID, "block-title").text
+    driver.find_element(By.ID, "present-next").click()
+    wait_until(driver, lambda d: js(d, visible) == ["residual-section"])
+    assert "slide=residual" in driver.current_url
+    assert driver.find_element(By.ID, "present-next").get_attribute("disabled") is not None, "the last stage"
+    driver.find_element(By.ID, "present-prev").click()
+    driver.find_element(By.ID, "present-prev").click()
+    wait_until(driver, lambda d: js(d, visible) == ["walkthrough"])  # concat and W_O: the walkthrough's rows
