@@ -11,6 +11,7 @@ import ast
 import os
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -158,3 +159,33 @@ def test_the_wheel_leaves_tools_out():
     """tools/ (like tests/ and bench/) is for the checkout: pip install . ships the runtime packages only."""
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"]
     assert {p.split(".")[0] for p in packages} == {"engine", "service", "attention_trace", "grader"}
+
+
+def test_a_config_less_server_needs_a_directory_of_its_own():
+    from tools.server import Gunicorn
+
+    with pytest.raises(ValueError, match="cwd"):
+        Gunicorn(config=None)  # from the repository root, gunicorn would load gunicorn.conf.py after all
+
+
+@pytest.mark.integration
+def test_the_benchmark_starts_its_floor_with_gunicorns_defaults(tmp_path):
+    """bench's Server through the shared launcher: plain gunicorn (no gunicorn.conf.py: the sync worker and
+    the worker count from args), its app from the repository, the log removed after a clean stop."""
+    from bench.http_bench import Server
+
+    (tmp_path / "x.json").write_bytes(b'{"x":1}')
+    srv = Server(tmp_path, label="floor", args=["-k", "sync", "-w", "2"], app="bench.floor_app:app", plain=True)
+    try:
+        assert srv.post("/floor/x", b"{}") == (200, b'{"x":1}')
+        deadline = time.monotonic() + 30
+        while len(srv.worker_pids()) != 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(srv.worker_pids()) == 2
+        text = srv.log_text()
+        assert "Using worker: sync" in text and f"127.0.0.1:{srv.port}" in text
+        log = srv.log
+        assert log.is_file()
+    finally:
+        srv.stop()
+    assert srv.proc.returncode == 0 and not log.exists()
