@@ -504,8 +504,9 @@ def test_a_recycled_worker_loses_no_request_on_kept_alive_or_pipelined_connectio
 def test_the_load_test_recycles_workers_under_kept_alive_and_pipelined_load():
     """scripts/loadtest with kept-alive and pipelining clients (finding 5: it sent only Connection: close,
     so it could not see losses at a recycle) and workers recycled every 150 requests: nothing lost."""
-    from tools import loadtest
+    from test_worker_kill import load_script
 
+    loadtest = load_script("loadtest")
     rep = loadtest.run(duration=6, threads=2, keepalive=3, pipeline=1, workers=2, max_requests=150, timeout=20,
                        seed=9)
     loadtest.print_report(rep)
