@@ -19,6 +19,7 @@ import pytest
 
 from conftest import ROOT
 
+
 def python_files(root: Path) -> dict[str, ast.Module]:
     """Every Python file of the checkout (tracked or new, not ignored), by path: *.py and the
     extension-less scripts that start with a python shebang."""
