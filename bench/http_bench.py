@@ -29,11 +29,8 @@ import json
 import math
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -42,67 +39,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.worker import server_env
+from tools.server import Gunicorn
 
 from .common import Table, cpus, fmt_bytes, fmt_ratio, fmt_time
 from .workloads import Workload
 
-ROOT = Path(__file__).resolve().parent.parent
 _TICKS = os.sysconf("SC_CLK_TCK")
 LUA = Path(__file__).resolve().parent / "post.lua"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """gunicorn -c gunicorn.conf.py bench.wsgi:app on 127.0.0.1, stopped by its PID (as tests/conftest.py).
+class Server(Gunicorn):
+    """tools.server's gunicorn serving ``bench.wsgi:app`` on 127.0.0.1 (the committed gunicorn.conf.py),
+    with what the benchmark reads from it: /bench/blas, gunicorn's own request times, the workers' CPU.
 
     ``args`` go on gunicorn's command line after the config, where they override it (``-k sync`` runs
     the same config and app under a stock worker class). ``plain=True`` starts gunicorn with none of the
     project's configuration: its defaults, the bind address and ``args`` only, run from ``static_dir`` so
     that gunicorn does not find gunicorn.conf.py in its working directory (``app`` then names a module
-    importable from the repository root, e.g. ``bench.floor_app:app``).
+    importable from the repository root, e.g. ``bench.floor_app:app``). The worker count is the config's
+    (or ``env``'s WEB_CONCURRENCY, or ``args``'), not waited for: ready when /health answers.
     """
+
+    #: keep each server's log in artifacts/ after a clean stop (bench.run --keep-logs)
+    keep_logs = False
 
     def __init__(self, static_dir: Path, env: dict[str, str] | None = None, label: str = "",
                  args: list[str] | tuple[str, ...] = (), app: str = "bench.wsgi:app", plain: bool = False) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.label = label
-        # artifacts/ by default; the test suite points ATTENTION_TRACE_ARTIFACTS outside the tree
-        self.log = Path(os.environ.get("ATTENTION_TRACE_ARTIFACTS") or ROOT / "artifacts") / f"bench-gunicorn-{self.port}.log"
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        # service.worker.server_env: the glibc tunables production starts with (Dockerfile, make run)
-        full_env = server_env({**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port),
-                               "BENCH_STATIC_DIR": str(static_dir), **(env or {})})
-        if plain:
-            path = full_env.get("PYTHONPATH")
-            full_env["PYTHONPATH"] = str(ROOT) + (os.pathsep + path if path else "")
-            cmd = [sys.executable, "-m", "gunicorn", "-b", f"127.0.0.1:{self.port}", *args, app]
-            cwd = static_dir
-        else:
-            cmd = [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", *args, app]
-            cwd = ROOT
-        self._log = self.log.open("wb")
-        self.proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gunicorn exited with {self.proc.returncode}; see {self.log}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"gunicorn did not become healthy in 60 s; see {self.log}")
-            time.sleep(0.1)
+        super().__init__(workers=None, env={"BENCH_STATIC_DIR": str(static_dir), **(env or {})}, app=app,
+                         args=args, config=None if plain else "gunicorn.conf.py", cwd=static_dir if plain else None,
+                         log_name="bench-gunicorn")
 
     def get(self, path: str) -> bytes:
         with urllib.request.urlopen(self.url + path, timeout=60) as r:
@@ -135,18 +101,6 @@ class Server:
                         pass
         return out
 
-    def worker_pids(self) -> list[int]:
-        """The master's children (gunicorn's workers), from /proc."""
-        pids = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == self.proc.pid:
-                pids.append(int(stat.parent.name))
-        return pids
-
     def cpu_seconds(self) -> float:
         """User + system CPU time used so far by the workers (not the client, not the master's own),
         replaced ones included: gunicorn replaces a worker every ~2,000 requests (max_requests), and
@@ -154,30 +108,13 @@ class Server:
         workers lost a replaced one's time, so a run with a replacement came out negative."""
         master = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         total = int(master[13]) + int(master[14])  # cutime, cstime: the reaped workers', in clock ticks
-        for pid in self.worker_pids():
+        for pid in self.worker_pids(live=False):  # an exited worker not yet reaped: its time is still its own
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
             total += int(fields[11]) + int(fields[12])  # utime, stime in clock ticks
         return total / _TICKS
-
-    #: keep each server's log in artifacts/ after a clean stop (bench.run --keep-logs)
-    keep_logs = False
-
-    def stop(self, timeout: float = 15) -> None:
-        clean = False
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-                clean = True
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        if clean and not self.keep_logs:
-            self.log.unlink(missing_ok=True)
 
 
 @dataclass

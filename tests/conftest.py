@@ -3,33 +3,31 @@ against openapi.yaml, and real gunicorn on a free loopback port."""
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import requests
 import yaml
 from flask.testing import FlaskClient
 from jsonschema import Draft202012Validator
 
 from service import create_app
 from service.settings import Settings
-from service.worker import server_env
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # tools/ and bench/ are not installed packages: they import from the checkout
+    sys.path.insert(0, str(ROOT))
+# real gunicorn on a free loopback port: tests import both from here, as they always have
+from tools.server import Gunicorn, free_port  # noqa: E402, F401 (after sys.path names the repository; re-exported)
 #: the BLAS settings of this process (OPENBLAS_CORETYPE picks a kernel, and kernels differ in the last bits): a
 #: subprocess whose answer a test compares byte for byte with this process's must run with the same ones
 BLAS_ENV = {k: v for k, v in os.environ.items() if k.startswith(("OPENBLAS_", "OMP_", "MKL_", "GOTO_"))}
 #: where tests put logs, screenshots and figures: never the tree (a test run leaves the checkout as it was).
-#: ATTENTION_TRACE_ARTIFACTS moves it, e.g. to keep a CI run's logs; the tools the tests start (scripts/loadtest,
+#: ATTENTION_TRACE_ARTIFACTS moves it, e.g. to keep a CI run's logs; the tools the tests start (tools/,
 #: bench/) inherit it, so they write there too.
 ARTIFACTS = Path(os.environ.get("ATTENTION_TRACE_ARTIFACTS")
                  or Path(tempfile.gettempdir()) / "attention-trace-test-artifacts")
@@ -183,96 +181,6 @@ def client(app) -> FlaskClient:
 def app_factory(spec_checker: SpecChecker):
     """Build apps with other limits: app_factory(max_tokens=4)."""
     return lambda **overrides: make_app(spec_checker, **overrides)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Gunicorn:
-    """Real gunicorn with the committed config, on loopback, stopped by its PID."""
-
-    def __init__(self, workers: int = 2, env: dict[str, str] | None = None, prefix: list[str] | None = None) -> None:
-        # free_port() only finds a port that was free a moment ago: another process may
-        # take it before gunicorn binds it. Then gunicorn says "Connection in use": try
-        # another port (a bounded number of times) instead of failing the test.
-        for attempt in range(3):
-            if self._start(workers, env, prefix):
-                return
-        raise RuntimeError(f"gunicorn found no free port in 3 attempts; see {self.log}")
-
-    def _start(self, workers: int, env: dict[str, str] | None, prefix: list[str] | None) -> bool:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = ARTIFACTS / f"gunicorn-{self.port}.log"
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        # service.worker.server_env: the glibc tunables production starts with (Dockerfile, make run)
-        full_env = server_env({**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port),
-                               "WEB_CONCURRENCY": str(workers), **(env or {})})
-        self._log = self.log.open("wb")
-        self.proc = subprocess.Popen(
-            [*(prefix or []), sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "service.wsgi:app"],
-            cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            if "Connection in use" in self.log_text():
-                self.stop()
-                return False
-            if self.proc.poll() is not None:
-                self._log.close()
-                raise RuntimeError(f"gunicorn exited with {self.proc.returncode}; see {self.log}")
-            try:
-                if requests.get(self.url + "/health", timeout=2).ok:
-                    return True
-            except requests.RequestException:  # refused or slow while workers boot under load
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"gunicorn did not become healthy in 60 s; see {self.log}")
-            time.sleep(0.1)
-
-    def stop(self, timeout: float = 15) -> float:
-        """SIGTERM the master by PID; return how long it took to exit."""
-        start = time.monotonic()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return time.monotonic() - start
-
-    def log_text(self) -> str:
-        self._log.flush()
-        return self.log.read_text(encoding="utf-8", errors="replace")
-
-    def log_entries(self) -> list[dict]:
-        """The access log's JSON lines so far (a line still being written is skipped)."""
-        entries = []
-        for line in self.log_text().splitlines():
-            if line.startswith('{"time"'):
-                try:
-                    entries.append(json.loads(line))
-                except ValueError:
-                    continue
-        return entries
-
-    def wait_for_log(self, predicate, count: int = 1, within: float = 10.0) -> list[dict]:
-        """The access-log entries matching `predicate`, once there are `count` of them or
-        `within` seconds have passed. A worker writes its line after the response has
-        gone (and from another process), so reading the log right after the response
-        races with it: poll with a deadline, never a fixed sleep."""
-        deadline = time.monotonic() + within
-        while True:
-            found = [e for e in self.log_entries() if predicate(e)]
-            if len(found) >= count or time.monotonic() > deadline:
-                return found
-            time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")

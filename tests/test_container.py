@@ -633,23 +633,13 @@ def test_k8s_deployment_probes_resources_and_security():
     assert pod["terminationGracePeriodSeconds"] > sleep + gunicorn_settings({})["graceful_timeout"]
 
 
-def _sidecar_conf_module():
-    import importlib.machinery
-    import importlib.util
-
-    loader = importlib.machinery.SourceFileLoader("sidecar_nginx_conf", str(ROOT / "scripts" / "sidecar-nginx-conf"))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
 def test_k8s_sidecar_config_is_the_compose_nginx_conf_for_one_pod(tmp_path):
     """The ConfigMap holds scripts/sidecar-nginx-conf's output exactly (run it with
     --write after changing deploy/nginx.conf), and that parses."""
     docs = {d["kind"]: d for d in load_k8s()}
     held = docs["ConfigMap"]["data"]["nginx.conf"]
-    mod = _sidecar_conf_module()
+    from tools import sidecar_nginx_conf as mod
+
     assert held == mod.MARK.strip() + "\n" + mod.sidecar_conf()
     conf_file = tmp_path / "nginx.conf"
     conf_file.write_text(held, encoding="utf-8")

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from jsonschema import Draft202012Validator
 
 import engine
 from grader import config
+from tools.server import free_port
 
 #: runs student code in the real grading sandbox (namespaces, seccomp, rlimits)
 pytestmark = pytest.mark.sandbox
@@ -277,18 +277,12 @@ def test_the_zip_grades_from_an_empty_root_with_only_what_it_holds(tmp_path):
         shutil.rmtree(runtime_dir, ignore_errors=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_an_unreachable_service_records_no_score(tmp_path):
     """With a URL and the service down: no results.json (Gradescope records no score, not a 0), exit 1,
     and the reason in the staff's log."""
     course = course_with()
     doc_path = tmp_path / "course.toml"
-    doc_path.write_text(COURSE.read_text().replace('url = "local"', f'url = "http://127.0.0.1:{_free_port()}"')
+    doc_path.write_text(COURSE.read_text().replace('url = "local"', f'url = "http://127.0.0.1:{free_port()}"')
                         .replace("retries = 3", "retries = 0"))
     assert course.url == "local"
     root = tmp_path / "autograder"

@@ -6,8 +6,6 @@ documented size. docs/reliability.md has the measured figures
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import subprocess
 import sys
@@ -19,6 +17,7 @@ import pytest
 
 from conftest import ROOT
 from service.settings import Settings
+from tools import measure_limits as measure_limits_module
 
 DEFAULTS = Settings()
 #: documented bounds for the largest allowed /trace (measured: ~0.2 s and ~135 MiB
@@ -37,12 +36,9 @@ REJECT_PEAK_BYTES = 2 * 1024 * 1024
 
 
 def measure_limits():
-    loader = importlib.machinery.SourceFileLoader("measure_limits", str(ROOT / "scripts" / "measure-limits"))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[loader.name] = module
-    loader.exec_module(module)
-    return module
+    """tools/measure_limits.py (scripts/measure-limits): its largest_trace() is the largest /trace the limits
+    allow (test_compression, test_hardening and test_worker_http call it through here)."""
+    return measure_limits_module
 
 
 # The peak is VmHWM, not getrusage's ru_maxrss: on Linux ru_maxrss survives

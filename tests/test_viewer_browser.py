@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import ROOT, Gunicorn
+from conftest import ROOT
 from selenium import webdriver
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
@@ -40,6 +40,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
 from conftest import ARTIFACTS
+from tools.server import Gunicorn
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")

@@ -1,32 +1,26 @@
-"""Load and faults, the CI version of scripts/loadtest: real gunicorn, several
+"""Load and faults, the CI version of scripts/loadtest (tools/loadtest.py): real gunicorn, several
 client threads for ~8 s, a mix of valid and invalid requests, and one worker
 SIGKILLed by its PID halfway. The long run is `scripts/loadtest --duration 60
 --kill-worker`; its figures are in docs/reliability.md."""
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-import sys
+import importlib
 
 import pytest
 
-from conftest import ROOT
+from tools import loadtest
 
 pytestmark = pytest.mark.integration
 
 
 def load_script(name: str):
-    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), str(ROOT / "scripts" / name))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[loader.name] = module  # dataclasses look their module up
-    loader.exec_module(module)
-    return module
+    """The module behind scripts/<name>: tools/<name, with "_" for "-">.py (test_worker_http and
+    test_memory_limit get the load test and the memory tool through here)."""
+    return importlib.import_module(f"tools.{name.replace('-', '_')}")
 
 
 def test_load_with_a_worker_killed_midway():
-    loadtest = load_script("loadtest")
     rep = loadtest.run(duration=8, threads=6, workers=2, kill_worker=True, kill_at=0.5, timeout=20, seed=5)
     loadtest.print_report(rep)  # shown by pytest on failure
     assert rep["requests_sent"] >= 200, rep["requests_sent"]

@@ -1,0 +1,192 @@
+"""Each shared helper has one home: tools/.
+
+``free_port`` and the gunicorn launcher live in tools/server.py, and nowhere else; the command-line tools
+are modules of the tools package that import each other, and ``scripts/<name>`` only calls their
+``main()``. A copy of a helper, or a script loaded by its path, fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+
+def python_files(root: Path) -> dict[str, ast.Module]:
+    """Every Python file of the checkout (tracked or new, not ignored), by path: *.py and the
+    extension-less scripts that start with a python shebang."""
+    names = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=root,
+                           capture_output=True, text=True, check=True, timeout=60).stdout.splitlines()
+    out = {}
+    for name in names:
+        path = root / name
+        if name.startswith("grader/students/") or not path.is_file():  # students write as they like
+            continue
+        if path.suffix == ".py" or (not path.suffix and path.read_bytes().startswith(b"#!/usr/bin/env python")):
+            out[name] = ast.parse(path.read_bytes(), filename=name)
+    return out
+
+
+def _gunicorn_command(node: ast.AST) -> bool:
+    """A command line (a list or tuple) that runs gunicorn: "-m", "gunicorn"; "gunicorn" and its options; or a
+    path ending in gunicorn."""
+    if not isinstance(node, (ast.List, ast.Tuple)):
+        return False
+    words = [e.value if isinstance(e, ast.Constant) and isinstance(e.value, str) else None for e in node.elts]
+    if any(a == "-m" and b == "gunicorn" for a, b in zip(words, words[1:])):
+        return True
+    if words and words[0] == "gunicorn" and any((w or "").startswith("-") for w in words[1:]):
+        return True  # gunicorn on PATH, with its options
+    return any((w or "").endswith("/gunicorn") for w in words) or any(
+        isinstance(e, ast.BinOp) and isinstance(e.op, ast.Div) and isinstance(e.right, ast.Constant)
+        and e.right.value == "gunicorn" for e in node.elts)
+
+
+def helper_homes(root: Path) -> dict[str, list[str]]:
+    """Where each helper is defined, as path:qualified name: ``free_port`` (by any name ending in it), the
+    functions that build a gunicorn command line, and each use of SourceFileLoader (a script loaded by its
+    path instead of imported), as path:line."""
+    found: dict[str, list[str]] = {"free_port": [], "gunicorn launcher": [], "SourceFileLoader": []}
+
+    def visit(name: str, node: ast.AST, scope: list[str]) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            scope = [*scope, node.name]
+            if not isinstance(node, ast.ClassDef) and node.name.endswith("free_port"):
+                found["free_port"].append(f"{name}:{'.'.join(scope)}")
+        if _gunicorn_command(node):
+            where = f"{name}:{'.'.join(scope) or '<module>'}"
+            if where not in found["gunicorn launcher"]:
+                found["gunicorn launcher"].append(where)
+        if (isinstance(node, ast.Name) and node.id == "SourceFileLoader") or \
+                (isinstance(node, ast.Attribute) and node.attr == "SourceFileLoader") or \
+                (isinstance(node, ast.alias) and node.name.split(".")[-1] == "SourceFileLoader"):
+            found["SourceFileLoader"].append(f"{name}:{getattr(node, 'lineno', '?')}")
+        for child in ast.iter_child_nodes(node):
+            visit(name, child, scope)
+
+    for name, tree in sorted(python_files(root).items()):
+        visit(name, tree, [])
+    return found
+
+
+def test_each_helper_is_defined_once_in_tools():
+    found = helper_homes(ROOT)
+    assert found["free_port"] == ["tools/server.py:free_port"], found["free_port"]
+    assert found["gunicorn launcher"] == ["tools/server.py:Gunicorn._start"], \
+        f"start gunicorn with tools.server.Gunicorn, not a launcher of your own: {found['gunicorn launcher']}"
+    assert found["SourceFileLoader"] == [], \
+        f"import the module from tools/ instead of loading a script by its path: {found['SourceFileLoader']}"
+
+
+def test_the_scan_finds_copies(tmp_path):
+    """The scan itself: a second free_port, a second launcher and a loaded script are each found."""
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True, timeout=60)
+    (tmp_path / "a.py").write_text(
+        "import importlib.machinery, subprocess, sys\n"
+        "def free_port():\n    return 0\n"
+        "class Server:\n"
+        "    def __init__(self):\n"
+        "        cmd = [sys.executable, '-m', 'gunicorn', '-c', 'gunicorn.conf.py', 'x:app']\n"
+        "        self.proc = subprocess.Popen(cmd)\n"
+        "loader = importlib.machinery.SourceFileLoader('x', 'scripts/x')\n"
+        "ok = 'gunicorn' in ('gunicorn', 'flask')\n")  # not a command line
+    (tmp_path / "b").write_text("#!/usr/bin/env python3\nimport os\nfrom pathlib import Path\n"
+                                "def _free_port():\n    pass\n"
+                                "def start():\n    os.spawnv(os.P_NOWAIT, 'x', [Path('bin') / 'gunicorn', 'a:app'])\n"
+                                "def other():\n    return ['gunicorn', '-c', 'gunicorn.conf.py', 'x:app']\n")
+    assert helper_homes(tmp_path) == {"free_port": ["a.py:free_port", "b:_free_port"],
+                                      "gunicorn launcher": ["a.py:Server.__init__", "b:start", "b:other"],
+                                      "SourceFileLoader": ["a.py:8"]}
+
+
+def _tools_modules() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "tools").glob("*.py") if p.stem not in ("__init__", "server"))
+
+
+def test_each_script_is_a_thin_wrapper_around_its_module():
+    """scripts/<name> puts the repository on sys.path and calls tools.<name>.main(): no code of its own."""
+    wrapped = []
+    for script in sorted((ROOT / "scripts").iterdir()):
+        text = script.read_text(encoding="utf-8")
+        if not text.startswith("#!/usr/bin/env python") or "from tools" not in text:
+            continue
+        module = script.name.replace("-", "_")
+        tree = ast.parse(text)
+        assert os.access(script, os.X_OK), f"{script.name} is not executable"
+        assert not [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))], \
+            f"{script.name} defines code: move it into tools/{module}.py"
+        imports = [(n.module, [a.name for a in n.names]) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert (f"tools.{module}", ["main"]) in imports, imports
+        assert len(text.splitlines()) <= 20, f"{script.name}: a wrapper is a few lines"
+        wrapped.append(module)
+    # every tool has its command, and every command its module
+    assert wrapped == _tools_modules()
+    assert {"loadtest", "attack", "kill_burst", "measure_check", "measure_limits", "measure_memory",
+            "sidecar_nginx_conf"} <= set(wrapped)
+
+
+@pytest.mark.parametrize("module", _tools_modules())
+def test_each_tool_has_a_main_that_takes_its_arguments(module):
+    tree = ast.parse((ROOT / "tools" / f"{module}.py").read_text(encoding="utf-8"))
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    assert [a.arg for a in main.args.args] == ["argv"], f"tools/{module}.py: main(argv=None), as the tests call it"
+
+
+def test_a_wrapper_runs_from_another_directory(tmp_path):
+    """The wrapper finds the repository from its own path, whatever the working directory."""
+    from tools.sidecar_nginx_conf import sidecar_conf
+
+    out = subprocess.run([str(ROOT / "scripts" / "sidecar-nginx-conf")], cwd=tmp_path, capture_output=True,
+                         text=True, check=True, timeout=60).stdout
+    assert out == sidecar_conf() and "proxy_pass" in out
+
+
+def test_python_m_runs_a_tool():
+    run = subprocess.run([sys.executable, "-m", "tools.attack", "--help"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "--attack" in run.stdout and "slowloris" in run.stdout
+
+
+def test_the_wheel_leaves_tools_out():
+    """tools/ (like tests/ and bench/) is for the checkout: pip install . ships the runtime packages only."""
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"]
+    assert {p.split(".")[0] for p in packages} == {"engine", "service", "attention_trace", "grader"}
+
+
+def test_a_config_less_server_needs_a_directory_of_its_own():
+    from tools.server import Gunicorn
+
+    with pytest.raises(ValueError, match="cwd"):
+        Gunicorn(config=None)  # from the repository root, gunicorn would load gunicorn.conf.py after all
+
+
+@pytest.mark.integration
+def test_the_benchmark_starts_its_floor_with_gunicorns_defaults(tmp_path):
+    """bench's Server through the shared launcher: plain gunicorn (no gunicorn.conf.py: the sync worker and
+    the worker count from args), its app from the repository, the log removed after a clean stop."""
+    from bench.http_bench import Server
+
+    (tmp_path / "x.json").write_bytes(b'{"x":1}')
+    srv = Server(tmp_path, label="floor", args=["-k", "sync", "-w", "2"], app="bench.floor_app:app", plain=True)
+    try:
+        assert srv.post("/floor/x", b"{}") == (200, b'{"x":1}')
+        deadline = time.monotonic() + 30
+        while len(srv.worker_pids()) != 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(srv.worker_pids()) == 2
+        text = srv.log_text()
+        assert "Using worker: sync" in text and f"127.0.0.1:{srv.port}" in text
+        log = srv.log
+        assert log.is_file()
+    finally:
+        srv.stop()
+    assert srv.proc.returncode == 0 and not log.exists()
