@@ -58,9 +58,9 @@ def test_compression_never_costs_more_than_the_answer(client, app_factory):
     as they are, while an answer that was expensive to compute for its size is compressed."""
     import time
 
-    from test_resources import measure_limits
+    from tools import measure_limits
 
-    largest = {**measure_limits().largest_trace(), "seed": 4242}
+    largest = {**measure_limits.largest_trace(), "seed": 4242}
     plain = app_factory(response_cache_bytes=0).test_client()
     t = time.thread_time()
     resp = plain.post("/trace", json=largest, headers={"Accept-Encoding": "br"})

@@ -103,14 +103,14 @@ def assert_same(got, expected, body, cuts) -> None:
 
 @pytest.mark.parametrize("size", [b"-6", b"-0", b"+6", b" 6", b"0x6", b"6_0", b"", b"\xff", b"1 2"])
 def test_a_chunk_size_is_hex_digits_only(size):
-    """Finding 1: int(x, 16) accepted "-6"; gunicorn's reader refuses anything but hex digits."""
+    """int(x, 16) accepted "-6"; gunicorn's reader refuses anything but hex digits."""
     decoder = ChunkedBody(request(), 1 << 20)
     with pytest.raises(InvalidChunkSize):
         decoder.feed(size + b"\r\n")
 
 
 def test_a_declared_chunk_counts_against_the_limit_before_its_data():
-    """Finding 2: the size is checked as soon as its line is parsed, with no data yet."""
+    """The size is checked as soon as its line is parsed, with no data yet."""
     decoder = ChunkedBody(request(), 4 * 1024 * 1024)
     with pytest.raises(BodyTooLarge):
         decoder.feed(b"fffffffffff\r\n")

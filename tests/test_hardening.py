@@ -322,9 +322,9 @@ def test_a_slow_body_is_cut_off_with_408_and_logged(server):
 @pytest.mark.integration
 def test_health_stays_fast_while_the_only_worker_computes(server):
     """GETs have their own thread: /health does not wait behind the largest traces."""
-    from test_resources import measure_limits
+    from tools import measure_limits
 
-    largest = orjson.dumps({**measure_limits().largest_trace(), "seed": 77})
+    largest = orjson.dumps({**measure_limits.largest_trace(), "seed": 77})
     stop = threading.Event()
 
     def hammer() -> None:

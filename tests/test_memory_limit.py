@@ -101,10 +101,9 @@ def cgroup_limit():
 
 
 def test_k8s_memory_limit_holds_the_largest_requests_without_losing_one(cgroup_limit):
-    from test_worker_kill import load_script
+    from tools import measure_memory as mm
 
     cg, limit, workers = cgroup_limit
-    mm = load_script("measure-memory")
     check = mm.check_body(7)
     # The master enters the cgroup before exec'ing gunicorn: it and every worker are in it.
     server = Gunicorn(workers=workers, prefix=["sh", "-c", f'echo $$ > {cg.procs} && exec "$@"', "sh"])

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import ROOT
 from service.settings import Settings
-from tools import measure_limits as measure_limits_module
+from tools import measure_limits
 
 DEFAULTS = Settings()
 #: documented bounds for the largest allowed /trace (measured: ~0.2 s and ~135 MiB
@@ -33,12 +33,6 @@ PROBLEM_BOUND = 64 * 1024
 #: 10 bytes per body byte for the parsed JSON itself)
 REJECT_WALL_S = 1.0  # measured: ~1 ms for the trace-size rejections; the margin is for a loaded CI machine
 REJECT_PEAK_BYTES = 2 * 1024 * 1024
-
-
-def measure_limits():
-    """tools/measure_limits.py (scripts/measure-limits): its largest_trace() is the largest /trace the limits
-    allow (test_compression, test_hardening and test_worker_http call it through here)."""
-    return measure_limits_module
 
 
 # The peak is VmHWM, not getrusage's ru_maxrss: on Linux ru_maxrss survives
@@ -69,7 +63,7 @@ print(json.dumps({"status": resp.status_code, "wall_s": wall, "bytes": len(data)
 @pytest.mark.parametrize("which", ["most-numbers", "d512-with-parameters"])
 def test_largest_allowed_request_completes_within_documented_time_and_memory(which):
     if which == "most-numbers":
-        req = measure_limits().largest_trace()
+        req = measure_limits.largest_trace()
     else:
         req = {"tokens": [f"t{i}" for i in range(256)], "d_model": 512, "num_heads": 1, "causal": True,
                "include_parameters": True}

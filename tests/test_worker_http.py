@@ -77,11 +77,11 @@ def chunked_head(path: str = "/trace", method: str = "POST") -> bytes:
             "Transfer-Encoding: chunked\r\n\r\n").encode()
 
 
-# ------------------------------------------------------------------ finding 1: negative chunk size
+# ------------------------------------------------------------------ negative chunk size
 
 
 def test_a_negative_chunk_size_is_400_at_once_and_freezes_nothing(one_worker):
-    """Finding 1: `-6` as a chunk size (int(x, 16) accepts it) moved the worker's scan back and span its
+    """`-6` as a chunk size (int(x, 16) accepts it) moved the worker's scan back and span its
     event loop until the arbiter killed it, 30 s later. Three such requests 0.3 s apart were a 33.6 s
     outage. Now gunicorn's reader refuses the size: 400 at once, and /health never waits."""
     for size in (b"-6", b"-0", b" -6", b"+6", b"0x6", b"6_0"):
@@ -116,7 +116,7 @@ def test_three_negative_chunk_sizes_in_a_row_cause_no_outage(one_worker):
             s.close()
 
 
-# ------------------------------------------------------------------ finding 2: a declared chunk counts at once
+# ------------------------------------------------------------------ a declared chunk counts at once
 
 
 def _stream_after(head: bytes, *, port: int, pid: int, seconds: float) -> tuple[bytes, int, int]:
@@ -171,7 +171,7 @@ def _stream_after(head: bytes, *, port: int, pid: int, seconds: float) -> tuple[
 
 
 def test_a_declared_chunk_over_the_limit_is_413_before_its_data(one_worker):
-    """Finding 2: a chunk size of fffffffffff followed by a stream of data grew one worker from 56 to
+    """A chunk size of fffffffffff followed by a stream of data grew one worker from 56 to
     1,076 MiB in 14 s: the chunk counted only once it had fully arrived. Now the declared size counts
     against the body limit as soon as its line is read: 413 at once, and memory stays flat."""
     pid = worker_pids(one_worker)[0]
@@ -213,11 +213,11 @@ def test_a_chunked_check_body_has_the_check_limit(one_worker):
         assert raw.status == status, (path, raw.status, raw.body[:200])
 
 
-# ------------------------------------------------------------------ finding 7: smaller framing defects
+# ------------------------------------------------------------------ smaller framing defects
 
 
 def test_a_broken_chunked_body_on_a_get_is_400_without_a_trace(one_worker):
-    """Finding 7: `GET /health` with a chunked body whose chunk is not followed by CRLF got a 500, a
+    """`GET /health` with a chunked body whose chunk is not followed by CRLF got a 500, a
     stack trace in the error log and two access-log lines. Now: 400, no trace, one line."""
     marker = f"broken-chunk-{time.monotonic_ns()}"
     data = (f"GET /health HTTP/1.1\r\nHost: x\r\nX-Request-ID: {marker}\r\nUser-Agent: {marker}\r\n"
@@ -238,7 +238,7 @@ def test_a_broken_chunked_body_on_a_get_is_400_without_a_trace(one_worker):
     b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: b\n",
 ])
 def test_a_bare_lf_head_is_400_at_once(one_worker, head):
-    """Finding 7: a head with bare-LF line endings waited 10 s (header_timeout), then got 408. gunicorn's
+    """A head with bare-LF line endings waited 10 s (header_timeout), then got 408. gunicorn's
     parser refuses it: 400 at once, as its stock workers answer."""
     with socket.create_connection(("127.0.0.1", one_worker.port), timeout=5) as s:
         start = time.monotonic()
@@ -269,11 +269,11 @@ def test_a_chunked_body_split_anywhere_is_answered_the_same(one_worker):
         assert raw.status == 200 and raw.body == reference, (step, raw.status, raw.body[:200])
 
 
-# ------------------------------------------------------------------ finding 3: bodies arriving are bounded
+# ------------------------------------------------------------------ bodies arriving are bounded
 
 
 def test_request_bodies_arriving_are_bounded_by_max_buffered():
-    """Finding 3: 60 connections declaring 16 MiB to /check and sending it pushed the workers to 563 and
+    """60 connections declaring 16 MiB to /check and sending it pushed the workers to 563 and
     629 MiB: only answers counted against max_buffered. Now a body over 64 KiB reserves its size before
     it is read: with max_buffered at 8 MiB, twelve 6 MiB bodies are read one or two at a time (TCP holds
     the others back), the worker's memory stays near 8 MiB over its idle size, every client is answered,
@@ -322,17 +322,17 @@ def test_request_bodies_arriving_are_bounded_by_max_buffered():
     assert worst < 1.0, worst
 
 
-# ------------------------------------------------------------------ finding 6: clients that hung up
+# ------------------------------------------------------------------ clients that hung up
 
 
 def test_a_request_whose_client_hung_up_is_not_computed(one_worker):
-    """Finding 6: 20 clients sending the largest trace and closing at once left 85 of 92 legitimate
+    """20 clients sending the largest trace and closing at once left 85 of 92 legitimate
     /trace requests answered 503 (the queue was full of work nobody would read); the 7 answered waited
     12.2 s. Now a queued request whose client has closed its end leaves the queue uncomputed (logged
     499, as nginx does), and the lane checks the socket again before it computes."""
-    from test_resources import measure_limits
+    from tools import measure_limits
 
-    largest = measure_limits().largest_trace()
+    largest = measure_limits.largest_trace()
     stop = threading.Event()
     sent = [0]
 
@@ -377,7 +377,7 @@ def test_a_request_whose_client_hung_up_is_not_computed(one_worker):
     assert len(dropped) >= sent[0] // 2
 
 
-# ------------------------------------------------------------------ finding 5: recycling loses nothing
+# ------------------------------------------------------------------ recycling loses nothing
 
 
 class KeptAlive:
@@ -458,7 +458,7 @@ def keepalive_request(i: int) -> bytes:
 
 
 def test_a_recycled_worker_loses_no_request_on_kept_alive_or_pipelined_connections():
-    """Finding 5: with 10 kept-alive clients and a pipelining one, 6 requests failed at a recycle
+    """With 10 kept-alive clients and a pipelining one, 6 requests failed at a recycle
     (max_requests), with no kill involved: the stopping worker closed idle kept-alive connections at
     once (racing the clients' next requests) and dropped requests pipelined behind the last answer. Now
     it answers every request already sent, pipelined ones included (the last answer says "close"), and
@@ -502,11 +502,10 @@ def test_a_recycled_worker_loses_no_request_on_kept_alive_or_pipelined_connectio
 
 
 def test_the_load_test_recycles_workers_under_kept_alive_and_pipelined_load():
-    """scripts/loadtest with kept-alive and pipelining clients (finding 5: it sent only Connection: close,
+    """scripts/loadtest with kept-alive and pipelining clients (it used to send only Connection: close,
     so it could not see losses at a recycle) and workers recycled every 150 requests: nothing lost."""
-    from test_worker_kill import load_script
+    from tools import loadtest
 
-    loadtest = load_script("loadtest")
     rep = loadtest.run(duration=6, threads=2, keepalive=3, pipeline=1, workers=2, max_requests=150, timeout=20,
                        seed=9)
     loadtest.print_report(rep)

@@ -5,19 +5,12 @@ SIGKILLed by its PID halfway. The long run is `scripts/loadtest --duration 60
 
 from __future__ import annotations
 
-import importlib
 
 import pytest
 
 from tools import loadtest
 
 pytestmark = pytest.mark.integration
-
-
-def load_script(name: str):
-    """The module behind scripts/<name>: tools/<name, with "_" for "-">.py (test_worker_http and
-    test_memory_limit get the load test and the memory tool through here)."""
-    return importlib.import_module(f"tools.{name.replace('-', '_')}")
 
 
 def test_load_with_a_worker_killed_midway():
