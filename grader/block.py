@@ -198,14 +198,14 @@ def block_matches(ref: Reference, got: np.ndarray, null: np.ndarray, tol: Tolera
     from .diagnosis import about_position
 
     t = ref.stack
-    key = "final_norm" if t.config.pre_norm else "norm2"  # norm2: [layer, token, d_model], one layer
+    # the block's output: what leaves its one layer (a mistake may rewire which value that is), normalised once
+    # more in pre-norm
+    key = "final_norm" if t.config.pre_norm else "layer_output@0"
     out = []
     for bug in applicable_bugs(t.config, t.n_tokens):
         if about_position(bug.name):
             continue
         want = np.asarray(engine.recompute_values(t, bug)[key], dtype=np.float64)
-        if key == "norm2":
-            want = want[0]
         with np.errstate(all="ignore"):
             if want.shape == got.shape and passes(want, None, got, null, tol):
                 out.append(bug.name)
