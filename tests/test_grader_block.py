@@ -309,3 +309,18 @@ def test_selftest_grades_each_block_courses_shipped_solution(name, capsys, stude
 def test_a_block_course_ignores_a_service_url_in_the_environment(monkeypatch):
     monkeypatch.setenv("ATTENTION_TRACE_URL", "http://127.0.0.1:9")
     assert isinstance(core.make_source(config.load(GPT2)), EngineSource)
+
+
+class _RefusingClient:
+    """A service client that fails the test if it is asked anything."""
+
+    def __getattr__(self, name: str):
+        raise AssertionError(f"the service was asked for {name}")
+
+
+@pytest.mark.sandbox
+def test_a_block_course_given_a_service_grades_with_the_engine(tmp_path, student_runtime):
+    sub = student_dir(tmp_path, BLOCK_COURSES["course-block.toml"] / "correct.py")
+    r = core.grade(sub, config.load(GPT2), client=_RefusingClient(), runtime=student_runtime)
+    assert r.gradable and r.score == r.max_score == 17, r.internal_error
+    assert "grader: a block course grades with the engine; the service given is not used" in r.log

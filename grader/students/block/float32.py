@@ -1,5 +1,5 @@
-"""float32 throughout. A GPT-2 style Transformer block in numpy, one function per stage: a correct submission of the block
-assignment (course-block.toml: pre-norm LayerNorm, GELU's tanh approximation, a final norm).
+"""The GPT-2 style block of correct.py computed in float32 throughout (every array cast on the way in): a
+correct submission of the block assignment that course-block.toml's tolerance must pass.
 
 Shapes: n tokens, h heads, d_k = d_model / h, d_ff the feed-forward width.
 """
