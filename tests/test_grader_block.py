@@ -324,3 +324,45 @@ def test_a_block_course_given_a_service_grades_with_the_engine(tmp_path, student
     r = core.grade(sub, config.load(GPT2), client=_RefusingClient(), runtime=student_runtime)
     assert r.gradable and r.score == r.max_score == 17, r.internal_error
     assert "grader: a block course grades with the engine; the service given is not used" in r.log
+
+
+# ------------------------------------------------------------------ no answer a later call can reuse
+
+CACHES_INPUTS = BLOCK_COURSES["course-block-vaswani.toml"] / "gaming" / "caches_inputs.py"
+
+
+def _call(module: ModuleType, call) -> np.ndarray:
+    """A planned call made in this process, as the harness makes it in the sandbox."""
+    def arg(a):
+        if "dict" in a:
+            return {k: arg(v) for k, v in a["dict"].items()}
+        return call.arrays[a["array"]].copy() if "array" in a else a["value"]
+    return getattr(module, call.function)(*[arg(a) for a in call.args], **{k: arg(v) for k, v in call.kwargs.items()})
+
+
+def test_block_could_be_answered_from_layer_norms_inputs_in_one_process():
+    """The oracle the separate process closes: after the stage functions' calls, caches_inputs' block (which
+    computes nothing) returns the reference's output; on its own it returns zeros."""
+    course = config.load(COURSE_FILES["course-block-vaswani.toml"])
+    refs = {n: block.reference(c, 4) for n, c in course.configurations.items()}
+    runs = dict(core.Grader(course, Path(".")).plan(refs)[0])
+    alone = load_module(CACHES_INPUTS)
+    shared = load_module(CACHES_INPUTS)
+    for call in runs["visible"]:
+        _call(shared, call)
+    normalised = {call.key[1] for call in runs["visible"] if call.function == "layer_norm"}
+    assert normalised == set(next(t for t in course.tests if t.function == "layer_norm").configurations)
+    for call in runs["visible-block"]:
+        if call.key[1] not in normalised:  # large-scores: graded by block only
+            continue
+        want = refs[call.key[1]].arrays["block_output"]
+        np.testing.assert_allclose(_call(shared, call), want, rtol=1e-9, atol=1e-12)
+        assert not _call(alone, call).any()
+
+
+@pytest.mark.sandbox
+def test_an_answer_cached_from_layer_norm_earns_no_block_points(tmp_path, student_runtime):
+    course = config.load(COURSE_FILES["course-block-vaswani.toml"])
+    r = core.grade(student_dir(tmp_path, CACHES_INPUTS), course, runtime=student_runtime)
+    assert {t.name for t in r.tests if not t.passed} == BLOCK_WHOLE and r.score == 13
+    assert "looks like a placeholder" in next(t.message for t in r.tests if t.name == "block")
