@@ -39,15 +39,19 @@ from .assignment import BLOCK_STAGES, Reference, reference_from_engine
 from .config import Configuration
 from .reference import CheckOutcome, StageVerdict, passes
 
-#: each block stage function's known mistakes: the ones written inside that function (the others, the
-#: residual sums, where the norms go, the final norm, are mistakes of ``block`` itself)
-FUNCTION_BUGS: dict[str, tuple[str, ...]] = {
-    "norm": ("norm_over_tokens", "unbiased_variance", "eps_outside_sqrt"),
-    "ffn": ("gelu_approximation_swapped", "swiglu_gate_up_swapped", "ffn_without_activation"),
-}
 #: each block stage's steps (base names), the ones its function computes
 _NORM_STEPS = ("{}_mean", "{}_variance", "{}_mean_square", "{}")
 _FFN_STEPS = ("ffn_pre_activation", "ffn_up", "ffn_activation", "ffn_gated", "ffn_output")
+_NORMS = ("norm1", "norm2", "final_norm")
+
+
+def own_bugs(kind: str) -> list[str]:
+    """The known mistakes written inside a norm (``kind`` "norm") or the FFN ("ffn"): every step they swap is
+    one of that function's. The others (the residual sums, where the norms go, the final norm left out) are
+    mistakes of ``block`` itself, which its whole-block recomputation names."""
+    mine = set(_FFN_STEPS) if kind == "ffn" else {s.format(n) for n in _NORMS for s in _NORM_STEPS}
+    return [name for name, bug in BLOCK_BUGS.items()
+            if bug.replaces_for is None and bug.replaces and {base_name(r.name) for r in bug.replaces} <= mine]
 
 
 def block_trace(c: Configuration, seed: int) -> engine.Trace:
@@ -156,13 +160,13 @@ def function_matches(ref: Reference, function: str, stage: str, got: np.ndarray,
     """The known mistakes of ``function`` that reproduce its answer for ``stage``: only the function's own steps
     recomputed with the mistake, from the reference's values of everything they read (what it was given)."""
     t = ref.stack
-    kind = "ffn" if function == "ffn" else "norm"
+    own = own_bugs("ffn" if function == "ffn" else "norm")
     mine = _steps_of(stage)
     layer = None if stage == "final_norm" else 0
     key = stage if layer is None else f"{stage}@{layer}"
     out = []
     for bug in applicable_bugs(t.config, t.n_tokens):
-        if bug.name not in FUNCTION_BUGS[kind]:
+        if bug.name not in own:
             continue
         try:
             new, _, _ = swapped(t.steps, bug.steps(t.config))
@@ -223,5 +227,5 @@ def summaries() -> dict[str, str]:
     return {name: bug.summary for name, bug in BLOCK_BUGS.items()}
 
 
-__all__ = ["BLOCK_STAGES", "FUNCTION_BUGS", "block_matches", "block_trace", "cannot_show", "check", "function_matches",
-           "reference", "summaries"]
+__all__ = ["BLOCK_STAGES", "block_matches", "block_trace", "cannot_show", "check", "function_matches",
+           "own_bugs", "reference", "summaries"]
