@@ -11,7 +11,8 @@
    configurations of visible tests, then a fresh one (fresh uid) for the rest,
    whose printed output is never shown; in each, the whole layer's calls run in
    a fresh process of their own, so nothing a stage function was given can
-   answer them (``Grader.plan``);
+   answer them (``Grader.plan``), as do a block course's ``block`` calls
+   (``block.py``: the block's references, checks and diagnosis);
 3. each answer is checked against the reference (with the course's metric and
    tolerance, by ``engine.checking``, the code /check runs): pass/fail per stage,
    the known mistake that reproduces it (``engine.diagnose``), or else the hints;
