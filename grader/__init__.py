@@ -10,6 +10,7 @@ in a sandbox, against the engine's reference, for any platform (Gradescope, Prai
 * ``assignment``: the functions students write and what each is graded as;
 * ``core``: grading one submission (reference, sandbox, check, points, messages);
 * ``reference``: the reference and the verdicts, from the engine in this process (or a service's URL);
+* ``block``: a block course's references, verdicts and diagnosis (``[block]``: the Transformer block);
 * ``sandbox``, ``launcher``, ``harness``: the student's code in a separate, limited process;
 * ``runtime``: the student's interpreter (stdlib + numpy), readable by an unprivileged uid.
 

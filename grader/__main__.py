@@ -15,9 +15,10 @@
         named mistakes, the seeds, the integrity log's kinds and the time it took. Then how long the
         batch took, and what that makes 300 submissions take with these jobs on this machine.
 
-    attention-trace-grade selftest [COURSE.toml]
+    attention-trace-grade selftest [COURSE.toml] [--solution FILE]
         Load the course file (default: the shipped course.toml) and grade the shipped correct student
-        with it: full marks expected.
+        with it (a block course's: students/block_<preset>/correct.py, GPT-2's students/block/correct.py),
+        or FILE: full marks expected.
 """
 
 from __future__ import annotations
@@ -202,11 +203,22 @@ def batch(args: argparse.Namespace) -> int:
     return 0 if all(r["gradable"] for r in rows) else 1
 
 
+def shipped_solution(course: config.Course) -> Path:
+    """The shipped correct student of a course file: the single-function one, the block preset's, or the
+    attention course's."""
+    if course.form == "single":
+        return HERE / "students" / "single_function" / "correct.py"
+    if course.block is not None:
+        folder = "block" if course.block.preset == "gpt2" else f"block_{course.block.preset.removesuffix('2017')}"
+        return HERE / "students" / folder / "correct.py"
+    return HERE / "students" / "correct.py"
+
+
 def selftest(args: argparse.Namespace) -> int:
     course = config.load(args.course or HERE / "course.toml")
     sub = Path(tempfile.mkdtemp(prefix="attention-selftest-"))
     try:
-        shutil.copy(HERE / "students" / ("single_function" if course.form == "single" else "") / "correct.py",
+        shutil.copy(Path(args.solution) if getattr(args, "solution", None) else shipped_solution(course),
                     sub / course.file)
         result = core.grade(sub, course, student="selftest")
     finally:
@@ -245,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=batch)
     p = sub.add_parser("selftest", help="grade the shipped correct student with a course file")
     p.add_argument("course", nargs="?")
+    p.add_argument("--solution", help="the correct submission to grade (default: the shipped one for the course)")
     p.set_defaults(fn=selftest)
     args = ap.parse_args(argv)
     return args.fn(args)

@@ -33,11 +33,35 @@ in a process of its own (``core.Grader.plan``): every stage input after x
 determines its output (concat and W_O are output's inputs, and concat · W_Oᵀ *is*
 the layer's output), so a process that had been given them could answer the
 layer from memory.
+
+A block course (``[block]`` in the course file, ASSIGNMENT-block.md) adds the
+Transformer block around the attention, one block per configuration:
+
+==========================  ==============================  =========================  ================
+function                    given                           returns                    graded as
+==========================  ==============================  =========================  ================
+layer_norm(x, gamma, beta,  [n, d_model], [d_model] twice,  γ ⊙ (x − μ)/√(σ² + ε) + β  norm1, norm2 and
+  eps)                      a float                         [n, d_model]               (pre-norm)
+rms_norm(x, gamma, eps)     the same without beta           γ ⊙ x/√(mean(x²) + ε)      final_norm
+ffn(x, W_1, W_2, W_3=None)  [n, d_model], [d_ff, d_model],  act(x·W_1ᵀ)·W_2ᵀ (SwiGLU:  ffn_output
+                            [d_model, d_ff] (SwiGLU: W_3)   (SiLU(x·W_1ᵀ)⊙x·W_3ᵀ)·W_2ᵀ)
+block(x, params,            x [n, d_model], a dict of the   the block's output         block_output
+  causal=False)             block's weights and eps         [n, d_model] (pre-norm:
+                                                            after the final norm)
+==========================  ==============================  =========================  ================
+
+The attention's functions are graded in a block course too, on the block's own
+attention (its input is the normalised x in pre-norm). Every call is made on the
+reference's own inputs, in the order the block computes them (``Reference.order``:
+in pre-norm the norm of x comes before the attention, whose input it is; in post-norm
+the FFN comes before the second norm, whose input holds the FFN's answer). ``block``
+runs in a process of its own, as the layer does: layer_norm's inputs determine its
+output (in post-norm the block's output is the second norm's, of the input it was given).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,7 +69,10 @@ import numpy as np
 #: stage ids the service checks, in walkthrough order (what multi_head_attention may return)
 STAGES_OF_CONFIG = ("input", "q", "k", "v", "scores", "scaled_scores", "masked_scores", "weights", "context",
                     "concat", "output")
-AXES = {"input": "token, d_model", "q": "head, token, d_k", "k": "head, token, d_k", "v": "head, token, d_k",
+#: a block course's stages (besides the attention's), in the order a block computes them (post-norm's order;
+#: pre-norm computes norm2 before the FFN and ends with final_norm)
+BLOCK_STAGES = ("norm1", "ffn_output", "norm2", "final_norm", "block_output")
+AXES = {**dict.fromkeys(BLOCK_STAGES, "token, d_model"), "input": "token, d_model", "q": "head, token, d_k", "k": "head, token, d_k", "v": "head, token, d_k",
         "scores": "head, query, key", "scaled_scores": "head, query, key", "masked_scores": "head, query, key",
         "weights": "head, query, key", "context": "head, token, d_k", "concat": "token, h·d_k",
         "output": "token, d_model"}
@@ -67,6 +94,7 @@ class Function:
     parts: tuple[Part, ...]
     causal_only: bool = False
     what: str = ""
+    norm: str | None = None  # layer_norm or rms_norm: graded in a block course of that norm only
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -94,10 +122,37 @@ FUNCTIONS: dict[str, Function] = {f.name: f for f in (
 )}
 
 
+#: the block assignment's functions (a course with [block]); each norm's parts that a block does not have
+#: (final_norm in post-norm) are not called
+BLOCK_FUNCTIONS: dict[str, Function] = {f.name: f for f in (
+    Function("layer_norm", "layer_norm(x, gamma, beta, eps)",
+             tuple(Part(s, (f"{s}_input", f"{s}_gamma", f"{s}_beta", "eps")) for s in ("norm1", "norm2", "final_norm")),
+             what="γ ⊙ (x − μ)/√(σ² + ε) + β over each token's features (graded as every norm of the block)",
+             norm="layer_norm"),
+    Function("rms_norm", "rms_norm(x, gamma, eps)",
+             tuple(Part(s, (f"{s}_input", f"{s}_gamma", "eps")) for s in ("norm1", "norm2", "final_norm")),
+             what="γ ⊙ x/√(mean(x²) + ε) over each token's features (graded as every norm of the block)",
+             norm="rms_norm"),
+    Function("ffn", "ffn(x, W_1, W_2, W_3=None)", (Part("ffn_output", ("ffn_input", "W_1", "W_2"), (("W_3", "W_3"),)),),
+             what="the feed-forward network: act(x·W_1ᵀ)·W_2ᵀ, SwiGLU (SiLU(x·W_1ᵀ) ⊙ x·W_3ᵀ)·W_2ᵀ"),
+    Function("block", "block(x, params, causal=False)",
+             (Part("block_output", ("block_input", "block_params"), (("causal", "causal"),)),),
+             what="the whole block, end to end"),
+)}
+#: every function a course may grade
+ALL_FUNCTIONS: dict[str, Function] = {**FUNCTIONS, **BLOCK_FUNCTIONS}
+
 #: the order the grader calls the functions in (module docstring): walkthrough order
-CALL_ORDER: tuple[str, ...] = tuple(FUNCTIONS)
+CALL_ORDER: tuple[str, ...] = tuple(ALL_FUNCTIONS)
 #: the whole layer: called in a process of its own, never one that was given a stage function's inputs
 LAYER = "multi_head_attention"
+#: the functions that each run in a process of their own (and that process's name: visible-layer, ...)
+WHOLE: dict[str, str] = {LAYER: "layer", "block": "block"}
+#: the functions a whole function calls: when they all pass and it fails, its wiring is wrong
+CALLEES: dict[str, tuple[str, ...]] = {
+    LAYER: ("project", "scores", "scale", "mask", "softmax", "attend", "concat", "output"),
+    "block": ("layer_norm", "rms_norm", "ffn", LAYER),
+}
 
 
 @dataclass
@@ -110,17 +165,27 @@ class Reference:
     n: int
     raw_config: dict[str, Any]
     trace: Any = None  # the engine's Trace, when the engine made it (its diagnosis recomputes from it)
+    #: a block configuration: the engine's trace of the one-block stack (``trace`` is then its attention alone,
+    #: traced on the attention's own input with the layer's weights)
+    stack: Any = None
+    values: dict[str, Any] = field(default_factory=dict)  # a block's non-array arguments: eps, the params dict
+    order: dict[str, int] = field(default_factory=dict)  # stage -> its place in the block's walkthrough
 
     def get(self, name: str) -> Any:
         if name == "d_k":
             return self.d_k
         if name == "causal":
             return self.causal
+        if name in self.values:
+            return self.values[name]
         if name == "softmax_input":  # what the student's mask produces: -inf where masked
             if self.causal:
                 return np.where(np.isnan(self.arrays["masked_scores"]), -np.inf, self.arrays["masked_scores"])
             return self.arrays["scaled_scores"]
         return self.arrays[name]
+
+    def has(self, name: str) -> bool:
+        return name in self.values or name in self.arrays
 
     def expected_shape(self, stage: str) -> tuple[int, ...]:
         return tuple(self.arrays[stage].shape)
@@ -155,17 +220,25 @@ def call_arguments(part: Part, ref: Reference) -> tuple[dict[str, np.ndarray], l
     """The arrays and the argument specs (for the harness) of one call."""
     arrays: dict[str, np.ndarray] = {}
 
-    def spec(name: str) -> dict[str, Any]:
-        value = ref.get(name)
+    def spec(value: Any) -> dict[str, Any]:
         if isinstance(value, np.ndarray):
             key = f"a{len(arrays)}"
             arrays[key] = np.array(value, dtype=np.float64)
             return {"array": key}
+        if isinstance(value, dict):  # block's params: a dict of arrays (and eps)
+            return {"dict": {k: spec(v) for k, v in value.items()}}
         return {"value": value}
 
-    args = [spec(a) for a in part.args]
-    kwargs = {k: spec(v) for k, v in part.kwargs}
+    args = [spec(ref.get(a)) for a in part.args]
+    # an optional keyword this configuration has no value for (W_3 outside SwiGLU) is not passed
+    kwargs = {k: spec(ref.get(v)) for k, v in part.kwargs if v in ("causal", "d_k") or ref.has(v)}
     return arrays, args, kwargs
+
+
+def parts_of(fn: Function, ref: Reference) -> tuple[Part, ...]:
+    """The parts of ``fn`` this configuration has: a norm the block does not have (final_norm in post-norm) is
+    not called."""
+    return tuple(p for p in fn.parts if p.stage in ref.arrays)
 
 
 def stages_of_answer(arrays: dict[str, np.ndarray], part: Part) -> dict[str, np.ndarray]:
@@ -176,5 +249,6 @@ def stages_of_answer(arrays: dict[str, np.ndarray], part: Part) -> dict[str, np.
     return dict(arrays)
 
 
-__all__ = ["AXES", "CALL_ORDER", "FUNCTIONS", "LAYER", "Function", "Part", "Reference", "STAGES_OF_CONFIG", "call_arguments",
+__all__ = ["ALL_FUNCTIONS", "AXES", "BLOCK_FUNCTIONS", "BLOCK_STAGES", "CALLEES", "CALL_ORDER", "FUNCTIONS", "LAYER",
+           "WHOLE", "Function", "Part", "Reference", "STAGES_OF_CONFIG", "call_arguments", "parts_of",
            "reference_from_engine", "reference_from_trace", "stages_of_answer"]

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .assignment import FUNCTIONS, STAGES_OF_CONFIG
+from .assignment import ALL_FUNCTIONS, BLOCK_FUNCTIONS, STAGES_OF_CONFIG
 from .sandbox import Limits
 
 VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")
@@ -30,6 +30,29 @@ class ConfigError(ValueError):
     """The course configuration is wrong; the message says where and how."""
 
 
+#: the [block] table's keys besides ``preset``: the engine's block fields a course may override
+BLOCK_OVERRIDES = ("norm", "norm_position", "ffn", "d_ff", "norm_eps", "norm_weights")
+
+
+@dataclass(frozen=True)
+class Block:
+    """A block course's Transformer block (``[block]``): an engine preset and the fields it overrides. Every
+    configuration is one block (num_layers 1) around plain multi-head attention with the sinusoidal encoding
+    (no RoPE, no shared K/V heads, whatever the preset): the attention is the students' own."""
+
+    preset: str
+    overrides: tuple[tuple[str, Any], ...] = ()
+
+    def fields(self) -> dict[str, Any]:
+        """The engine's TraceConfig fields of this block (and of one layer, the sinusoidal encoding)."""
+        return {"block": self.preset, "num_layers": 1, "positional_encoding": "sinusoidal", **dict(self.overrides)}
+
+    def trace_config(self, d_model: int, num_heads: int, causal: bool, seed: int = 0) -> Any:
+        from engine import TraceConfig
+
+        return TraceConfig(d_model=d_model, num_heads=num_heads, causal=causal, seed=seed, **self.fields())
+
+
 @dataclass(frozen=True)
 class Configuration:
     """One input the students' functions are graded on: a trace request of the service."""
@@ -42,10 +65,19 @@ class Configuration:
     tokens: tuple[str, ...] | None = None
     sentence: str | None = None
     weight_scale: float = 1.0  # the seeded W_Q, W_K, W_V and W_O times this: scores grow by its square
+    block: Block | None = None  # a block course's block: the configuration is one Transformer block
 
     @property
     def d_k(self) -> int:
         return self.d_model // self.num_heads
+
+    def trace_config(self, seed: int = 0) -> Any:
+        """The engine's TraceConfig of this configuration (a block's, in a block course)."""
+        if self.block is not None:
+            return self.block.trace_config(self.d_model, self.num_heads, self.causal, seed)
+        from engine import TraceConfig
+
+        return TraceConfig(d_model=self.d_model, num_heads=self.num_heads, causal=self.causal, seed=seed)
 
     def parameters(self, seed: int) -> Any:
         """The weights of this configuration with that seed: the seeded ones, times ``weight_scale``
@@ -105,6 +137,7 @@ class Course:
     runtime: str | None = None
     seeds: str = "random"  # "random": drawn per submission; "student": derived from the student and a secret
     secret_file: str | None = None  # [seeds] secret_file, absolute (relative ones are the course file's)
+    block: Block | None = None  # [block]: a block course (every configuration is one Transformer block)
 
     @property
     def max_score(self) -> float:
@@ -184,7 +217,7 @@ def _names(value: Any, sets: dict[str, list[str]], where: str) -> list[str]:
 def parse(doc: dict[str, Any], path: Path | None = None) -> Course:
     """A Course from the parsed TOML document (ConfigError on any mistake)."""
     _no_extra(doc, {"assignment", "service", "check", "limits", "sandbox", "sets", "configuration", "test",
-                    "gradescope", "prairielearn", "seeds"}, "the course file")
+                    "gradescope", "prairielearn", "seeds", "block"}, "the course file")
     a = doc.get("assignment", {})
     _no_extra(a, {"file", "form"}, "[assignment]")
     file = _get(a, "file", str, "[assignment]", "attention.py")
@@ -250,12 +283,19 @@ def parse(doc: dict[str, Any], path: Path | None = None) -> Course:
                                              for v in sets.values()):
         raise ConfigError("[sets]: each set must be a list of configuration names")
 
+    block = _block(doc.get("block"), form, url)
     raw_configs = doc.get("configuration", [])
     if not isinstance(raw_configs, list) or not raw_configs:
         raise ConfigError("the course file has no [[configuration]]")
     configs: dict[str, Configuration] = {}
     for i, t in enumerate(raw_configs):
         c = _configuration(t, i)
+        if block is not None:
+            c = replace(c, block=block)
+            try:
+                c.trace_config()
+            except ValueError as e:  # the engine's EngineError: a choice the engine refuses for this configuration
+                raise ConfigError(f"configuration {c.name!r} with [block]: {getattr(e, 'message', e)}") from None
         if c.name in configs:
             raise ConfigError(f"configuration {c.name!r} is defined twice")
         configs[c.name] = c
@@ -272,8 +312,9 @@ def parse(doc: dict[str, Any], path: Path | None = None) -> Course:
         where = f"[[test]] #{i + 1}"
         _no_extra(t, {"name", "function", "configurations", "points", "visibility", "stage"}, where)
         function = _get(t, "function", str, where)
-        if function not in FUNCTIONS:
-            raise ConfigError(f"{where}: unknown function {function!r}; the functions are {', '.join(FUNCTIONS)}")
+        if function not in ALL_FUNCTIONS:
+            raise ConfigError(f"{where}: unknown function {function!r}; the functions are {', '.join(ALL_FUNCTIONS)}")
+        _block_function(function, block, where)
         if form == "single" and function != "multi_head_attention":
             raise ConfigError(f'{where}: with form = "single" every test grades multi_head_attention')
         name = _get(t, "name", str, where, function)
@@ -282,7 +323,7 @@ def parse(doc: dict[str, Any], path: Path | None = None) -> Course:
         for n in names:
             if n not in configs:
                 raise ConfigError(f"{where}: no configuration named {n!r}")
-        if FUNCTIONS[function].causal_only:
+        if ALL_FUNCTIONS[function].causal_only:
             names = [n for n in names if configs[n].causal]
             if not names:
                 raise ConfigError(f"{where}: {function} is graded on causal configurations only, and none is listed")
@@ -322,7 +363,50 @@ def parse(doc: dict[str, Any], path: Path | None = None) -> Course:
     if secret_file is not None and not Path(secret_file).is_absolute():
         secret_file = str((path.parent if path is not None else Path.cwd()) / secret_file)
     return Course(path, file, form, url, retries, timeout, check, limits, configs, tuple(tests), dict(gs), dict(pl),
-                  tuple(hide), runtime, derive, secret_file)
+                  tuple(hide), runtime, derive, secret_file, block)
+
+
+def _block(table: Any, form: str, url: str) -> Block | None:
+    """``[block]``: a block course's preset and overrides, checked by the engine itself."""
+    if table is None:
+        return None
+    where = "[block]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table")
+    _no_extra(table, {"preset", *BLOCK_OVERRIDES}, where)
+    from engine.layer import BLOCK_PRESETS
+
+    preset = _get(table, "preset", str, where)
+    if preset not in BLOCK_PRESETS:
+        raise ConfigError(f"{where}: `preset` must be one of {', '.join(BLOCK_PRESETS)}, got {preset!r}")
+    if form != "functions":
+        raise ConfigError(f'{where}: a block course has form = "functions" (layer_norm, ffn, block, ...)')
+    if url != "local":
+        raise ConfigError(f'{where}: a block course computes its references with the engine: [service] url = "local"')
+    overrides = tuple((k, float(table[k]) if k == "norm_eps" and isinstance(table[k], int) else table[k])
+                      for k in BLOCK_OVERRIDES if k in table)
+    block = Block(preset, overrides)
+    try:
+        block.trace_config(8, 1, False)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {getattr(e, 'message', e)}") from None
+    return block
+
+
+def _block_function(function: str, block: Block | None, where: str) -> None:
+    """A block function needs [block]; the norm graded is the block's; x is given to a block course's attention."""
+    fn = ALL_FUNCTIONS[function]
+    if block is None:
+        if function in BLOCK_FUNCTIONS:
+            raise ConfigError(f"{where}: {function} is a function of the block assignment; add a [block] table "
+                              "(preset = \"vaswani2017\", \"gpt2\" or \"llama\") to grade it")
+        return
+    if function == "add_positional_encoding":
+        raise ConfigError(f"{where}: in a block course the block is given x with the positional encoding added; "
+                          "grade add_positional_encoding in an attention course")
+    norm = block.trace_config(8, 1, False).norm_kind
+    if fn.norm is not None and fn.norm != norm:
+        raise ConfigError(f"{where}: this block's norm is {norm} ([block]), so grade {norm}, not {function}")
 
 
 def load(path: str | Path) -> Course:

@@ -11,7 +11,8 @@
    configurations of visible tests, then a fresh one (fresh uid) for the rest,
    whose printed output is never shown; in each, the whole layer's calls run in
    a fresh process of their own, so nothing a stage function was given can
-   answer them (``Grader.plan``);
+   answer them (``Grader.plan``), as do a block course's ``block`` calls
+   (``block.py``: the block's references, checks and diagnosis);
 3. each answer is checked against the reference (with the course's metric and
    tolerance, by ``engine.checking``, the code /check runs): pass/fail per stage,
    the known mistake that reproduces it (``engine.diagnose``), or else the hints;
@@ -46,10 +47,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import block as block_mod
 from . import diagnosis
 from . import runtime as runtime_mod
-from .assignment import AXES, CALL_ORDER, FUNCTIONS, LAYER, STAGES_OF_CONFIG, Reference, call_arguments, \
-    reference_from_engine, stages_of_answer
+from .assignment import ALL_FUNCTIONS, AXES, BLOCK_STAGES, CALL_ORDER, CALLEES, FUNCTIONS, LAYER, STAGES_OF_CONFIG, \
+    WHOLE, Reference, call_arguments, parts_of, reference_from_engine, stages_of_answer
 from .config import Configuration, Course, Test
 from .reference import AnswerRefused, CheckOutcome, EngineSource, ServiceSource, SourceError, source_for, tolerance_of
 from .sandbox import Call, Outcome, RunResult, SandboxError, run_base_for, run_calls
@@ -123,7 +125,10 @@ def engine_errors() -> type[Exception]:
 
 
 def make_source(course: Course) -> EngineSource | ServiceSource:
-    """Where the references come from: the engine (``local``, the default) or the service at a URL."""
+    """Where the references come from: the engine (``local``, the default) or the service at a URL. A block
+    course's are always the engine's (config.py refuses a URL there; ATTENTION_TRACE_URL does not apply)."""
+    if course.block is not None:
+        return EngineSource()
     url = os.environ.get("ATTENTION_TRACE_URL") or course.url
     return source_for(url, course.timeout_seconds, course.retries)
 
@@ -318,7 +323,12 @@ class Grader:
         refs = {}
         for name in used:
             c = self.course.configurations[name]
-            if c.weight_scale != 1.0 and isinstance(source, EngineSource):
+            if c.block is not None:  # one Transformer block: always the engine's (block.py)
+                try:
+                    refs[name] = block_mod.reference(c, seeds[name])
+                except engine_errors() as e:
+                    raise SourceError(f"the engine refused configuration {name!r}: {e}") from None
+            elif c.weight_scale != 1.0 and isinstance(source, EngineSource):
                 # the engine's trace with the scaled weights (a service gets them in the request: Configuration.request)
                 try:
                     refs[name] = reference_from_engine(diagnosis.engine_trace(c, seeds[name]))
@@ -337,37 +347,46 @@ class Grader:
         (``visible-layer``, ``protected-layer``) whenever the stage functions are called too. Every stage
         function's input after x determines the layer's output (output() is given concat and W_O, and
         concat·W_Oᵀ *is* the layer's answer); in a process of its own, the layer cannot be answered from
-        anything a function was given (assignment.py)."""
+        anything a function was given (assignment.py). A block course's ``block`` gets a process of its own
+        too (``visible-block``): the second norm's input in post-norm is the block's output before its norm.
+        There the stage functions' calls are made in the order the block computes their stages
+        (``Reference.order``): in pre-norm the norm of x comes before the attention that reads it."""
         course = self.course
         pairs: dict[tuple[str, str], set[str]] = {}  # (function, configuration) -> visibilities of its tests
         for t in course.tests:
             for c in t.configurations:
                 pairs.setdefault((t.function, c), set()).add(t.visibility)
         shown_configs = {c for (f, c), vis in pairs.items() if "visible" in vis}
-        calls: dict[tuple[str, bool], list[Call]] = {}  # (visible or protected, the layer or not) -> calls
+        # (visible or protected, the whole function whose process it is, or None: the stage functions') -> calls
+        calls: dict[tuple[str, str | None], list[Call]] = {}
         order = list(course.configurations)
         for fname in CALL_ORDER:
-            fn = FUNCTIONS[fname]
+            fn = ALL_FUNCTIONS[fname]
             layer = fname == LAYER
             for cname in order:
                 if (fname, cname) not in pairs:
                     continue
                 ref = refs[cname]
-                for part in fn.parts:
+                for part in parts_of(fn, ref):
                     arrays, args, kwargs = call_arguments(part, ref)
                     stages = [s for s in STAGES_OF_CONFIG if s != "masked_scores" or ref.causal]
                     call = Call((fname, cname, part.stage), fname, arrays, args, kwargs,
                                 result="stages" if layer else "array", stages=stages if layer else [],
                                 where=f"on configuration '{cname}'")
                     kind = "visible" if cname in shown_configs else "protected"
-                    calls.setdefault((kind, layer), []).append(call)
+                    calls.setdefault((kind, fname if fname in WHOLE else None), []).append(call)
         runs: list[tuple[str, list[Call]]] = []
         for kind in ("visible", "protected"):
-            stage_calls, layer_calls = calls.get((kind, False), []), calls.get((kind, True), [])
-            if stage_calls and layer_calls:
-                runs += [(kind, stage_calls), (f"{kind}-layer", layer_calls)]
-            elif stage_calls or layer_calls:
-                runs.append((kind, stage_calls or layer_calls))
+            stage_calls = calls.get((kind, None), [])
+            if course.block is not None:  # in the block's order, within each configuration (a stable sort)
+                stage_calls.sort(key=lambda c: refs[c.key[1]].order.get(c.key[2], -1))
+            groups = [(kind, stage_calls)] if stage_calls else []
+            groups += [(f"{kind}-{name}", calls[(kind, fname)]) for fname, name in WHOLE.items()
+                       if calls.get((kind, fname))]
+            if len(groups) == 1:
+                runs.append((kind, groups[0][1]))
+            else:
+                runs += groups
         return runs, pairs
 
     def run(self, calls: list[Call], hide: list[str], runtime: runtime_mod.Runtime, deadline: float,
@@ -383,7 +402,8 @@ class Grader:
         c = self.course.configurations[cname]
         submission, local = {}, {}
         for stage, arr in answers.items():
-            if stage not in STAGES_OF_CONFIG or (stage == "masked_scores" and not ref.causal):
+            if (stage not in STAGES_OF_CONFIG and stage not in BLOCK_STAGES) or (stage == "masked_scores"
+                                                                                 and not ref.causal):
                 continue
             values, problem, redacted = prepare(stage, arr, ref)
             if problem is not None:
@@ -391,28 +411,37 @@ class Grader:
             else:
                 submission[stage] = values
         self._answers[(fname, cname)] = submission
-        result: CheckOutcome | None = None
-        if submission:
-            try:
-                result = source.check(ref, c, seeds[cname], submission, self.course.check)
-            except AnswerRefused as e:
-                for stage in submission:
-                    local[stage] = Verdict(False, f"{stage}: the grading service refused these numbers: {e}",
-                                           f"{stage}: the grading service refused these numbers")
         verdicts: dict[str, Verdict] = dict(local)
+        block_part = {s: v for s, v in submission.items() if s in BLOCK_STAGES}
+        attention = {s: v for s, v in submission.items() if s not in BLOCK_STAGES}
+        if block_part:  # the block's stages: checked and diagnosed here (block.py)
+            self.read_outcome(block_mod.check(ref, fname, block_part, tolerance_of(self.course.check)), fname, cname,
+                              verdicts)
+        result: CheckOutcome | None = None
+        if attention:
+            try:
+                result = source.check(ref, c, seeds[cname], attention, self.course.check)
+            except AnswerRefused as e:
+                for stage in attention:
+                    verdicts[stage] = Verdict(False, f"{stage}: the grading service refused these numbers: {e}",
+                                              f"{stage}: the grading service refused these numbers")
         if result is not None:
-            for stage, sc in result.stages.items():
-                if sc.passed:
-                    verdicts[stage] = Verdict(True, "", "", kind="ok")
-                else:
-                    verdicts[stage] = Verdict(False, f"{stage}: {numpy_words(stage, sc.message)}", f"{stage}: wrong",
-                                              kind="wrong", bugs=list(result.matches), hints=list(result.hints))
-            if not result.passed and not result.matches:
-                for v in verdicts.values():
-                    if not v.passed and not v.hints:
-                        v.hints = list(result.hints)
-                self._no_match_message.setdefault((fname, cname), result.diagnosis_message)
+            self.read_outcome(result, fname, cname, verdicts)
         return verdicts
+
+    def read_outcome(self, result: CheckOutcome, fname: str, cname: str, verdicts: dict[str, Verdict]) -> None:
+        """A check's verdicts, matches and hints into ``verdicts``."""
+        for stage, sc in result.stages.items():
+            if sc.passed:
+                verdicts[stage] = Verdict(True, "", "", kind="ok")
+            else:
+                verdicts[stage] = Verdict(False, f"{stage}: {numpy_words(stage, sc.message)}", f"{stage}: wrong",
+                                          kind="wrong", bugs=list(result.matches), hints=list(result.hints))
+        if not result.passed and not result.matches:
+            for v in verdicts.values():
+                if not v.passed and not v.hints:
+                    v.hints = list(result.hints)
+            self._no_match_message.setdefault((fname, cname), result.diagnosis_message)
 
     # ---------------------------------------------------------- the whole thing
 
@@ -424,6 +453,12 @@ class Grader:
         self._answers: dict[tuple[str, str], dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         try:
             source = self._source or make_source(self.course)
+            if self.course.block is not None and not isinstance(source, EngineSource):
+                # a service traces no block around a given x: a block course's checks are the engine's (block.py)
+                self.log("grader: a block course grades with the engine; the service given is not used")
+                if self._own_source:
+                    source.close()
+                source, self._own_source = EngineSource(), True
             seeds = self.seeds()
             res.extra["seeds"] = seeds
             if self.student is not None:
@@ -433,6 +468,8 @@ class Grader:
             used = [n for n in self.course.configurations if any(n in t.configurations for t in self.course.tests)]
             refs = self.references(source, seeds, used)
             bugs = source.bug_summaries  # the known mistakes' summaries, to name them
+            if self.course.block is not None:
+                bugs = {**bugs, **block_mod.summaries()}
             res.extra["engine_version"] = source.engine_version
             self.log(f"grader: core {Path(__file__).resolve().parent}, course {self.course.path}")
             self.log(f"grader: {len(used)} configurations, seeds {seeds}")
@@ -532,11 +569,11 @@ class Grader:
         """Per (function, configuration): a verdict per stage it is graded as."""
         out: dict[tuple[str, str], dict[str, Verdict]] = {}
         for (fname, cname) in pairs:
-            fn = FUNCTIONS[fname]
+            fn = ALL_FUNCTIONS[fname]
             ref = refs[cname]
             answers: dict[str, np.ndarray] = {}
             failed: dict[str, Verdict] = {}
-            for part in fn.parts:
+            for part in parts_of(fn, ref):
                 o = outcomes.get((fname, cname, part.stage)) or Outcome("not_run", detail="not run")
                 if o.status == "ok" and o.arrays is not None:
                     answers.update(stages_of_answer(o.arrays, part))
@@ -564,14 +601,15 @@ class Grader:
             for cname in t.configurations:
                 v = verdicts[(t.function, cname)]
                 bad = [v.get(s) or Verdict(False, f"{s}: not graded", f"{s}: not graded", kind="not_run")
-                       for s in stages]
+                       for s in stages if s in refs[cname].arrays]  # a norm the block has not: not graded
                 bad = [x for x in bad if not x.passed]
                 if bad:
                     failures.append((cname, bad))
             failing[t.name] = failures
         # Which functions fail their own tests: with every one right, a failing layer is wired wrong.
-        stage_tests = [t for t in course.tests if t.function != "multi_head_attention"]
+        stage_tests = [t for t in course.tests if t.function in FUNCTIONS and t.function != "multi_head_attention"]
         self._failed_functions = list(dict.fromkeys(t.function for t in stage_tests if failing[t.name]))
+        self._failed_any = list(dict.fromkeys(t.function for t in course.tests if failing[t.name]))
         self._wiring = course.form == "functions" and bool(stage_tests) and not self._failed_functions
         for t in course.tests:
             failures = failing[t.name]
@@ -592,7 +630,7 @@ class Grader:
     def graded_stages(t: Test) -> list[str]:
         if t.stage:
             return [t.stage]
-        return list(FUNCTIONS[t.function].stages) if t.function != "multi_head_attention" else ["output"]
+        return list(ALL_FUNCTIONS[t.function].stages) if t.function != "multi_head_attention" else ["output"]
 
     # ---------------------------------------------------------- what explains a failure
 
@@ -617,7 +655,12 @@ class Grader:
                     for v in bad:
                         found += [b for b in v.bugs if b not in found]
                     matched[c] = found
-        unknown = {c: diagnosis.cannot_show(self.course.configurations[c], self._refs[c].n) for c in wrong}
+        if t.function == "block" and failures:
+            extra = self.block_lines(out)
+            out.shown += extra
+            out.hidden += extra
+        unknown = {c: (block_mod.cannot_show if self.course.block is not None else diagnosis.cannot_show)(
+            self.course.configurations[c], self._refs[c].n) for c in wrong}
         lines, plain = diagnosis.naming(wrong, matched, bugs, unknown)
         out.named = sorted({b for c in wrong for b in matched.get(c, [])
                             if all(b in matched[w] or b in unknown[w] for w in wrong)})
@@ -671,6 +714,21 @@ class Grader:
             numberless[NUMBER.sub("…", h)] += [c for c in on if c not in numberless[NUMBER.sub("…", h)]]
         out.hidden += hint_lines(numberless)
         return out
+
+    def block_lines(self, out: Explained) -> list[str]:
+        """What a failing block's own functions say about it: fix theirs first, or, when they all pass, its
+        wiring (the residual sums, where the norms go, the final norm) is what is wrong."""
+        tested = [f for f in CALLEES["block"] if any(t.function == f for t in self.course.tests)]
+        failed = [f for f in tested if f in self._failed_any]
+        if failed:
+            out.no_pointer = True
+            return [f"block runs your functions, so it also shows their mistakes: {', '.join(failed)} "
+                    f"fail{'s' * (len(failed) == 1)} {'its' if len(failed) == 1 else 'their'} own test. Fix that first."]
+        if not tested:
+            return []
+        return [f"Every function block calls passes ({', '.join(tested)}), so the wiring in block is wrong: the "
+                "residual sums, where each norm goes (pre- or post-norm), the final norm, or what it passes to each "
+                "function."]
 
     def wiring(self, t: Test, cname: str) -> list[str]:
         """The known mistakes that reproduce the layer's answers on one configuration, recomputed from the
@@ -730,8 +788,9 @@ class Grader:
                      explained: Explained, redact: bool) -> str:
         course = self.course
         n = len(t.configurations)
-        fn = FUNCTIONS[t.function]
-        graded = f"graded as {t.stage}" if t.stage else f"graded as {', '.join(fn.stages)}"
+        fn = ALL_FUNCTIONS[t.function]
+        stages = [s for s in fn.stages if any(s in self._refs[c].arrays for c in t.configurations)] or fn.stages
+        graded = f"graded as {t.stage}" if t.stage else f"graded as {', '.join(stages)}"
         if redact:
             kind = "hidden " if t.hidden else ""
             if not failures:
@@ -771,7 +830,7 @@ class Grader:
         if explained.shown:
             lines.append("")
             lines += explained.shown
-        if t.function != "multi_head_attention":
+        if t.function not in WHOLE:
             lines.append("")
             lines.append(f"{t.function} was given the reference's own inputs, so this is about {t.function} alone.")
         return "\n".join(lines)

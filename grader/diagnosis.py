@@ -55,7 +55,12 @@ def about_position(name: str) -> bool:
 
 
 def engine_trace(c: Configuration, seed: int) -> engine.Trace:
-    """The engine's trace of one configuration with its weights (scaled by ``weight_scale``)."""
+    """The engine's trace of one configuration with its weights (scaled by ``weight_scale``); in a block course,
+    the one-block stack's (``block.block_trace``)."""
+    if c.block is not None:
+        from .block import block_trace
+
+        return block_trace(c, seed)
     config = TraceConfig(d_model=c.d_model, num_heads=c.num_heads, causal=c.causal, seed=seed)
     return engine.trace(config, sentence=c.sentence, tokens=None if c.tokens is None else list(c.tokens),
                         parameters=c.parameters(seed))
@@ -263,9 +268,12 @@ def wiring_matches(t: engine.Trace, answers: Mapping[str, tuple[np.ndarray, np.n
     """The known mistakes that reproduce a layer's answers (stage -> (values, masked)), recomputed from the
     layer's own inputs, in the engine's order."""
     out = []
-    for bug in engine.applicable_bugs(t.config, t.n_tokens):
+    explicit = t.input_source == "explicit"  # a block course's attention, traced on its own input
+    for bug in engine.applicable_bugs(t.config, t.n_tokens, explicit_input=explicit):
         if _agrees(engine.recompute_values(t, bug), answers, tol):
             out.append(bug.name)
+    if explicit:  # no embeddings to take x for: the encoding's mistakes are not the layer's there
+        return out
     for name, bug in engine.BUGS.items():
         if not as_embeddings(bug) or name in out or engine.bugs.refusal(bug, t.config, t.n_tokens) is not None:
             continue

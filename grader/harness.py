@@ -17,8 +17,8 @@ The protocol, one JSON object per line:
   ``{"event": "error", "seq": k, "error": {...}}``;
 * from the grader (CTRL_IN): ``{"op": "call", "seq": k, "function": name, "input":
   path, "args": [...], "kwargs": {...}, "result": "array" | "stages", "stages": [...]}``
-  (arrays are in the input ``.npz``; an argument is ``{"array": key}`` or
-  ``{"value": v}``), or ``{"op": "exit"}``.
+  (arrays are in the input ``.npz``; an argument is ``{"array": key}``,
+  ``{"value": v}`` or ``{"dict": {name: argument}}``), or ``{"op": "exit"}``.
 
 A call is answered before the grader sends the next one, and the grader never
 sends an input that holds the answer to an earlier call it has not received.
@@ -210,6 +210,8 @@ def main(argv: list[str]) -> None:
                 arrays = {k: data[k] for k in data.files}
 
             def arg(a):
+                if "dict" in a:  # block's params: a dict of arrays (and eps)
+                    return {str(k): arg(v) for k, v in a["dict"].items()}
                 return arrays[a["array"]].copy() if "array" in a else a["value"]
 
             args = [arg(a) for a in msg["args"]]

@@ -121,7 +121,7 @@ class Call:
     key: Any  # the caller's id for it
     function: str
     arrays: dict[str, np.ndarray]
-    args: list[dict[str, Any]]  # {"array": name} or {"value": json}
+    args: list[dict[str, Any]]  # {"array": name}, {"value": json} or {"dict": {name: one of these}}
     kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
     result: str = "array"  # or "stages": a dict of these stage arrays
     stages: list[str] = field(default_factory=list)

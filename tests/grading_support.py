@@ -188,3 +188,26 @@ PRAIRIELEARN_SCHEMA = {
     "else": {"not": {"required": ["score"]}},
     "additionalProperties": False,
 }
+
+
+# ------------------------------------------------------------------ block courses (tests/test_grader_block.py)
+
+#: each block course file -> the folder of its students (each named for its known mistake, or correct)
+BLOCK_COURSES: dict[str, Path] = {"course-block.toml": STUDENTS / "block",
+                                  "course-block-llama.toml": STUDENTS / "block_llama",
+                                  "course-block-vaswani.toml": STUDENTS / "block_vaswani"}
+BLOCK_CORRECT = {"correct", "float32"}
+BLOCK_WHOLE = {"block", "block (hidden)"}
+#: the block students' mistakes -> the function it is in (its test, then block's, fail; both name it), or None
+#: for a mistake of block itself (every function it calls passes; block's tests name it)
+BLOCK_MISTAKE_IN: dict[str, str | None] = {
+    "norm_over_tokens": "norm", "unbiased_variance": "norm", "eps_outside_sqrt": "norm",
+    "gelu_approximation_swapped": "ffn", "ffn_without_activation": "ffn", "swiglu_gate_up_swapped": "ffn",
+    "residual_forgotten": None, "post_norm_for_pre_norm": None, "pre_norm_for_post_norm": None,
+    "final_norm_forgotten": None,
+}
+
+
+def block_students() -> list[tuple[str, Path]]:
+    """(course file name, student file) of every shipped block student."""
+    return [(course, p) for course, folder in BLOCK_COURSES.items() for p in sorted(folder.glob("*.py"))]
