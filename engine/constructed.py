@@ -1,0 +1,389 @@
+"""Constructed heads: attention heads with a known job, their weights written by hand in closed form.
+
+A trace's heads are ``seeded`` (random weights from SHAKE-256, ``engine.params``) unless ``TraceConfig.heads``
+names a job for them, as tracr compiles a program into weights:
+
+* ``previous_token``: each query attends to the token before it;
+* ``same_token``: each query attends to the earlier occurrences of its own token;
+* ``first_token``: every query attends to position 0 (an attention sink);
+* ``induction``: two layers. Layer 0's head is a previous-token head that writes "my previous token" into the
+  residual stream; layer 1's matches the query's token against it, so on "A B … A" the last A attends to the B
+  after the first A, and the head's output copies B's embedding.
+
+Why a layout. The seeded input x = E + PE mixes token and position in every coordinate, with the same
+magnitude: a linear head on it sees both, and the cross terms are as large as the signal (measured:
+previous-token ≥ 0.9 on under 11 % of queries, same-token never; docs/engine.md, "Constructed heads"). So a
+trace with a constructed head lays x out as tracr does, the residual stream split into named subspaces
+(``Layout``), each written by one thing:
+
+    x = [ token (t) | previous token (t, induction only) | position code (2·P) | 1 ]        d_model columns
+
+* token: the seeded embedding of width t (the stream of a d_model = t trace), scaled to unit length;
+* position code: pairs (sin(ω_f·pos), cos(ω_f·pos)) with ω_f = π/2^f, f < P = 8 (a sinusoidal encoding whose
+  frequencies halve, like the bits of pos), so K(δ) = PE(p)·PE(p + δ) = Σ_f cos(π·δ/2^f) is P at δ = 0 and at
+  most P − 2 for every other |δ| < 2^P = 256;
+* 1: a constant coordinate, the bias a query reads when it asks for a fixed position.
+
+Seeded heads of the same trace keep their seeded weights and read that x. Seeded requests never get here:
+their input and weights are engine 1.0's, bit for bit.
+
+Every matrix below is [d_k, d_model] (W_Q, W_K, W_V of one head) or the head's [d_model, d_k] block of W_O.
+``gain`` is sharpness × the divisor of stage 7 (√d_k, or 1 without scaling), so the scaled scores are
+sharpness × the closed form.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from .errors import EngineError, InvalidSizeError, VariantConflictError
+from .params import (
+    BlockParameters,
+    LayerParameters,
+    Parameters,
+    generate_parameters,
+    parameters_digest,
+    token_embedding_vector,
+)
+
+SEEDED = "seeded"
+HEAD_KINDS: tuple[str, ...] = (SEEDED, "previous_token", "same_token", "first_token", "induction")
+#: pairs of the position code: positions 0 … 2^P − 1 are told apart (P = 8: the engine's default 256 tokens)
+POSITION_PAIRS = 8
+MAX_POSITIONS = 2**POSITION_PAIRS
+#: how many coordinates of the token subspace a token-matching head must read at least (below it seeded
+#: embeddings are too far from orthogonal to tell tokens apart)
+MIN_MATCH_DIMS = 12
+#: a token match (a cosine, 1 for the same token) counts this many times a unit of the position code (K/2),
+#: so that it outweighs the position term's spread (P − 1 units) in a same-token head
+TOKEN_GAIN = 4.0 * POSITION_PAIRS
+DEFAULT_SHARPNESS = 10.0
+SHARPNESS_MAX = 1000.0
+
+
+# ------------------------------------------------------------------ the layout of x
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each named subspace of x lives (column ranges of d_model)."""
+
+    d_model: int
+    t: int  # width of the token subspace (and of the previous-token one)
+    previous: bool  # whether there is a previous-token subspace (a trace with an induction head)
+
+    @property
+    def token(self) -> slice:
+        return slice(0, self.t)
+
+    @property
+    def previous_token(self) -> slice:
+        return slice(self.t, 2 * self.t)
+
+    @property
+    def position(self) -> slice:
+        return slice(self.d_model - 1 - 2 * POSITION_PAIRS, self.d_model - 1)
+
+    @property
+    def one(self) -> int:
+        return self.d_model - 1
+
+
+def layout(d_model: int, kinds: tuple[str, ...]) -> Layout:
+    """The layout of a trace whose heads are ``kinds``: the position code and the 1 at the end, the rest shared
+    by the token subspace and, with an induction head, the previous-token subspace.
+
+    t is as wide as fits, but no wider than every head can read whole (d_k, or d_k − 2P beside a same-token
+    head's position coordinates): then a token match is a cosine of unit vectors, exactly 1 for the same token."""
+    previous = "induction" in kinds
+    free = (d_model - 2 * POSITION_PAIRS - 1) // (2 if previous else 1)
+    d_k = d_model // len(kinds)
+    readable = min([d_k] + [d_k - _POSITION_ROWS[k] for k in kinds if k in _POSITION_ROWS])
+    return Layout(d_model, max(min(free, readable), 0), previous)
+
+
+#: coordinates a token-matching head spends on position beside its token match (see same_token_head and
+#: induction_match_head): the rest of d_k reads the token subspace
+_POSITION_ROWS = {"same_token": 2 * POSITION_PAIRS, "induction": POSITION_PAIRS}
+
+
+def omegas() -> np.ndarray:
+    """The position code's frequencies ω_f = π/2^f, f < P."""
+    return math.pi / 2.0 ** np.arange(POSITION_PAIRS)  # [P]
+
+
+def position_kernel(delta: np.ndarray) -> np.ndarray:
+    """K(δ) = PE(p)·PE(p + δ) = Σ_f cos(π·δ/2^f): P at δ = 0, at most P − 2 for 0 < |δ| < 2^P."""
+    d = np.asarray(delta, dtype=np.float64)[..., None]  # [..., 1]
+    return np.cos(d * omegas()).sum(axis=-1)  # [..., P] -> [...]
+
+
+def position_code(n: int) -> np.ndarray:
+    """(sin(ω_f·pos), cos(ω_f·pos)) for f < P, interleaved, positions 0 … n − 1."""
+    pos = np.arange(n)[:, None]  # [n, 1]
+    period = 2 ** (np.arange(POSITION_PAIRS) + 1)  # [P]: ω_f·pos repeats every 2^(f+1) positions
+    angle = np.mod(pos, period) * omegas()  # [n, P], reduced exactly first so large pos loses no bits
+    code = np.empty((n, 2 * POSITION_PAIRS))  # [n, 2P]
+    code[:, 0::2], code[:, 1::2] = np.sin(angle), np.cos(angle)
+    return code
+
+
+def layout_token_embeddings(seed: int, lay: Layout, texts: list[str]) -> np.ndarray:
+    """Stage 2 in the layout: each token's seeded vector of width t, at unit length, in the token subspace."""
+    out = np.zeros((len(texts), lay.d_model))  # [n, d_model]
+    for i, text in enumerate(texts):  # per token: the seeded vectors are cached
+        e = token_embedding_vector(seed, lay.t, text)  # [t]
+        out[i, lay.token] = e / np.linalg.norm(e)
+    return out
+
+
+def layout_positional_encoding(n: int, lay: Layout) -> np.ndarray:
+    """Stage 3 in the layout: the position code in its subspace, and the constant 1."""
+    out = np.zeros((n, lay.d_model))  # [n, d_model]
+    out[:, lay.position] = position_code(n)  # [n, 2P]
+    out[:, lay.one] = 1.0
+    return out
+
+
+# ------------------------------------------------------------------ one head each: (W_Q, W_K, W_V, W_O block)
+
+
+def _copy_values(lay: Layout, d_k: int, into: slice) -> tuple[np.ndarray, np.ndarray]:
+    """The OV circuit every constructed head has: V reads the token subspace (its first min(t, d_k)
+    coordinates), W_O writes them back into ``into`` (the token subspace, or the previous-token one)."""
+    m = min(lay.t, d_k)
+    W_V = np.zeros((d_k, lay.d_model))  # [d_k, d_model]
+    W_V[np.arange(m), np.arange(lay.token.start, lay.token.start + m)] = 1.0
+    W_O = np.zeros((lay.d_model, d_k))  # [d_model, d_k]: this head's columns of W_O
+    W_O[np.arange(into.start, into.start + m), np.arange(m)] = 1.0
+    return W_V, W_O
+
+
+def previous_token_head(lay: Layout, d_k: int, gain: float, into: slice | None = None) -> tuple[np.ndarray, ...]:
+    """Scores sharpness·K(i − 1 − j)/2: key i − 1 has the query's position code turned back by one step.
+
+    PE(p − 1) = R_f·PE(p) in each pair, R_f = [[cos ω_f, −sin ω_f], [sin ω_f, cos ω_f]] acting on (sin, cos):
+    W_Q applies R_f, W_K reads the code, so qᵢ·kⱼ = PE(i − 1)·PE(j)."""
+    W_Q = np.zeros((d_k, lay.d_model))  # [d_k, d_model]
+    W_K = np.zeros((d_k, lay.d_model))  # [d_k, d_model]
+    p0 = lay.position.start
+    for f, w in enumerate(omegas()):  # one 2×2 block per frequency pair
+        rows, cols = slice(2 * f, 2 * f + 2), slice(p0 + 2 * f, p0 + 2 * f + 2)
+        W_Q[rows, cols] = gain / 2.0 * np.array([[math.cos(w), -math.sin(w)], [math.sin(w), math.cos(w)]])
+        W_K[rows, cols] = np.eye(2)
+    W_V, W_O = _copy_values(lay, d_k, lay.token if into is None else into)
+    return W_Q, W_K, W_V, W_O
+
+
+def first_token_head(lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray, ...]:
+    """Scores sharpness·K(j)/2: the query reads the constant 1 into P coordinates, the key the cos of each pair,
+    so qᵢ·kⱼ = Σ_f cos(ω_f·j), largest at j = 0 whatever the query."""
+    W_Q = np.zeros((d_k, lay.d_model))  # [d_k, d_model]
+    W_K = np.zeros((d_k, lay.d_model))  # [d_k, d_model]
+    f = np.arange(POSITION_PAIRS)  # [P]
+    W_Q[f, lay.one] = gain / 2.0
+    W_K[f, lay.position.start + 2 * f + 1] = 1.0
+    W_V, W_O = _copy_values(lay, d_k, lay.token)
+    return W_Q, W_K, W_V, W_O
+
+
+def same_token_head(lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray, ...]:
+    """Scores sharpness·(TOKEN_GAIN·Eᵢ·Eⱼ − K(i − j)/2) on m = min(t, d_k − 2P) token coordinates.
+
+    The token term is the same for the query itself and every copy of its token; the position term takes
+    one unit more from the query itself than from any other key, so the earlier copies win (under the causal
+    mask; without it, every other copy)."""
+    m = min(lay.t, d_k - 2 * POSITION_PAIRS)
+    W_Q = np.zeros((d_k, lay.d_model))  # [d_k, d_model]
+    W_K = np.zeros((d_k, lay.d_model))  # [d_k, d_model]
+    tok = np.arange(m)  # [m]
+    W_Q[tok, lay.token.start + tok] = gain * TOKEN_GAIN
+    W_K[tok, lay.token.start + tok] = 1.0
+    pos = np.arange(2 * POSITION_PAIRS)  # [2P]
+    W_Q[m + pos, lay.position.start + pos] = -gain / 2.0
+    W_K[m + pos, lay.position.start + pos] = 1.0
+    W_V, W_O = _copy_values(lay, d_k, lay.token)
+    return W_Q, W_K, W_V, W_O
+
+
+def induction_match_head(lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray, ...]:
+    """Layer 1 of an induction head: scores sharpness·(TOKEN_GAIN·Eᵢ·Pⱼ − K(j)/2), the query's token against
+    the key's previous token Pⱼ (written by layer 0) on m = min(t, d_k − P) coordinates, less a first-token term:
+    position 0 has no previous token (under the causal mask layer 0 copies its own token there), so key 0 takes
+    one unit more than any other. V copies the key's own token."""
+    m = min(lay.t, d_k - POSITION_PAIRS)
+    W_Q = np.zeros((d_k, lay.d_model))  # [d_k, d_model]
+    W_K = np.zeros((d_k, lay.d_model))  # [d_k, d_model]
+    r = np.arange(m)  # [m]
+    W_Q[r, lay.token.start + r] = gain * TOKEN_GAIN
+    W_K[r, lay.previous_token.start + r] = 1.0
+    f = np.arange(POSITION_PAIRS)  # [P]
+    W_Q[m + f, lay.one] = -gain / 2.0
+    W_K[m + f, lay.position.start + 2 * f + 1] = 1.0
+    W_V, W_O = _copy_values(lay, d_k, lay.token)
+    return W_Q, W_K, W_V, W_O
+
+
+def head_weights(kind: str, layer: int, lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray, ...]:
+    """One constructed head's W_Q, W_K, W_V [d_k, d_model] and W_O block [d_model, d_k], in layer ``layer``."""
+    if kind == "previous_token":
+        return previous_token_head(lay, d_k, gain)
+    if kind == "first_token":
+        return first_token_head(lay, d_k, gain)
+    if kind == "same_token":
+        return same_token_head(lay, d_k, gain)
+    if layer == 0:  # induction, layer 0: a previous-token head writing into the previous-token subspace
+        return previous_token_head(lay, d_k, gain, into=lay.previous_token)
+    return induction_match_head(lay, d_k, gain)
+
+
+def constructed_attention(seeded: Parameters, kinds: tuple[str, ...], layer: int, lay: Layout,
+                          gain: float) -> Parameters:
+    """A layer's attention weights: the seeded ones, with each constructed head's W_Qᵢ, W_Kᵢ, W_Vᵢ and its
+    columns of W_O replaced."""
+    W_Q, W_K, W_V, W_O = (np.array(a) for a in (seeded.W_Q, seeded.W_K, seeded.W_V, seeded.W_O))  # writable copies
+    d_k = seeded.d_k
+    for i, kind in enumerate(kinds):
+        if kind == SEEDED:
+            continue
+        W_Q[i], W_K[i], W_V[i], W_O[:, i * d_k:(i + 1) * d_k] = head_weights(kind, layer, lay, d_k, gain)
+    for a in (W_Q, W_K, W_V, W_O):
+        a.setflags(write=False)
+    return Parameters(W_Q, W_K, W_V, W_O)
+
+
+@lru_cache(maxsize=16)  # per configuration: the weights and their digest are asked for on every trace
+def constructed_parameters(seed: int, d_model: int, num_heads: int, kinds: tuple[str, ...], gain: float
+                           ) -> Parameters:
+    """One attention layer's weights with constructed heads."""
+    return constructed_attention(generate_parameters(seed, d_model, num_heads), kinds, 0,
+                                 layout(d_model, kinds), gain)
+
+
+def constructed_block_parameters(seeded: BlockParameters, kinds: tuple[str, ...], gain: float) -> BlockParameters:
+    """A stack's weights with constructed heads: each layer's attention as ``constructed_attention``, and every
+    feed-forward network zero (W_1 = W_2 (= W_3) = 0), as tracr's attention-only layers: a seeded FFN would add
+    noise as large as the signal to every subspace. The norms stay the configuration's."""
+    lay = layout(seeded.layers[0].attention.d_model, kinds)
+    layers = []
+    for i, p in enumerate(seeded.layers):
+        zero = {name: _zeros(W.shape) for name, W in (("W_1", p.W_1), ("W_2", p.W_2), ("W_3", p.W_3))
+                if W is not None}
+        layers.append(LayerParameters(constructed_attention(p.attention, kinds, i, lay, gain), p.norm1, p.norm2,
+                                      **zero))
+    return BlockParameters(tuple(layers), seeded.final_norm)
+
+
+def _zeros(shape: tuple[int, ...]) -> np.ndarray:
+    a = np.zeros(shape)
+    a.setflags(write=False)
+    return a
+
+
+# ------------------------------------------------------------------ the rules
+
+
+def min_d_k(kind: str) -> int:
+    """How many coordinates a head of this kind needs (d_k = d_model / num_heads at least this)."""
+    return {"previous_token": 2 * POSITION_PAIRS, "first_token": POSITION_PAIRS,
+            "same_token": 2 * POSITION_PAIRS + MIN_MATCH_DIMS,
+            "induction": max(2 * POSITION_PAIRS, POSITION_PAIRS + MIN_MATCH_DIMS)}.get(kind, 0)
+
+
+def min_d_model(kinds: tuple[str, ...]) -> int:
+    """The smallest d_model whose layout holds the position code, the 1 and a token subspace of MIN_MATCH_DIMS
+    (two of them with an induction head)."""
+    return 2 * POSITION_PAIRS + 1 + MIN_MATCH_DIMS * (2 if "induction" in kinds else 1)
+
+
+def head_conflicts(heads: Any, sharpness: Any, *, d_model: int, num_heads: int, num_layers: int, block: bool,
+                   rope: bool, grouped: bool) -> list[EngineError]:
+    """Every problem with ``heads`` (None: all seeded) and ``sharpness``, in the order a reader fixes them."""
+    if not isinstance(sharpness, (int, float)) or isinstance(sharpness, bool) or not math.isfinite(sharpness) \
+            or not 0 < sharpness <= SHARPNESS_MAX:
+        problems: list[EngineError] = [InvalidSizeError(
+            f"sharpness must be a number above 0 and at most {SHARPNESS_MAX:g}, got {sharpness!r}",
+            field="sharpness")]
+    else:
+        problems = []
+    if heads is None:
+        return problems
+    if not isinstance(heads, tuple) or not all(isinstance(k, str) for k in heads):
+        return [*problems, InvalidSizeError("heads must be a list of head kinds, one per head", field="heads")]
+    options = ", ".join(f'"{k}"' for k in HEAD_KINDS)
+    problems += [InvalidSizeError(f"heads[{i}] must be one of {options}, got {kind[:64]!r}", field=f"heads/{i}",
+                                  code="unknown_head_kind")
+                 for i, kind in enumerate(heads) if kind not in HEAD_KINDS]
+    if len(heads) != num_heads:
+        problems.append(InvalidSizeError(
+            f"heads names {len(heads)} head kinds but num_heads is {num_heads}: give one kind per head "
+            '("seeded" for a head with seeded weights)', field="heads", code="heads_length"))
+    if problems:
+        return problems
+    kinds = heads
+    if all(k == SEEDED for k in kinds):
+        return []
+    if rope:
+        problems.append(VariantConflictError(
+            'constructed heads read the position code added to x, and with positional_encoding "rope" nothing is '
+            'added; use "sinusoidal" (the default), or "seeded" heads', field="heads", code="constructed_needs_pe"))
+    if grouped:
+        problems.append(VariantConflictError(
+            "constructed heads have their own W_K and W_V, so K/V heads cannot be shared: drop num_kv_heads",
+            field="heads", code="constructed_needs_mha"))
+    if "induction" in kinds and num_layers < 2:
+        problems.append(VariantConflictError(
+            "an induction head takes two layers (a previous-token head in layer 0, the match in layer 1): give "
+            'num_layers 2 or more with a block (e.g. block "vaswani2017")', field="heads",
+            code="induction_needs_layers"))
+    d_k = d_model // num_heads
+    if d_model < min_d_model(kinds):
+        problems.append(InvalidSizeError(
+            f"d_model {d_model} is too small for these constructed heads: x holds a position code of "
+            f"{2 * POSITION_PAIRS}, a constant 1 and {'two token subspaces' if 'induction' in kinds else 'a token subspace'}"
+            f" of at least {MIN_MATCH_DIMS} coordinates, so d_model must be at least {min_d_model(kinds)}",
+            field="d_model", code="d_model_too_small"))
+    short = [(i, k) for i, k in enumerate(kinds) if d_k < min_d_k(k)]
+    for i, kind in short:
+        problems.append(InvalidSizeError(
+            f"heads[{i}] ({kind}) needs d_k ≥ {min_d_k(kind)}, and d_k = d_model / num_heads = {d_k}: use fewer "
+            "heads or a larger d_model", field=f"heads/{i}", code="d_k_too_small"))
+    return problems
+
+
+def trace_conflicts(*, constructed: bool, input_given: bool, parameters_given: bool,
+                    cross: bool) -> list[EngineError]:
+    """What a trace with constructed heads cannot take: its weights and x are the construction's."""
+    if not constructed:
+        return []
+    problems: list[EngineError] = []
+    if input_given:
+        problems.append(VariantConflictError(
+            "constructed heads read x laid out in subspaces (token, position code, 1), which the engine builds from "
+            "the tokens: drop input, or make every head \"seeded\"", field="input", code="constructed_input"))
+    if parameters_given:
+        problems.append(VariantConflictError(
+            "constructed heads come with their own weights: drop parameters, or make every head \"seeded\"",
+            field="parameters", code="constructed_parameters"))
+    if cross:
+        problems.append(VariantConflictError(
+            "constructed heads are self-attention heads: drop the context, or make every head \"seeded\"",
+            field="heads", code="constructed_cross"))
+    return problems
+
+
+def gain_of(sharpness: float, scale_factor: float) -> float:
+    """What W_Q multiplies its closed form by: sharpness, and stage 7's divisor undone."""
+    return float(sharpness) * scale_factor
+
+
+@lru_cache(maxsize=16)
+def constructed_parameters_digest(seed: int, d_model: int, num_heads: int, kinds: tuple[str, ...],
+                                  gain: float) -> str:
+    """``parameters_digest`` of ``constructed_parameters``, once per configuration."""
+    return parameters_digest(constructed_parameters(seed, d_model, num_heads, kinds, gain))
