@@ -16,12 +16,14 @@ previous-token ≥ 0.9 on under 11 % of queries, same-token never; docs/engine.m
 trace with a constructed head lays x out as tracr does, the residual stream split into named subspaces
 (``Layout``), each written by one thing:
 
-    x = [ token (t) | previous token (t, induction only) | position code (2·P) | 1 ]        d_model columns
+    x = [ token (t) | previous token (t, induction only) | 0 | position code (2·P) | 1 ]    d_model columns
 
 * token: the seeded embedding of width t (the stream of a d_model = t trace), scaled to unit length;
 * position code: pairs (sin(ω_f·pos), cos(ω_f·pos)) with ω_f = π/2^f, f < P = 8 (a sinusoidal encoding whose
   frequencies halve, like the bits of pos), so K(δ) = PE(p)·PE(p + δ) = Σ_f cos(π·δ/2^f) is P at δ = 0 and at
   most P − 2 for every other |δ| < 2^P = 256;
+* 0: a coordinate left empty, which every constructed row reads with minus the row's sum, so that a
+  LayerNorm's centring (a stack's norms) leaves every constructed score unchanged;
 * 1: a constant coordinate, the bias a query reads when it asks for a fixed position.
 
 Seeded heads of the same trace keep their seeded weights and read that x. Seeded requests never get here:
@@ -86,6 +88,12 @@ class Layout:
         return slice(self.t, 2 * self.t)
 
     @property
+    def zero(self) -> int:
+        """A coordinate x leaves at 0: each constructed row reads it with minus the row's sum, so a row adds
+        nothing for a constant vector, and LayerNorm's centring (x − μ·1) changes no score."""
+        return self.d_model - 2 - 2 * POSITION_PAIRS
+
+    @property
     def position(self) -> slice:
         return slice(self.d_model - 1 - 2 * POSITION_PAIRS, self.d_model - 1)
 
@@ -101,7 +109,7 @@ def layout(d_model: int, kinds: tuple[str, ...]) -> Layout:
     t is as wide as fits, but no wider than every head can read whole (d_k, or d_k − 2P beside a same-token
     head's position coordinates): then a token match is a cosine of unit vectors, exactly 1 for the same token."""
     previous = "induction" in kinds
-    free = (d_model - 2 * POSITION_PAIRS - 1) // (2 if previous else 1)
+    free = (d_model - 2 * POSITION_PAIRS - 2) // (2 if previous else 1)
     d_k = d_model // len(kinds)
     readable = min([d_k] + [d_k - _POSITION_ROWS[k] for k in kinds if k in _POSITION_ROWS])
     return Layout(d_model, max(min(free, readable), 0), previous)
@@ -230,16 +238,26 @@ def induction_match_head(lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray
 
 
 def head_weights(kind: str, layer: int, lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray, ...]:
-    """One constructed head's W_Q, W_K, W_V [d_k, d_model] and W_O block [d_model, d_k], in layer ``layer``."""
+    """One constructed head's W_Q, W_K, W_V [d_k, d_model] and W_O block [d_model, d_k], in layer ``layer``,
+    each row of W_Q, W_K, W_V made blind to constant vectors (``centred``)."""
     if kind == "previous_token":
-        return previous_token_head(lay, d_k, gain)
-    if kind == "first_token":
-        return first_token_head(lay, d_k, gain)
-    if kind == "same_token":
-        return same_token_head(lay, d_k, gain)
-    if layer == 0:  # induction, layer 0: a previous-token head writing into the previous-token subspace
-        return previous_token_head(lay, d_k, gain, into=lay.previous_token)
-    return induction_match_head(lay, d_k, gain)
+        W_Q, W_K, W_V, W_O = previous_token_head(lay, d_k, gain)
+    elif kind == "first_token":
+        W_Q, W_K, W_V, W_O = first_token_head(lay, d_k, gain)
+    elif kind == "same_token":
+        W_Q, W_K, W_V, W_O = same_token_head(lay, d_k, gain)
+    elif layer == 0:  # induction, layer 0: a previous-token head writing into the previous-token subspace
+        W_Q, W_K, W_V, W_O = previous_token_head(lay, d_k, gain, into=lay.previous_token)
+    else:
+        W_Q, W_K, W_V, W_O = induction_match_head(lay, d_k, gain)
+    return centred(W_Q, lay), centred(W_K, lay), centred(W_V, lay), W_O
+
+
+def centred(W: np.ndarray, lay: Layout) -> np.ndarray:
+    """W with column ``zero`` set to minus each row's sum: W·1 = 0, so W·(x − μ·1) = W·x for any μ (x's zero
+    coordinate is 0, so W·x itself is unchanged)."""
+    W[:, lay.zero] = -W.sum(axis=1)  # [d_k]
+    return W
 
 
 def constructed_attention(seeded: Parameters, kinds: tuple[str, ...], layer: int, lay: Layout,
@@ -298,7 +316,7 @@ def min_d_k(kind: str) -> int:
 def min_d_model(kinds: tuple[str, ...]) -> int:
     """The smallest d_model whose layout holds the position code, the 1 and a token subspace of MIN_MATCH_DIMS
     (two of them with an induction head)."""
-    return 2 * POSITION_PAIRS + 1 + MIN_MATCH_DIMS * (2 if "induction" in kinds else 1)
+    return 2 * POSITION_PAIRS + 2 + MIN_MATCH_DIMS * (2 if "induction" in kinds else 1)
 
 
 def head_conflicts(heads: Any, sharpness: Any, *, d_model: int, num_heads: int, num_layers: int, block: bool,
@@ -345,7 +363,7 @@ def head_conflicts(heads: Any, sharpness: Any, *, d_model: int, num_heads: int, 
     if d_model < min_d_model(kinds):
         problems.append(InvalidSizeError(
             f"d_model {d_model} is too small for these constructed heads: x holds a position code of "
-            f"{2 * POSITION_PAIRS}, a constant 1 and {'two token subspaces' if 'induction' in kinds else 'a token subspace'}"
+            f"{2 * POSITION_PAIRS}, a constant 1, an empty coordinate and {'two token subspaces' if 'induction' in kinds else 'a token subspace'}"
             f" of at least {MIN_MATCH_DIMS} coordinates, so d_model must be at least {min_d_model(kinds)}",
             field="d_model", code="d_model_too_small"))
     short = [(i, k) for i, k in enumerate(kinds) if d_k < min_d_k(k)]

@@ -618,11 +618,11 @@ _KV_NOTE = ": one per K/V head j; query head i reads K/V head ⌊i·num_kv_heads
 #: stages 2–4 when a head is constructed: x laid out in subspaces (engine.constructed; never with RoPE or a context)
 _LAYOUT_STEPS: tuple[Step, ...] = (
     Step("token_embedding", C.layout_token_embeddings, ("seed", "layout", "tokens"),
-         "E[token] = [ê | 0 | 0 | 0], ê the seeded vector of width t at unit length (token subspace)"),
+         "E[token] = [ê | 0 | 0 | 0 | 0], ê the seeded vector of width t at unit length (token subspace)"),
     Step("positional_encoding", C.layout_positional_encoding, ("n", "layout"),
-         f"PE(pos) = [0 | 0 | sin(π·pos/2^f), cos(π·pos/2^f) for f < {C.POSITION_PAIRS} | 1] (position subspace)"),
+         f"PE(pos) = [0 | 0 | 0 | sin(π·pos/2^f), cos(π·pos/2^f) for f < {C.POSITION_PAIRS} | 1] (position subspace)"),
     Step("input", A.add_positional_encoding, ("token_embedding", "positional_encoding"), "x = E + PE",
-         note=" (the constructed heads' layout: token, previous token, position code, 1)"),
+         note=" (the constructed heads' layout: token, previous token, 0, position code, 1)"),
 )
 
 

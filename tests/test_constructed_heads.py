@@ -145,7 +145,9 @@ def test_the_trace_carries_the_constructed_matrices_and_says_which_heads_they_ar
         w = math.pi / 2**f
         block = W_Q[2 * f:2 * f + 2, p0 + 2 * f:p0 + 2 * f + 2]
         np.testing.assert_allclose(block, s / 2 * np.array([[math.cos(w), -math.sin(w)], [math.sin(w), math.cos(w)]]))
-    assert not W_Q[:, :p0].any() and not W_Q[16:].any()  # it reads the position code only, in 16 coordinates
+    assert not W_Q[:, :lay.zero].any() and not W_Q[16:].any()  # only the code (and the zero), in 16 coordinates
+    for name in ("W_Q", "W_K", "W_V"):  # every constructed row is blind to 1: a LayerNorm's centring changes nothing
+        assert np.abs(getattr(t.parameters, name)[:2] @ np.ones(64)).max() < 1e-12
     np.testing.assert_array_equal(t.parameters.W_Q[1][:8, lay.one], s / 2)  # first-token: reads the constant 1
     assert t.parameters_digest != generated_parameters_digest(0, 64, 4)
 
