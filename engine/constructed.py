@@ -1,6 +1,6 @@
 """Constructed heads: attention heads with a known job, their weights written by hand in closed form.
 
-A trace's heads are ``seeded`` (random weights from SHAKE-256, ``engine.params``) unless ``TraceConfig.heads``
+A trace's heads are ``seeded`` (random weights from SHAKE-256, ``engine.params``) unless ``TraceConfig.head_weights``
 names a job for them, as tracr compiles a program into weights:
 
 * ``previous_token``: each query attends to the token before it;
@@ -319,9 +319,9 @@ def min_d_model(kinds: tuple[str, ...]) -> int:
     return 2 * POSITION_PAIRS + 2 + MIN_MATCH_DIMS * (2 if "induction" in kinds else 1)
 
 
-def head_conflicts(heads: Any, sharpness: Any, *, d_model: int, num_heads: int, num_layers: int, block: bool,
+def head_conflicts(head_weights: Any, sharpness: Any, *, d_model: int, num_heads: int, num_layers: int, block: bool,
                    rope: bool, grouped: bool) -> list[EngineError]:
-    """Every problem with ``heads`` (None: all seeded) and ``sharpness``, in the order a reader fixes them."""
+    """Every problem with ``head_weights`` (None: all seeded) and ``sharpness``, in the order a reader fixes them."""
     if not isinstance(sharpness, (int, float)) or isinstance(sharpness, bool) or not math.isfinite(sharpness) \
             or not 0 < sharpness <= SHARPNESS_MAX:
         problems: list[EngineError] = [InvalidSizeError(
@@ -329,48 +329,52 @@ def head_conflicts(heads: Any, sharpness: Any, *, d_model: int, num_heads: int, 
             field="sharpness")]
     else:
         problems = []
-    if heads is None:
+    if head_weights is None:
         return problems
-    if not isinstance(heads, tuple) or not all(isinstance(k, str) for k in heads):
-        return [*problems, InvalidSizeError("heads must be a list of head kinds, one per head", field="heads")]
+    if not isinstance(head_weights, tuple) or not all(isinstance(k, str) for k in head_weights):
+        return [*problems, InvalidSizeError("head_weights must be a list of head kinds, one per head",
+                                            field="head_weights")]
     options = ", ".join(f'"{k}"' for k in HEAD_KINDS)
-    problems += [InvalidSizeError(f"heads[{i}] must be one of {options}, got {kind[:64]!r}", field=f"heads/{i}",
+    problems += [InvalidSizeError(f"head_weights[{i}] must be one of {options}, got {kind[:64]!r}",
+                                  field=f"head_weights/{i}",
                                   code="unknown_head_kind")
-                 for i, kind in enumerate(heads) if kind not in HEAD_KINDS]
-    if len(heads) != num_heads:
+                 for i, kind in enumerate(head_weights) if kind not in HEAD_KINDS]
+    if len(head_weights) != num_heads:
         problems.append(InvalidSizeError(
-            f"heads names {len(heads)} head kinds but num_heads is {num_heads}: give one kind per head "
-            '("seeded" for a head with seeded weights)', field="heads", code="heads_length"))
+            f"head_weights names {len(head_weights)} head kinds but num_heads is {num_heads}: give one kind per head "
+            '("seeded" for a head with seeded weights)', field="head_weights", code="heads_length"))
     if problems:
         return problems
-    kinds = heads
+    kinds = head_weights
     if all(k == SEEDED for k in kinds):
         return []
     if rope:
         problems.append(VariantConflictError(
             'constructed heads read the position code added to x, and with positional_encoding "rope" nothing is '
-            'added; use "sinusoidal" (the default), or "seeded" heads', field="heads", code="constructed_needs_pe"))
+            'added; use "sinusoidal" (the default), or "seeded" heads', field="head_weights",
+            code="constructed_needs_pe"))
     if grouped:
         problems.append(VariantConflictError(
             "constructed heads have their own W_K and W_V, so K/V heads cannot be shared: drop num_kv_heads",
-            field="heads", code="constructed_needs_mha"))
+            field="head_weights", code="constructed_needs_mha"))
     if "induction" in kinds and num_layers < 2:
         problems.append(VariantConflictError(
             "an induction head takes two layers (a previous-token head in layer 0, the match in layer 1): give "
-            'num_layers 2 or more with a block (e.g. block "vaswani2017")', field="heads",
+            'num_layers 2 or more with a block (e.g. block "vaswani2017")', field="head_weights",
             code="induction_needs_layers"))
     d_k = d_model // num_heads
     if d_model < min_d_model(kinds):
+        tokens = "two token subspaces" if "induction" in kinds else "a token subspace"
         problems.append(InvalidSizeError(
             f"d_model {d_model} is too small for these constructed heads: x holds a position code of "
-            f"{2 * POSITION_PAIRS}, a constant 1, an empty coordinate and {'two token subspaces' if 'induction' in kinds else 'a token subspace'}"
-            f" of at least {MIN_MATCH_DIMS} coordinates, so d_model must be at least {min_d_model(kinds)}",
+            f"{2 * POSITION_PAIRS}, a constant 1, an empty coordinate and {tokens} of at least {MIN_MATCH_DIMS} "
+            f"coordinates, so d_model must be at least {min_d_model(kinds)}",
             field="d_model", code="d_model_too_small"))
     short = [(i, k) for i, k in enumerate(kinds) if d_k < min_d_k(k)]
     for i, kind in short:
         problems.append(InvalidSizeError(
-            f"heads[{i}] ({kind}) needs d_k ≥ {min_d_k(kind)}, and d_k = d_model / num_heads = {d_k}: use fewer "
-            "heads or a larger d_model", field=f"heads/{i}", code="d_k_too_small"))
+            f"head_weights[{i}] ({kind}) needs d_k ≥ {min_d_k(kind)}, and d_k = d_model / num_heads = {d_k}: use "
+            "fewer heads or a larger d_model", field=f"head_weights/{i}", code="d_k_too_small"))
     return problems
 
 
@@ -391,7 +395,7 @@ def trace_conflicts(*, constructed: bool, input_given: bool, parameters_given: b
     if cross:
         problems.append(VariantConflictError(
             "constructed heads are self-attention heads: drop the context, or make every head \"seeded\"",
-            field="heads", code="constructed_cross"))
+            field="head_weights", code="constructed_cross"))
     return problems
 
 

@@ -251,12 +251,12 @@ class TraceConfig:
     norm_eps: float | None = None
     norm_weights: NormWeights | None = None
     # Constructed heads (engine.constructed): one kind per head ("seeded", "previous_token", …); None is all seeded
-    heads: tuple[str, ...] | None = None
+    head_weights: tuple[str, ...] | None = None
     sharpness: float = C.DEFAULT_SHARPNESS  # the constructed heads' scores are sharpness × their closed form
 
     def __post_init__(self) -> None:
-        if isinstance(self.heads, list):  # hashable, as every field
-            object.__setattr__(self, "heads", tuple(self.heads))
+        if isinstance(self.head_weights, list):  # hashable, as every field
+            object.__setattr__(self, "head_weights", tuple(self.head_weights))
         head_dim(self.d_model, self.num_heads)  # raises on bad sizes or fractional d_k
         kv_heads(self.num_heads, self.num_kv_heads)  # raises unless it divides num_heads
         check_seed(self.seed)
@@ -277,7 +277,7 @@ class TraceConfig:
                    *window_conflicts(self.window, self.causal), *layer_conflicts(self.num_layers, self.has_block)])
         if self.max_tokens < 1:
             raise InvalidSizeError(f"max_tokens must be at least 1, got {self.max_tokens}", field="max_tokens")
-        raise_all(C.head_conflicts(self.heads, self.sharpness, d_model=self.d_model, num_heads=self.num_heads,
+        raise_all(C.head_conflicts(self.head_weights, self.sharpness, d_model=self.d_model, num_heads=self.num_heads,
                                    num_layers=self.num_layers, block=self.has_block, rope=self.rope,
                                    grouped=self.grouped))
 
@@ -285,8 +285,8 @@ class TraceConfig:
 
     @property
     def head_kinds(self) -> tuple[str, ...]:
-        """Each head's kind: "seeded" unless ``heads`` constructs it."""
-        return self.heads if self.heads is not None else (C.SEEDED,) * self.num_heads
+        """Each head's kind: "seeded" unless ``head_weights`` constructs it."""
+        return self.head_weights if self.head_weights is not None else (C.SEEDED,) * self.num_heads
 
     @property
     def constructed(self) -> bool:

@@ -34,8 +34,8 @@ sentences = st.lists(st.sampled_from(WORDS), min_size=2, max_size=64)
 
 
 def _weights(kind: str, d_model: int, num_heads: int, words: list[str], causal: bool, sharpness: float = 10.0):
-    heads = [kind] + ["seeded"] * (num_heads - 1)
-    t = trace(TraceConfig(d_model=d_model, num_heads=num_heads, heads=heads, causal=causal, sharpness=sharpness),
+    kinds = [kind] + ["seeded"] * (num_heads - 1)
+    t = trace(TraceConfig(d_model=d_model, num_heads=num_heads, head_weights=kinds, causal=causal, sharpness=sharpness),
               sentence=" ".join(words))
     assert [tok.text for tok in t.tokens] == words
     return t.stages["weights"].values[0]  # [query, key] of head 0
@@ -90,7 +90,7 @@ def test_sharpness_sets_how_peaked_the_pattern_is(kind, sharpness, floor, ceilin
     worst = 1.0
     for n in (8, 64, 256):
         words = list(rng.choice(WORDS, n))
-        w = trace(TraceConfig(d_model=32, heads=[kind], causal=True, sharpness=sharpness, max_tokens=256),
+        w = trace(TraceConfig(d_model=32, head_weights=[kind], causal=True, sharpness=sharpness, max_tokens=256),
                   sentence=" ".join(words)).stages["weights"].values[0]
         rows = np.arange(1, n)
         target = w[rows, rows - 1] if kind == "previous_token" else w[:, 0]
@@ -114,7 +114,7 @@ def test_scores_are_sharpness_times_the_closed_forms():
     code = _code(n)
     kernel = code @ code.T  # [n, n]: K(i − j) = PE(i)·PE(j)
     shifted = np.vstack([_code(n + 1)[:1] * 0, code[:-1]])  # PE(i − 1), row 0 unused
-    t = trace(TraceConfig(d_model=96, num_heads=3, heads=["previous_token", "first_token", "same_token"],
+    t = trace(TraceConfig(d_model=96, num_heads=3, head_weights=["previous_token", "first_token", "same_token"],
                           causal=True, sharpness=s), sentence=" ".join(words))
     scaled = t.stages["scaled_scores"].values  # [head, query, key]
     np.testing.assert_allclose(scaled[0, 1:], s * shifted[1:] @ code.T / 2, atol=1e-9)
@@ -129,10 +129,10 @@ def test_scores_are_sharpness_times_the_closed_forms():
 
 
 def test_the_trace_carries_the_constructed_matrices_and_says_which_heads_they_are():
-    cfg = TraceConfig(d_model=64, num_heads=4, heads=["previous_token", "first_token", "seeded", "seeded"],
+    cfg = TraceConfig(d_model=64, num_heads=4, head_weights=["previous_token", "first_token", "seeded", "seeded"],
                       sharpness=2.0)
     t = trace(cfg, sentence="a b c d")
-    assert t.config.heads == ("previous_token", "first_token", "seeded", "seeded") and t.config.constructed
+    assert t.config.head_weights == ("previous_token", "first_token", "seeded", "seeded") and t.config.constructed
     seeded = generate_parameters(0, 64, 4)
     d_k, s = 16, 2.0 * 4.0  # gain = sharpness · √d_k
     for name in ("W_Q", "W_K", "W_V"):  # the seeded heads keep their seeded rows
@@ -176,7 +176,7 @@ def _induction_sentences(count: int, seed: int = 3):
     ("llama", True, 0.99),
 ])
 def test_induction_head_attends_to_the_token_after_the_first_copy_and_copies_it(block, causal, floor):
-    cfg = TraceConfig(d_model=64, num_heads=1, heads=["induction"], num_layers=2, block=block, causal=causal)
+    cfg = TraceConfig(d_model=64, num_heads=1, head_weights=["induction"], num_layers=2, block=block, causal=causal)
     table = layout_token_embeddings(cfg.seed, cfg.layout, VOCABULARY)  # [vocabulary, d_model]
     table /= np.linalg.norm(table, axis=1, keepdims=True)
     found = copied = total = 0
@@ -192,7 +192,7 @@ def test_induction_head_attends_to_the_token_after_the_first_copy_and_copies_it(
 
 
 def test_induction_layers_zero_the_feed_forward_network():
-    t = trace(TraceConfig(d_model=64, heads=["induction"], num_layers=2, block="gpt2"), sentence="a b c a")
+    t = trace(TraceConfig(d_model=64, head_weights=["induction"], num_layers=2, block="gpt2"), sentence="a b c a")
     for layer in t.parameters.layers:
         assert not layer.W_1.any() and not layer.W_2.any()
     np.testing.assert_allclose(t.stages["ffn_output"].values, 0.0)
@@ -204,7 +204,7 @@ def test_induction_layers_zero_the_feed_forward_network():
 @PROPS
 @given(words=sentences)
 def test_constructed_and_seeded_heads_mix(words):
-    cfg = TraceConfig(d_model=96, num_heads=3, heads=["previous_token", "same_token", "seeded"], causal=True)
+    cfg = TraceConfig(d_model=96, num_heads=3, head_weights=["previous_token", "same_token", "seeded"], causal=True)
     w = trace(cfg, sentence=" ".join(words)).stages["weights"].values
     n = len(words)
     assert w[0, np.arange(1, n), np.arange(n - 1)].min() >= 0.9
@@ -218,9 +218,9 @@ def test_a_request_without_heads_is_unchanged():
     sentence = "the quick brown fox jumps over the lazy dog"
     base = TraceConfig(d_model=24, num_heads=4)
     t = trace(base, sentence=sentence)
-    assert base.heads is None and not base.constructed
+    assert base.head_weights is None and not base.constructed
     assert t.parameters_digest == generated_parameters_digest(0, 24, 4)
-    every_seeded = trace(TraceConfig(d_model=24, num_heads=4, heads=["seeded"] * 4, sharpness=3.0),
+    every_seeded = trace(TraceConfig(d_model=24, num_heads=4, head_weights=["seeded"] * 4, sharpness=3.0),
                          sentence=sentence)
     assert every_seeded.parameters_digest == t.parameters_digest
     for sid, stage in t.stages.items():
@@ -232,15 +232,15 @@ def test_a_request_without_heads_is_unchanged():
 
 
 @pytest.mark.parametrize("fields, code, field", [
-    ({"num_heads": 2, "heads": ["previous_token", "bogus"]}, "unknown_head_kind", "heads/1"),
-    ({"num_heads": 2, "heads": ["previous_token"]}, "heads_length", "heads"),
-    ({"heads": ["induction"]}, "induction_needs_layers", "heads"),
-    ({"d_model": 24, "heads": ["previous_token"]}, "d_model_too_small", "d_model"),
-    ({"d_model": 64, "num_heads": 4, "heads": ["same_token"] + ["seeded"] * 3}, "d_k_too_small", "heads/0"),
-    ({"heads": ["first_token"], "positional_encoding": "rope"}, "constructed_needs_pe", "heads"),
-    ({"num_heads": 2, "num_kv_heads": 1, "heads": ["first_token", "seeded"]}, "constructed_needs_mha", "heads"),
-    ({"heads": ["first_token"], "sharpness": 0.0}, "invalid_size", "sharpness"),
-    ({"heads": ["first_token"], "sharpness": float("inf")}, "invalid_size", "sharpness"),
+    ({"num_heads": 2, "head_weights": ["previous_token", "bogus"]}, "unknown_head_kind", "head_weights/1"),
+    ({"num_heads": 2, "head_weights": ["previous_token"]}, "heads_length", "head_weights"),
+    ({"head_weights": ["induction"]}, "induction_needs_layers", "head_weights"),
+    ({"d_model": 24, "head_weights": ["previous_token"]}, "d_model_too_small", "d_model"),
+    ({"d_model": 64, "num_heads": 4, "head_weights": ["same_token"] + ["seeded"] * 3}, "d_k_too_small", "head_weights/0"),
+    ({"head_weights": ["first_token"], "positional_encoding": "rope"}, "constructed_needs_pe", "head_weights"),
+    ({"num_heads": 2, "num_kv_heads": 1, "head_weights": ["first_token", "seeded"]}, "constructed_needs_mha", "head_weights"),
+    ({"head_weights": ["first_token"], "sharpness": 0.0}, "invalid_size", "sharpness"),
+    ({"head_weights": ["first_token"], "sharpness": float("inf")}, "invalid_size", "sharpness"),
 ])
 def test_bad_heads_are_refused_with_a_typed_error(fields, code, field):
     with pytest.raises(EngineError) as caught:
@@ -250,7 +250,7 @@ def test_bad_heads_are_refused_with_a_typed_error(fields, code, field):
 
 
 def test_constructed_heads_refuse_an_explicit_input_or_weights():
-    cfg = TraceConfig(d_model=32, heads=["previous_token"])
+    cfg = TraceConfig(d_model=32, head_weights=["previous_token"])
     with pytest.raises(EngineError) as caught:
         trace(cfg, sentence="a b", input=np.zeros((2, 32)))
     assert caught.value.code == "constructed_input"
