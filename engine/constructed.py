@@ -319,26 +319,33 @@ def min_d_model(kinds: tuple[str, ...]) -> int:
     return 2 * POSITION_PAIRS + 2 + MIN_MATCH_DIMS * (2 if "induction" in kinds else 1)
 
 
+def sharpness_problems(sharpness: Any) -> list[EngineError]:
+    """sharpness: a finite number in (0, SHARPNESS_MAX]."""
+    if isinstance(sharpness, (int, float)) and not isinstance(sharpness, bool) and math.isfinite(sharpness) \
+            and 0 < sharpness <= SHARPNESS_MAX:
+        return []
+    return [InvalidSizeError(f"sharpness must be a number above 0 and at most {SHARPNESS_MAX:g}, got "
+                             f"{repr(sharpness)[:64]}", field="sharpness")]
+
+
+def kind_problems(head_weights: Any) -> list[EngineError]:
+    """head_weights: None, or a list of known head kinds (its length is checked with num_heads)."""
+    if head_weights is None:
+        return []
+    if not isinstance(head_weights, (tuple, list)) or not all(isinstance(k, str) for k in head_weights):
+        return [InvalidSizeError("head_weights must be a list of head kinds, one per head", field="head_weights")]
+    options = ", ".join(f'"{k}"' for k in HEAD_KINDS)
+    return [InvalidSizeError(f"head_weights[{i}] must be one of {options}, got {kind[:64]!r}",
+                             field=f"head_weights/{i}", code="unknown_head_kind")
+            for i, kind in enumerate(head_weights) if kind not in HEAD_KINDS]
+
+
 def head_conflicts(head_weights: Any, sharpness: Any, *, d_model: int, num_heads: int, num_layers: int, block: bool,
                    rope: bool, grouped: bool) -> list[EngineError]:
     """Every problem with ``head_weights`` (None: all seeded) and ``sharpness``, in the order a reader fixes them."""
-    if not isinstance(sharpness, (int, float)) or isinstance(sharpness, bool) or not math.isfinite(sharpness) \
-            or not 0 < sharpness <= SHARPNESS_MAX:
-        problems: list[EngineError] = [InvalidSizeError(
-            f"sharpness must be a number above 0 and at most {SHARPNESS_MAX:g}, got {sharpness!r}",
-            field="sharpness")]
-    else:
-        problems = []
-    if head_weights is None:
+    problems = [*sharpness_problems(sharpness), *kind_problems(head_weights)]
+    if head_weights is None or any(p.field == "head_weights" for p in problems):
         return problems
-    if not isinstance(head_weights, tuple) or not all(isinstance(k, str) for k in head_weights):
-        return [*problems, InvalidSizeError("head_weights must be a list of head kinds, one per head",
-                                            field="head_weights")]
-    options = ", ".join(f'"{k}"' for k in HEAD_KINDS)
-    problems += [InvalidSizeError(f"head_weights[{i}] must be one of {options}, got {kind[:64]!r}",
-                                  field=f"head_weights/{i}",
-                                  code="unknown_head_kind")
-                 for i, kind in enumerate(head_weights) if kind not in HEAD_KINDS]
     if len(head_weights) != num_heads:
         problems.append(InvalidSizeError(
             f"head_weights names {len(head_weights)} head kinds but num_heads is {num_heads}: give one kind per head "

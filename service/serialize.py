@@ -204,6 +204,8 @@ def config_document(
         doc["window"] = cfg.window
     if t.cross:
         doc["n_context_tokens"] = t.n_context
+    if cfg.constructed:  # which heads are built by hand (engine.constructed)
+        doc |= {"head_weights": list(cfg.head_kinds), "sharpness": cfg.sharpness}
     return doc
 
 
