@@ -64,7 +64,8 @@ FIELD_FLAGS = {"/sentence": "SENTENCE", "/d_model": "--d-model", "/num_heads": "
                "/rope_base": "--rope-base", "/rope_pairing": "--rope-pairing", "/num_kv_heads": "--kv-heads",
                "/window": "--window", "/context_sentence": "--context", "/decode": "--decode",
                "/head": "--head", "/query": "--explain", "/key": "--explain", "/format": "--export",
-               "/tokens": "--tokens", "/stages": "--stages", "/inject_bug": "--inject-bug"}
+               "/tokens": "--tokens", "/stages": "--stages", "/inject_bug": "--inject-bug",
+               "/head_weights": "--head-weights", "/sharpness": "--sharpness"}
 
 
 # --------------------------------------------------------------- walkthrough
@@ -102,6 +103,9 @@ def render_walkthrough(t: Trace, query: int, heads: Sequence[int], *, decimals: 
         f" · {raw_cfg['num_kv_heads']} K/V heads {raw_cfg['query_heads_of_kv_head']}" if "num_kv_heads" in raw_cfg
         else "",
         f" · window {raw_cfg['window']}" if "window" in raw_cfg else "",
+        f" · head weights {', '.join(raw_cfg['head_weights'])} (sharpness {raw_cfg['sharpness']:g})"
+        if "head_weights" in raw_cfg
+        else "",
         f" · cross-attention to {json.dumps(' '.join(keys), ensure_ascii=False)}" if keys is not texts else "",
     ])
     out = [style.bold(subject) + f" · {len(texts)} token{'s' if len(texts) != 1 else ''} · d_model {cfg.d_model} · "
@@ -237,6 +241,12 @@ def _trace_options(p: argparse.ArgumentParser, *, sentence_help: str = "the text
                    help="cross-attention: the keys and values come from this context sentence")
     v.add_argument("--decode", action="store_true",
                    help="also show the KV-cache decoding step of the query token (with --causal)")
+    k = p.add_argument_group("constructed heads (docs/engine.md)")
+    k.add_argument("--head-weights", nargs="+", metavar="KIND", dest="head_weights",
+                   help="each head's weights, one per head: seeded, previous_token, same_token, first_token, "
+                        "induction (heads built by hand with a known job)")
+    k.add_argument("--sharpness", type=float, metavar="S",
+                   help="the constructed heads' scores are S × their closed form (default 10)")
 
 
 def _display_options(p: argparse.ArgumentParser) -> None:
@@ -349,6 +359,10 @@ def trace_body(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("rope_base", "rope_pairing", "num_kv_heads", "window", "context_sentence", "inject_bug"):
         if getattr(args, name) is not None:
             body[name] = getattr(args, name)
+    if args.head_weights is not None:
+        body["head_weights"] = list(args.head_weights)
+    if args.sharpness is not None:
+        body["sharpness"] = args.sharpness
     if args.decode:
         body["decode"] = True
     return body
