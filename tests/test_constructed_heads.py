@@ -9,6 +9,9 @@ Hypothesis runs are derandomized and bounded; the induction sentences come from 
 from __future__ import annotations
 
 import math
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -258,3 +261,83 @@ def test_constructed_heads_refuse_an_explicit_input_or_weights():
     with pytest.raises(EngineError) as caught:
         trace(cfg, sentence="a b", parameters=p)
     assert caught.value.code == "constructed_parameters"
+
+
+# ------------------------------------------------------------------ over HTTP: /trace and /check
+
+
+def test_trace_over_http_echoes_the_constructed_heads_and_carries_their_weights(client):
+    body = {"sentence": "the cat sat on the mat", "d_model": 64, "num_heads": 2, "causal": True,
+            "head_weights": ["previous_token", "seeded"], "sharpness": 5.0, "include_parameters": True}
+    answer = client.post("/trace", json=body).get_json()
+    assert answer["config"]["head_weights"] == ["previous_token", "seeded"] and answer["config"]["sharpness"] == 5.0
+    engine_trace = trace(TraceConfig(d_model=64, num_heads=2, causal=True, head_weights=["previous_token", "seeded"],
+                                     sharpness=5.0), sentence="the cat sat on the mat")
+    assert answer["parameters_digest"] == engine_trace.parameters_digest
+    np.testing.assert_allclose(answer["parameters"]["W_Q"], engine_trace.parameters.W_Q, rtol=1e-12, atol=1e-12)
+    w = np.array(answer["stages"]["weights"]["values"])[0]  # [query, key] of the previous-token head
+    assert w[np.arange(1, 6), np.arange(5)].min() >= 0.9
+    plain = client.post("/trace", json={"sentence": "the cat sat"}).get_json()["config"]
+    assert "head_weights" not in plain and "sharpness" not in plain  # seeded answers keep their shape
+
+
+@pytest.mark.parametrize("fields, pointer, code", [
+    ({"head_weights": ["previous_token", "bogus"], "num_heads": 2}, "/head_weights/1", "unknown_head_kind"),
+    ({"head_weights": ["previous_token"], "num_heads": 2}, "/head_weights", "heads_length"),
+    ({"head_weights": ["previous_token"], "sharpness": 0}, "/sharpness", "invalid_size"),
+    ({"head_weights": ["previous_token"], "d_model": 24}, "/d_model", "d_model_too_small"),
+    ({"head_weights": ["previous_token"], "input": [[0.0] * 32] * 3}, "/input", "constructed_input"),
+])
+def test_bad_head_weights_over_http_are_the_engines_422(client, fields, pointer, code):
+    resp = client.post("/trace", json={"sentence": "the cat sat", "d_model": 32, **fields})
+    assert resp.status_code == 422 and resp.mimetype == "application/problem+json"
+    errors = resp.get_json()["errors"]
+    assert (errors[0]["pointer"], errors[0]["type"]) == (pointer, code), errors
+    assert errors[0]["message"]
+
+
+def _students_previous_token_weights(x: np.ndarray, sharpness: float, rotate: bool = True) -> np.ndarray:
+    """A student's previous-token head, written from docs/engine.md's closed form: W_Q turns each pair of the
+    position code back by ω_f = π/2^f, W_K reads it; scores /√d_k, the causal mask, softmax."""
+    n, d_model = x.shape
+    d_k = d_model
+    start = d_model - 1 - 16  # the position code sits just before the constant 1
+    W_Q, W_K = np.zeros((d_k, d_model)), np.zeros((d_k, d_model))
+    for f in range(8):
+        w = math.pi / 2**f
+        turn = np.array([[math.cos(w), -math.sin(w)], [math.sin(w), math.cos(w)]]) if rotate else np.eye(2)
+        W_Q[2 * f:2 * f + 2, start + 2 * f:start + 2 * f + 2] = sharpness * math.sqrt(d_k) / 2 * turn
+        W_K[2 * f:2 * f + 2, start + 2 * f:start + 2 * f + 2] = np.eye(2)
+    scores = (x @ W_Q.T) @ (x @ W_K.T).T / math.sqrt(d_k)
+    scores[np.triu_indices(n, 1)] = -np.inf
+    e = np.exp(scores - scores.max(axis=1, keepdims=True))
+    return (e / e.sum(axis=1, keepdims=True))[None]  # [1, n, n]
+
+
+def test_check_grades_a_hand_built_previous_token_head_correct(client):
+    body = {"sentence": "the cat sat on the mat", "d_model": 32, "causal": True,
+            "head_weights": ["previous_token"], "sharpness": 3.0}
+    x = np.array(client.post("/trace", json={**body, "stages": ["input"]}).get_json()["stages"]["input"]["values"])
+    right = _students_previous_token_weights(x, 3.0)
+    answer = client.post("/check", json={**body, "submission": {"weights": right.tolist()}}).get_json()
+    assert answer["passed"] is True, answer["message"]
+    wrong = _students_previous_token_weights(x, 3.0, rotate=False)  # forgot the rotation: attends to itself
+    answer = client.post("/check", json={**body, "submission": {"weights": wrong.tolist()}}).get_json()
+    assert answer["passed"] is False and answer["first_wrong_stage"] == "weights"
+
+
+def test_the_cli_asks_for_constructed_heads_and_labels_them():
+    run = subprocess.run([sys.executable, "-m", "attention_trace.cli", "the cat sat on the mat", "--d-model", "32",
+                          "--heads", "2", "--head-weights", "previous_token", "seeded", "--sharpness", "4",
+                          "--causal", "--query", "mat", "--head", "0", "--layout", "table"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "head weights previous_token, seeded (sharpness 4)" in run.stdout
+    rows = [line.split() for line in run.stdout.splitlines() if re.match(r"^\s+\d+\s", line)]
+    w = trace(TraceConfig(d_model=32, num_heads=2, head_weights=["previous_token", "seeded"], sharpness=4.0,
+                          causal=True), sentence="the cat sat on the mat").stages["weights"].values[0, 5]
+    assert [float(r[-1].rstrip("%")) for r in rows] == [round(100 * v, 1) for v in w]
+    assert max(rows, key=lambda r: float(r[-1].rstrip("%")))[1] == "the"  # "mat" looks at the token before it
+    bad = subprocess.run([sys.executable, "-m", "attention_trace.cli", "a b", "--d-model", "32", "--head-weights",
+                          "bogus"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "/head_weights/0" in bad.stderr
