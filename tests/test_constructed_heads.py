@@ -341,3 +341,21 @@ def test_the_cli_asks_for_constructed_heads_and_labels_them():
     bad = subprocess.run([sys.executable, "-m", "attention_trace.cli", "a b", "--d-model", "32", "--head-weights",
                           "bogus"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "/head_weights/0" in bad.stderr
+
+
+def test_docs_give_these_check_values():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "engine.md").read_text(encoding="utf-8")
+    section = doc.split("## Constructed heads", 1)[1].split("\n## ", 1)[0]
+    sentence = "the cat sat on the mat"
+    for seed in (0, 7):  # every matrix is constructed: the seed moves the embeddings only
+        t = trace(TraceConfig(d_model=32, head_weights=["previous_token"], causal=True, seed=seed), sentence=sentence)
+        assert f"`{t.parameters_digest}`" in section
+        np.testing.assert_allclose(t.stages["scaled_scores"].values[0, 2],
+                                   [23.027253, 40, 23.027253, 23.028759, 12.252268, 23.034782], atol=1e-6)
+        assert round(t.stages["weights"].values[0, 2, 1], 8) == 0.99999991
+    first = trace(TraceConfig(d_model=32, head_weights=["first_token"], causal=True), sentence=sentence)
+    assert f"`{first.parameters_digest}`" in section and first.stages["scaled_scores"].values[0, 5, 0] == pytest.approx(40.0)
+    for value in ("23.027253, 40, 23.027253, 23.028759, 12.252268, 23.034782", "0.99999991", "K(±1) = 4.6055"):
+        assert value in section
