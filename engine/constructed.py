@@ -19,9 +19,11 @@ trace with a constructed head lays x out as tracr does, the residual stream spli
     x = [ token (t) | previous token (t, induction only) | 0 | position code (2·P) | 1 ]    d_model columns
 
 * token: the seeded embedding of width t (the stream of a d_model = t trace), scaled to unit length;
-* position code: pairs (sin(ω_f·pos), cos(ω_f·pos)) with ω_f = π/2^f, f < P = 8 (a sinusoidal encoding whose
-  frequencies halve, like the bits of pos), so K(δ) = PE(p)·PE(p + δ) = Σ_f cos(π·δ/2^f) is P at δ = 0 and at
-  most P − 2 for every other |δ| < 2^P = 256;
+* position code: pairs ε_f·(sin(ω_f·pos), cos(ω_f·pos)) with ω_f = π/2^f, f < P = 8 (a sinusoidal encoding
+  whose frequencies halve, like the bits of pos), so K(δ) = PE(p)·PE(p + δ) = Σ_f cos(π·δ/2^f) is P at δ = 0
+  and at most P − 2 for every other |δ| < 2^P = 256. The signs ε_f (``SIGNS``) change no dot product; they keep
+  the code's coordinate sum small at every position (0 at position 0, |·| ≤ 7.2), so that a LayerNorm divides
+  every position by about the same σ;
 * 0: a coordinate left empty, which every constructed row reads with minus the row's sum, so that a
   LayerNorm's centring (a stack's norms) leaves every constructed score unchanged;
 * 1: a constant coordinate, the bias a query reads when it asks for a fixed position.
@@ -120,6 +122,11 @@ def layout(d_model: int, kinds: tuple[str, ...]) -> Layout:
 _POSITION_ROWS = {"same_token": 2 * POSITION_PAIRS, "induction": POSITION_PAIRS}
 
 
+#: each pair's sign in the position code: of the 2^8 patterns, one whose coordinate sum is 0 at position 0 and
+#: smallest in size over positions 0 … 255 (7.2; unsigned it is 8 at position 0 and −5.5 … 7.1 elsewhere)
+SIGNS = np.array([1.0, 1.0, -1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
+
+
 def omegas() -> np.ndarray:
     """The position code's frequencies ω_f = π/2^f, f < P."""
     return math.pi / 2.0 ** np.arange(POSITION_PAIRS)  # [P]
@@ -132,12 +139,12 @@ def position_kernel(delta: np.ndarray) -> np.ndarray:
 
 
 def position_code(n: int) -> np.ndarray:
-    """(sin(ω_f·pos), cos(ω_f·pos)) for f < P, interleaved, positions 0 … n − 1."""
+    """ε_f·(sin(ω_f·pos), cos(ω_f·pos)) for f < P, interleaved, positions 0 … n − 1."""
     pos = np.arange(n)[:, None]  # [n, 1]
     period = 2 ** (np.arange(POSITION_PAIRS) + 1)  # [P]: ω_f·pos repeats every 2^(f+1) positions
     angle = np.mod(pos, period) * omegas()  # [n, P], reduced exactly first so large pos loses no bits
     code = np.empty((n, 2 * POSITION_PAIRS))  # [n, 2P]
-    code[:, 0::2], code[:, 1::2] = np.sin(angle), np.cos(angle)
+    code[:, 0::2], code[:, 1::2] = SIGNS * np.sin(angle), SIGNS * np.cos(angle)
     return code
 
 
@@ -176,14 +183,15 @@ def previous_token_head(lay: Layout, d_k: int, gain: float, into: slice | None =
     """Scores sharpness·K(i − 1 − j)/2: key i − 1 has the query's position code turned back by one step.
 
     PE(p − 1) = R_f·PE(p) in each pair, R_f = [[cos ω_f, −sin ω_f], [sin ω_f, cos ω_f]] acting on (sin, cos):
-    W_Q applies R_f, W_K reads the code, so qᵢ·kⱼ = PE(i − 1)·PE(j)."""
+    W_Q applies R_f, W_K reads the code (each with the pair's sign, undone), so qᵢ·kⱼ = PE(i − 1)·PE(j)."""
     W_Q = np.zeros((d_k, lay.d_model))  # [d_k, d_model]
     W_K = np.zeros((d_k, lay.d_model))  # [d_k, d_model]
     p0 = lay.position.start
     for f, w in enumerate(omegas()):  # one 2×2 block per frequency pair
         rows, cols = slice(2 * f, 2 * f + 2), slice(p0 + 2 * f, p0 + 2 * f + 2)
-        W_Q[rows, cols] = gain / 2.0 * np.array([[math.cos(w), -math.sin(w)], [math.sin(w), math.cos(w)]])
-        W_K[rows, cols] = np.eye(2)
+        turn = np.array([[math.cos(w), -math.sin(w)], [math.sin(w), math.cos(w)]])  # R_f
+        W_Q[rows, cols] = SIGNS[f] * gain / 2.0 * turn
+        W_K[rows, cols] = SIGNS[f] * np.eye(2)
     W_V, W_O = _copy_values(lay, d_k, lay.token if into is None else into)
     return W_Q, W_K, W_V, W_O
 
@@ -195,7 +203,7 @@ def first_token_head(lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray, ..
     W_K = np.zeros((d_k, lay.d_model))  # [d_k, d_model]
     f = np.arange(POSITION_PAIRS)  # [P]
     W_Q[f, lay.one] = gain / 2.0
-    W_K[f, lay.position.start + 2 * f + 1] = 1.0
+    W_K[f, lay.position.start + 2 * f + 1] = SIGNS
     W_V, W_O = _copy_values(lay, d_k, lay.token)
     return W_Q, W_K, W_V, W_O
 
@@ -232,7 +240,7 @@ def induction_match_head(lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray
     W_K[r, lay.previous_token.start + r] = 1.0
     f = np.arange(POSITION_PAIRS)  # [P]
     W_Q[m + f, lay.one] = -gain / 2.0
-    W_K[m + f, lay.position.start + 2 * f + 1] = 1.0
+    W_K[m + f, lay.position.start + 2 * f + 1] = SIGNS
     W_V, W_O = _copy_values(lay, d_k, lay.token)
     return W_Q, W_K, W_V, W_O
 

@@ -620,7 +620,8 @@ _LAYOUT_STEPS: tuple[Step, ...] = (
     Step("token_embedding", C.layout_token_embeddings, ("seed", "layout", "tokens"),
          "E[token] = [ê | 0 | 0 | 0 | 0], ê the seeded vector of width t at unit length (token subspace)"),
     Step("positional_encoding", C.layout_positional_encoding, ("n", "layout"),
-         f"PE(pos) = [0 | 0 | 0 | sin(π·pos/2^f), cos(π·pos/2^f) for f < {C.POSITION_PAIRS} | 1] (position subspace)"),
+         f"PE(pos) = [0 | 0 | 0 | ε_f·(sin(π·pos/2^f), cos(π·pos/2^f)) for f < {C.POSITION_PAIRS} | 1] "
+         "(position subspace)"),
     Step("input", A.add_positional_encoding, ("token_embedding", "positional_encoding"), "x = E + PE",
          note=" (the constructed heads' layout: token, previous token, 0, position code, 1)"),
 )

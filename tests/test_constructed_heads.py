@@ -143,11 +143,12 @@ def test_the_trace_carries_the_constructed_matrices_and_says_which_heads_they_ar
     np.testing.assert_array_equal(t.parameters.W_O[:, 2 * d_k:], seeded.W_O[:, 2 * d_k:])
     lay = cfg.layout
     p0 = lay.position.start
-    W_Q = t.parameters.W_Q[0]  # previous-token: a rotation by −ω_f in each pair
-    for f in range(8):
+    W_Q = t.parameters.W_Q[0]  # previous-token: a rotation by −ω_f in each pair, times the pair's sign
+    for f, sign in enumerate([1, 1, -1, -1, 1, -1, 1, -1]):
         w = math.pi / 2**f
         block = W_Q[2 * f:2 * f + 2, p0 + 2 * f:p0 + 2 * f + 2]
-        np.testing.assert_allclose(block, s / 2 * np.array([[math.cos(w), -math.sin(w)], [math.sin(w), math.cos(w)]]))
+        turn = np.array([[math.cos(w), -math.sin(w)], [math.sin(w), math.cos(w)]])
+        np.testing.assert_allclose(block, sign * s / 2 * turn)
     assert not W_Q[:, :lay.zero].any() and not W_Q[16:].any()  # only the code (and the zero), in 16 coordinates
     for name in ("W_Q", "W_K", "W_V"):  # every constructed row is blind to 1: a LayerNorm's centring changes nothing
         assert np.abs(getattr(t.parameters, name)[:2] @ np.ones(64)).max() < 1e-12
