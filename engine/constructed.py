@@ -59,7 +59,6 @@ SEEDED = "seeded"
 HEAD_KINDS: tuple[str, ...] = (SEEDED, "previous_token", "same_token", "first_token", "induction")
 #: pairs of the position code: positions 0 … 2^P − 1 are told apart (P = 8: the engine's default 256 tokens)
 POSITION_PAIRS = 8
-MAX_POSITIONS = 2**POSITION_PAIRS
 #: how many coordinates of the token subspace a token-matching head must read at least (below it seeded
 #: embeddings are too far from orthogonal to tell tokens apart)
 MIN_MATCH_DIMS = 12
@@ -122,8 +121,8 @@ def layout(d_model: int, kinds: tuple[str, ...]) -> Layout:
 _POSITION_ROWS = {"same_token": 2 * POSITION_PAIRS, "induction": POSITION_PAIRS}
 
 
-#: each pair's sign in the position code: of the 2^8 patterns, one whose coordinate sum is 0 at position 0 and
-#: smallest in size over positions 0 … 255 (7.2; unsigned it is 8 at position 0 and −5.5 … 7.1 elsewhere)
+#: each pair's sign in the position code: of the patterns whose coordinate sum is 0 at position 0, one whose
+#: largest sum in size over positions 0 … 255 is smallest (7.2; unsigned it is 8 at position 0, −5.5 … 7.1 elsewhere)
 SIGNS = np.array([1.0, 1.0, -1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
 
 
