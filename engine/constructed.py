@@ -28,6 +28,9 @@ trace with a constructed head lays x out as tracr does, the residual stream spli
   LayerNorm's centring (a stack's norms) leaves every constructed score unchanged;
 * 1: a constant coordinate, the bias a query reads when it asks for a fixed position.
 
+Under RoPE nothing is added to x: x = [ token | 0 | 1 ], and a previous-token head is the rotation's own
+construction (``rope_previous_token_head``); the other kinds need the code and are refused.
+
 Seeded heads of the same trace keep their seeded weights and read that x. Seeded requests never get here:
 their input and weights are engine 1.0's, bit for bit.
 
@@ -66,6 +69,9 @@ MIN_MATCH_DIMS = 12
 #: so that it outweighs the position term's spread (P − 1 units) in a same-token head
 TOKEN_GAIN = 4.0 * POSITION_PAIRS
 DEFAULT_SHARPNESS = 10.0
+#: the smallest RoPE margin (rope_margin) a previous-token head is built on: below it the scores would be huge
+#: differences of huge numbers
+MIN_ROPE_MARGIN = 1e-3
 SHARPNESS_MAX = 1000.0
 
 
@@ -79,6 +85,13 @@ class Layout:
     d_model: int
     t: int  # width of the token subspace (and of the previous-token one)
     previous: bool  # whether there is a previous-token subspace (a trace with an induction head)
+    #: under RoPE, (rope_pairing, rope_base): no position code in x, the rotation carries position
+    rope: tuple[str, float] | None = None
+
+    @property
+    def code_width(self) -> int:
+        """Coordinates of the position code: 2·P, none under RoPE."""
+        return 0 if self.rope else 2 * POSITION_PAIRS
 
     @property
     def token(self) -> slice:
@@ -92,28 +105,28 @@ class Layout:
     def zero(self) -> int:
         """A coordinate x leaves at 0: each constructed row reads it with minus the row's sum, so a row adds
         nothing for a constant vector, and LayerNorm's centring (x − μ·1) changes no score."""
-        return self.d_model - 2 - 2 * POSITION_PAIRS
+        return self.d_model - 2 - self.code_width
 
     @property
     def position(self) -> slice:
-        return slice(self.d_model - 1 - 2 * POSITION_PAIRS, self.d_model - 1)
+        return slice(self.d_model - 1 - self.code_width, self.d_model - 1)
 
     @property
     def one(self) -> int:
         return self.d_model - 1
 
 
-def layout(d_model: int, kinds: tuple[str, ...]) -> Layout:
+def layout(d_model: int, kinds: tuple[str, ...], rope: tuple[str, float] | None = None) -> Layout:
     """The layout of a trace whose heads are ``kinds``: the position code and the 1 at the end, the rest shared
     by the token subspace and, with an induction head, the previous-token subspace.
 
     t is as wide as fits, but no wider than every head can read whole (d_k, or d_k − 2P beside a same-token
     head's position coordinates): then a token match is a cosine of unit vectors, exactly 1 for the same token."""
     previous = "induction" in kinds
-    free = (d_model - 2 * POSITION_PAIRS - 2) // (2 if previous else 1)
+    free = (d_model - (0 if rope else 2 * POSITION_PAIRS) - 2) // (2 if previous else 1)
     d_k = d_model // len(kinds)
     readable = min([d_k] + [d_k - _POSITION_ROWS[k] for k in kinds if k in _POSITION_ROWS])
-    return Layout(d_model, max(min(free, readable), 0), previous)
+    return Layout(d_model, max(min(free, readable), 0), previous, rope)
 
 
 #: coordinates a token-matching head spends on position beside its token match (see same_token_head and
@@ -148,11 +161,14 @@ def position_code(n: int) -> np.ndarray:
 
 
 def layout_token_embeddings(seed: int, lay: Layout, texts: list[str]) -> np.ndarray:
-    """Stage 2 in the layout: each token's seeded vector of width t, at unit length, in the token subspace."""
+    """Stage 2 in the layout: each token's seeded vector of width t, at unit length, in the token subspace (under
+    RoPE, where nothing is added to x, with the constant 1 too)."""
     out = np.zeros((len(texts), lay.d_model))  # [n, d_model]
     for i, text in enumerate(texts):  # per token: the seeded vectors are cached
         e = token_embedding_vector(seed, lay.t, text)  # [t]
         out[i, lay.token] = e / np.linalg.norm(e)
+    if lay.rope:
+        out[:, lay.one] = 1.0
     return out
 
 
@@ -192,6 +208,43 @@ def previous_token_head(lay: Layout, d_k: int, gain: float, into: slice | None =
         W_Q[rows, cols] = SIGNS[f] * gain / 2.0 * turn
         W_K[rows, cols] = SIGNS[f] * np.eye(2)
     W_V, W_O = _copy_values(lay, d_k, lay.token if into is None else into)
+    return W_Q, W_K, W_V, W_O
+
+
+def rope_frequencies(d_k: int, base: float) -> np.ndarray:
+    """RoPE's θ_p = 1/base^(2p/d_k), p < d_k/2, computed as ``engine.attention.rope_angles`` does."""
+    return 1.0 / np.power(float(base), np.arange(0, d_k, 2, dtype=np.float64) / d_k)  # [d_k/2]
+
+
+def rope_kernel(delta: np.ndarray, d_k: int, base: float) -> np.ndarray:
+    """K(δ) = mean over the pairs of cos(δ·θ_p): 1 at δ = 0."""
+    d = np.asarray(delta, dtype=np.float64)[..., None]  # [..., 1]
+    return np.cos(d * rope_frequencies(d_k, base)).mean(axis=-1)  # [..., d_k/2] -> [...]
+
+
+@lru_cache(maxsize=64)
+def rope_margin(d_k: int, base: float) -> float:
+    """1 − max K(δ) over 0 < |δ| ≤ 256: how much less than the right key any other key of a sentence of up to 256
+    tokens scores, before the previous-token head divides by it."""
+    return float(1.0 - rope_kernel(np.arange(1, 2**POSITION_PAIRS + 1), d_k, base).max())
+
+
+def rope_previous_token_head(lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray, ...]:
+    """Under RoPE, scores sharpness·K(j − i + 1)/margin: the rotation's own construction.
+
+    W_Q reads the constant 1 into the first coordinate a_p of each pair, u = (1, 0); W_K reads it as
+    (cos θ_p, sin θ_p), u turned by one position. RoPE turns qᵢ by i·θ_p and kⱼ by j·θ_p, so
+    qᵢ·kⱼ = Σ_p cos((j − i + 1)·θ_p): every pair at its peak for j = i − 1."""
+    pairing, base = lay.rope
+    half = d_k // 2
+    theta = rope_frequencies(d_k, base)  # [d_k/2]
+    a = 2 * np.arange(half) if pairing == "interleaved" else np.arange(half)  # [d_k/2]: each pair's first
+    b = a + 1 if pairing == "interleaved" else a + half  # and second coordinate
+    W_Q = np.zeros((d_k, lay.d_model))  # [d_k, d_model]
+    W_K = np.zeros((d_k, lay.d_model))  # [d_k, d_model]
+    W_Q[a, lay.one] = gain / (half * rope_margin(d_k, base))
+    W_K[a, lay.one], W_K[b, lay.one] = np.cos(theta), np.sin(theta)
+    W_V, W_O = _copy_values(lay, d_k, lay.token)
     return W_Q, W_K, W_V, W_O
 
 
@@ -247,7 +300,9 @@ def induction_match_head(lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray
 def head_weights(kind: str, layer: int, lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray, ...]:
     """One constructed head's W_Q, W_K, W_V [d_k, d_model] and W_O block [d_model, d_k], in layer ``layer``,
     each row of W_Q, W_K, W_V made blind to constant vectors (``centred``)."""
-    if kind == "previous_token":
+    if kind == "previous_token" and lay.rope:
+        W_Q, W_K, W_V, W_O = rope_previous_token_head(lay, d_k, gain)
+    elif kind == "previous_token":
         W_Q, W_K, W_V, W_O = previous_token_head(lay, d_k, gain)
     elif kind == "first_token":
         W_Q, W_K, W_V, W_O = first_token_head(lay, d_k, gain)
@@ -283,18 +338,17 @@ def constructed_attention(seeded: Parameters, kinds: tuple[str, ...], layer: int
 
 
 @lru_cache(maxsize=16)  # per configuration: the weights and their digest are asked for on every trace
-def constructed_parameters(seed: int, d_model: int, num_heads: int, kinds: tuple[str, ...], gain: float
-                           ) -> Parameters:
-    """One attention layer's weights with constructed heads."""
-    return constructed_attention(generate_parameters(seed, d_model, num_heads), kinds, 0,
-                                 layout(d_model, kinds), gain)
+def constructed_parameters(seed: int, d_model: int, num_heads: int, kinds: tuple[str, ...], gain: float,
+                           lay: Layout) -> Parameters:
+    """One attention layer's weights with constructed heads, for x laid out as ``lay``."""
+    return constructed_attention(generate_parameters(seed, d_model, num_heads), kinds, 0, lay, gain)
 
 
-def constructed_block_parameters(seeded: BlockParameters, kinds: tuple[str, ...], gain: float) -> BlockParameters:
+def constructed_block_parameters(seeded: BlockParameters, kinds: tuple[str, ...], gain: float,
+                                 lay: Layout) -> BlockParameters:
     """A stack's weights with constructed heads: each layer's attention as ``constructed_attention``, and every
     feed-forward network zero (W_1 = W_2 (= W_3) = 0), as tracr's attention-only layers: a seeded FFN would add
     noise as large as the signal to every subspace. The norms stay the configuration's."""
-    lay = layout(seeded.layers[0].attention.d_model, kinds)
     layers = []
     for i, p in enumerate(seeded.layers):
         zero = {name: _zeros(W.shape) for name, W in (("W_1", p.W_1), ("W_2", p.W_2), ("W_3", p.W_3))
@@ -313,17 +367,19 @@ def _zeros(shape: tuple[int, ...]) -> np.ndarray:
 # ------------------------------------------------------------------ the rules
 
 
-def min_d_k(kind: str) -> int:
+def min_d_k(kind: str, rope: bool = False) -> int:
     """How many coordinates a head of this kind needs (d_k = d_model / num_heads at least this)."""
+    if rope and kind == "previous_token":
+        return 2  # one rotation pair
     return {"previous_token": 2 * POSITION_PAIRS, "first_token": POSITION_PAIRS,
             "same_token": 2 * POSITION_PAIRS + MIN_MATCH_DIMS,
             "induction": max(2 * POSITION_PAIRS, POSITION_PAIRS + MIN_MATCH_DIMS)}.get(kind, 0)
 
 
-def min_d_model(kinds: tuple[str, ...]) -> int:
-    """The smallest d_model whose layout holds the position code, the 1 and a token subspace of MIN_MATCH_DIMS
-    (two of them with an induction head)."""
-    return 2 * POSITION_PAIRS + 2 + MIN_MATCH_DIMS * (2 if "induction" in kinds else 1)
+def min_d_model(kinds: tuple[str, ...], rope: bool = False) -> int:
+    """The smallest d_model whose layout holds the position code (not under RoPE), the 0, the 1 and a token
+    subspace of MIN_MATCH_DIMS (two of them with an induction head)."""
+    return (0 if rope else 2 * POSITION_PAIRS) + 2 + MIN_MATCH_DIMS * (2 if "induction" in kinds else 1)
 
 
 def sharpness_problems(sharpness: Any) -> list[EngineError]:
@@ -348,7 +404,7 @@ def kind_problems(head_weights: Any) -> list[EngineError]:
 
 
 def head_conflicts(head_weights: Any, sharpness: Any, *, d_model: int, num_heads: int, num_layers: int, block: bool,
-                   rope: bool, grouped: bool) -> list[EngineError]:
+                   rope: bool, grouped: bool, rope_base: float = 10000.0) -> list[EngineError]:
     """Every problem with ``head_weights`` (None: all seeded) and ``sharpness``, in the order a reader fixes them."""
     problems = [*sharpness_problems(sharpness), *kind_problems(head_weights)]
     if head_weights is None or any(p.field == "head_weights" for p in problems):
@@ -362,11 +418,21 @@ def head_conflicts(head_weights: Any, sharpness: Any, *, d_model: int, num_heads
     kinds = head_weights
     if all(k == SEEDED for k in kinds):
         return []
+    d_k = d_model // num_heads
     if rope:
-        problems.append(VariantConflictError(
-            'constructed heads read the position code added to x, and with positional_encoding "rope" nothing is '
-            'added; use "sinusoidal" (the default), or "seeded" heads', field="head_weights",
-            code="constructed_needs_pe"))
+        problems += [VariantConflictError(
+            f'head_weights[{i}] ({kind}) reads the position code added to x, and with positional_encoding "rope" '
+            "nothing is added: under RoPE a query sees no absolute position, and a token match turns with the "
+            'rotation. Under RoPE only "previous_token" (the rotation\'s own construction) and "seeded" heads are '
+            'built; use "sinusoidal" (the default) for this one', field=f"head_weights/{i}",
+            code="constructed_needs_pe") for i, kind in enumerate(kinds) if kind not in (SEEDED, "previous_token")]
+        if "previous_token" in kinds and d_k % 2 == 0 and rope_margin(d_k, rope_base) < MIN_ROPE_MARGIN:
+            problems.append(InvalidSizeError(
+                f"with rope_base {rope_base:g} and d_k {d_k}, RoPE's frequencies barely tell positions apart (a key "
+                f"other than the previous token scores within {rope_margin(d_k, rope_base):.2g} of it, out of 1): "
+                "a previous-token head cannot be built; give it a wider d_k (fewer heads) or a rope_base nearer "
+                "10000", field="rope_base",
+                code="rope_base_blurs_positions"))
     if grouped:
         problems.append(VariantConflictError(
             "constructed heads have their own W_K and W_V, so K/V heads cannot be shared: drop num_kv_heads",
@@ -376,18 +442,18 @@ def head_conflicts(head_weights: Any, sharpness: Any, *, d_model: int, num_heads
             "an induction head takes two layers (a previous-token head in layer 0, the match in layer 1): give "
             'num_layers 2 or more with a block (e.g. block "vaswani2017")', field="head_weights",
             code="induction_needs_layers"))
-    d_k = d_model // num_heads
-    if d_model < min_d_model(kinds):
+    if d_model < min_d_model(kinds, rope):
         tokens = "two token subspaces" if "induction" in kinds else "a token subspace"
         problems.append(InvalidSizeError(
-            f"d_model {d_model} is too small for these constructed heads: x holds a position code of "
-            f"{2 * POSITION_PAIRS}, a constant 1, an empty coordinate and {tokens} of at least {MIN_MATCH_DIMS} "
-            f"coordinates, so d_model must be at least {min_d_model(kinds)}",
+            f"d_model {d_model} is too small for these constructed heads: x holds "
+            f"{'' if rope else f'a position code of {2 * POSITION_PAIRS}, '}a constant 1, an empty coordinate and "
+            f"{tokens} of at least {MIN_MATCH_DIMS} coordinates, so d_model must be at least "
+            f"{min_d_model(kinds, rope)}",
             field="d_model", code="d_model_too_small"))
-    short = [(i, k) for i, k in enumerate(kinds) if d_k < min_d_k(k)]
+    short = [(i, k) for i, k in enumerate(kinds) if d_k < min_d_k(k, rope)]
     for i, kind in short:
         problems.append(InvalidSizeError(
-            f"head_weights[{i}] ({kind}) needs d_k ≥ {min_d_k(kind)}, and d_k = d_model / num_heads = {d_k}: use "
+            f"head_weights[{i}] ({kind}) needs d_k ≥ {min_d_k(kind, rope)}, and d_k = d_model / num_heads = {d_k}: use "
             "fewer heads or a larger d_model", field=f"head_weights/{i}", code="d_k_too_small"))
     return problems
 
@@ -420,6 +486,6 @@ def gain_of(sharpness: float, scale_factor: float) -> float:
 
 @lru_cache(maxsize=16)
 def constructed_parameters_digest(seed: int, d_model: int, num_heads: int, kinds: tuple[str, ...],
-                                  gain: float) -> str:
+                                  gain: float, lay: Layout) -> str:
     """``parameters_digest`` of ``constructed_parameters``, once per configuration."""
-    return parameters_digest(constructed_parameters(seed, d_model, num_heads, kinds, gain))
+    return parameters_digest(constructed_parameters(seed, d_model, num_heads, kinds, gain, lay))

@@ -279,7 +279,7 @@ class TraceConfig:
             raise InvalidSizeError(f"max_tokens must be at least 1, got {self.max_tokens}", field="max_tokens")
         raise_all(C.head_conflicts(self.head_weights, self.sharpness, d_model=self.d_model, num_heads=self.num_heads,
                                    num_layers=self.num_layers, block=self.has_block, rope=self.rope,
-                                   grouped=self.grouped))
+                                   grouped=self.grouped, rope_base=self.rope_base))
 
     # ------------------------------------------------------- constructed heads
 
@@ -295,7 +295,7 @@ class TraceConfig:
 
     @property
     def layout(self) -> C.Layout:
-        return C.layout(self.d_model, self.head_kinds)
+        return C.layout(self.d_model, self.head_kinds, (self.rope_pairing, self.rope_base) if self.rope else None)
 
     @property
     def d_k(self) -> int:
@@ -627,11 +627,20 @@ _LAYOUT_STEPS: tuple[Step, ...] = (
 )
 
 
+#: the same under RoPE: no position code (the rotation carries position), the constant 1 in the embedding
+_LAYOUT_ROPE_STEPS: tuple[Step, ...] = (
+    Step("token_embedding", C.layout_token_embeddings, ("seed", "layout", "tokens"),
+         "E[token] = [ê | 0 | 1], ê the seeded vector of width t at unit length (token subspace), 1 a constant"),
+    Step("input", A.embedding_as_input, ("token_embedding",), "x = E",
+         note=" (RoPE: no positional encoding is added; q and k are rotated instead)"),
+)
+
+
 def _embedding_steps(positional_encoding: str, rope: bool, cross: bool, constructed: bool = False
                      ) -> tuple[Step, ...]:
     """Stages 2–4: x from the tokens (and, in cross-attention, the context's x from its tokens)."""
     if constructed:
-        return _LAYOUT_STEPS
+        return _LAYOUT_ROPE_STEPS if rope else _LAYOUT_STEPS
     if not rope:  # an additive encoding, stage 3
         embed: tuple[Step, ...] = (
             Step("token_embedding", token_embeddings, ("seed", "d_model", "tokens"), "E[token] (seeded, context-free)"),

@@ -191,7 +191,7 @@ def trace(
         params, digest, weights = _block_parameters(config, parameters)
     elif config.constructed:  # seeded heads' weights, with the constructed heads' written in
         sizes = (config.seed, config.d_model, config.num_heads, config.head_kinds,
-                 C.gain_of(config.sharpness, config.scale_factor))
+                 C.gain_of(config.sharpness, config.scale_factor), config.layout)
         params, digest = C.constructed_parameters(*sizes), C.constructed_parameters_digest(*sizes)
     elif parameters is None:
         # Engine 1.0's call (and cache key) unless K/V heads are shared.
@@ -230,7 +230,7 @@ def _block_parameters(config: TraceConfig, given: Any) -> tuple[BlockParameters,
         params, digest = generate_block_parameters(*key), generated_block_digest(*key)
         if config.constructed:  # the constructed heads written in, the FFNs zero (engine.constructed)
             params = C.constructed_block_parameters(params, config.head_kinds,
-                                                    C.gain_of(config.sharpness, config.scale_factor))
+                                                    C.gain_of(config.sharpness, config.scale_factor), config.layout)
             digest = block_parameters_digest(params)
     else:
         params = given

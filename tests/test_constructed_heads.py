@@ -56,6 +56,25 @@ def test_previous_token_head_puts_at_least_0_9_on_the_previous_token(shape, word
 
 
 @PROPS
+@given(shape=st.sampled_from([(32, 1), (32, 4), (64, 2), (48, 6)]), words=sentences, causal=st.booleans(),
+       pairing=st.sampled_from(["rotate_half", "interleaved"]), base=st.sampled_from([10000.0, 500000.0]))
+def test_previous_token_head_under_rope_puts_at_least_0_9_on_the_previous_token(shape, words, causal, pairing, base):
+    d_model, num_heads = shape
+    cfg = TraceConfig(d_model=d_model, num_heads=num_heads, causal=causal, positional_encoding="rope",
+                      rope_pairing=pairing, rope_base=base, head_weights=["previous_token"] + ["seeded"] * (num_heads - 1))
+    t = trace(cfg, sentence=" ".join(words))
+    n = len(words)
+    assert t.stages["weights"].values[0][np.arange(1, n), np.arange(n - 1)].min() >= 0.9
+    # the closed form, written out again: sharpness·mean_p cos((j − i + 1)·θ_p) / margin
+    d_k = d_model // num_heads
+    theta = base ** (-np.arange(0, d_k, 2) / d_k)
+    kernel = lambda delta: np.cos(np.multiply.outer(delta, theta)).mean(axis=-1)  # noqa: E731 (a formula)
+    margin = 1 - kernel(np.arange(1, 257)).max()
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    np.testing.assert_allclose(t.stages["scaled_scores"].values[0], 10 * kernel(j - i + 1) / margin, atol=1e-8)
+
+
+@PROPS
 @given(shape=st.sampled_from(SHAPES), words=sentences, causal=st.booleans())
 def test_first_token_head_puts_at_least_0_9_on_position_0(shape, words, causal):
     w = _weights("first_token", *shape, words, causal)
@@ -241,7 +260,9 @@ def test_a_request_without_heads_is_unchanged():
     ({"head_weights": ["induction"]}, "induction_needs_layers", "head_weights"),
     ({"d_model": 24, "head_weights": ["previous_token"]}, "d_model_too_small", "d_model"),
     ({"d_model": 64, "num_heads": 4, "head_weights": ["same_token"] + ["seeded"] * 3}, "d_k_too_small", "head_weights/0"),
-    ({"head_weights": ["first_token"], "positional_encoding": "rope"}, "constructed_needs_pe", "head_weights"),
+    ({"head_weights": ["first_token"], "positional_encoding": "rope"}, "constructed_needs_pe", "head_weights/0"),
+    ({"head_weights": ["previous_token"], "positional_encoding": "rope", "rope_base": 1.0001}, "rope_base_blurs_positions",
+     "rope_base"),
     ({"num_heads": 2, "num_kv_heads": 1, "head_weights": ["first_token", "seeded"]}, "constructed_needs_mha", "head_weights"),
     ({"head_weights": ["first_token"], "sharpness": 0.0}, "invalid_size", "sharpness"),
     ({"head_weights": ["first_token"], "sharpness": float("inf")}, "invalid_size", "sharpness"),
