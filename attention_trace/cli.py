@@ -69,7 +69,8 @@ FIELD_FLAGS = {"/sentence": "SENTENCE", "/d_model": "--d-model", "/num_heads": "
                "/tokens": "--tokens", "/stages": "--stages", "/inject_bug": "--inject-bug",
                "/num_layers": "--layers", "/block": "--block", "/norm": "--norm", "/norm_position": "--norm-position",
                "/ffn": "--ffn", "/d_ff": "--d-ff", "/norm_eps": "--norm-eps", "/norm_weights": "--norm-weights",
-               "/layer": "--layer"}
+               "/layer": "--layer",
+               "/head_weights": "--head-weights", "/sharpness": "--sharpness"}
 #: the block's request fields, each set by its option of the same name (--layers sets num_layers)
 BLOCK_FIELDS = ("num_layers", "block", "norm", "norm_position", "ffn", "d_ff", "norm_eps", "norm_weights")
 
@@ -116,6 +117,9 @@ def render_walkthrough(t: Trace, query: int, heads: Sequence[int], *, decimals: 
         f" · {raw_cfg['num_kv_heads']} K/V heads {raw_cfg['query_heads_of_kv_head']}" if "num_kv_heads" in raw_cfg
         else "",
         f" · window {raw_cfg['window']}" if "window" in raw_cfg else "",
+        f" · head weights {', '.join(raw_cfg['head_weights'])} (sharpness {raw_cfg['sharpness']:g})"
+        if "head_weights" in raw_cfg
+        else "",
         f" · cross-attention to {json.dumps(' '.join(keys), ensure_ascii=False)}" if keys is not texts else "",
         f" · {cfg.num_layers} {cfg.norm_position}-norm block{'s' if cfg.num_layers != 1 else ''} "
         f"({cfg.block or 'no preset'}: {cfg.norm}, {cfg.ffn}, d_ff {cfg.d_ff}), layer {layer}'s attention"
@@ -269,6 +273,12 @@ def _trace_options(p: argparse.ArgumentParser, *, sentence_help: str = "the text
                    help="unit (γ = 1, β = 0; the default) or seeded")
     v.add_argument("--decode", action="store_true",
                    help="also show the KV-cache decoding step of the query token (with --causal)")
+    k = p.add_argument_group("constructed heads (docs/engine.md)")
+    k.add_argument("--head-weights", nargs="+", metavar="KIND", dest="head_weights",
+                   help="each head's weights, one per head: seeded, previous_token, same_token, first_token, "
+                        "induction (heads built by hand with a known job)")
+    k.add_argument("--sharpness", type=float, metavar="S",
+                   help="the constructed heads' scores are S × their closed form (default 10)")
 
 
 def _display_options(p: argparse.ArgumentParser) -> None:
@@ -386,6 +396,10 @@ def trace_body(args: argparse.Namespace) -> dict[str, Any]:
                  *BLOCK_FIELDS):
         if getattr(args, name) is not None:
             body[name] = getattr(args, name)
+    if args.head_weights is not None:
+        body["head_weights"] = list(args.head_weights)
+    if args.sharpness is not None:
+        body["sharpness"] = args.sharpness
     if args.decode:
         body["decode"] = True
     return body

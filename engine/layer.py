@@ -36,6 +36,7 @@ import numpy as np
 
 from . import attention as A
 from . import block as B
+from . import constructed as C
 from .checks import (
     check_choice,
     check_d_ff,
@@ -249,8 +250,13 @@ class TraceConfig:
     d_ff: int | None = None
     norm_eps: float | None = None
     norm_weights: NormWeights | None = None
+    # Constructed heads (engine.constructed): one kind per head ("seeded", "previous_token", …); None is all seeded
+    head_weights: tuple[str, ...] | None = None
+    sharpness: float = C.DEFAULT_SHARPNESS  # the constructed heads' scores are sharpness × their closed form
 
     def __post_init__(self) -> None:
+        if isinstance(self.head_weights, list):  # hashable, as every field
+            object.__setattr__(self, "head_weights", tuple(self.head_weights))
         head_dim(self.d_model, self.num_heads)  # raises on bad sizes or fractional d_k
         kv_heads(self.num_heads, self.num_kv_heads)  # raises unless it divides num_heads
         check_seed(self.seed)
@@ -271,6 +277,25 @@ class TraceConfig:
                    *window_conflicts(self.window, self.causal), *layer_conflicts(self.num_layers, self.has_block)])
         if self.max_tokens < 1:
             raise InvalidSizeError(f"max_tokens must be at least 1, got {self.max_tokens}", field="max_tokens")
+        raise_all(C.head_conflicts(self.head_weights, self.sharpness, d_model=self.d_model, num_heads=self.num_heads,
+                                   num_layers=self.num_layers, block=self.has_block, rope=self.rope,
+                                   grouped=self.grouped, rope_base=self.rope_base))
+
+    # ------------------------------------------------------- constructed heads
+
+    @property
+    def head_kinds(self) -> tuple[str, ...]:
+        """Each head's kind: "seeded" unless ``head_weights`` constructs it."""
+        return self.head_weights if self.head_weights is not None else (C.SEEDED,) * self.num_heads
+
+    @property
+    def constructed(self) -> bool:
+        """Whether any head is constructed (then x is laid out in subspaces: engine.constructed)."""
+        return any(kind != C.SEEDED for kind in self.head_kinds)
+
+    @property
+    def layout(self) -> C.Layout:
+        return C.layout(self.d_model, self.head_kinds, (self.rope_pairing, self.rope_base) if self.rope else None)
 
     @property
     def d_k(self) -> int:
@@ -424,9 +449,9 @@ def layer_steps(config: TraceConfig, *, explicit_input: bool = False, cross: boo
     if config.has_block:  # cross-attention and decoding are refused with a block (engine.checks)
         return _stack_steps(config.positional_encoding, config.mask, config.scale, explicit_input,
                             config.rope_pairing if config.rope else None, config.grouped, config.norm_kind,
-                            config.pre_norm, config.ffn_kind, config.num_layers)
+                            config.pre_norm, config.ffn_kind, config.num_layers, config.constructed)
     return _steps(config.positional_encoding, config.mask, config.scale, explicit_input or decode,
-                  config.rope_pairing if config.rope else None, config.grouped, cross, decode)
+                  config.rope_pairing if config.rope else None, config.grouped, cross, decode, config.constructed)
 
 
 def decode_steps(config: TraceConfig) -> tuple[Step, ...]:
@@ -453,7 +478,7 @@ def decode_steps(config: TraceConfig) -> tuple[Step, ...]:
 
 #: the state's values every layer shares (sizes, settings): never renamed per layer
 SHARED: frozenset[str] = frozenset({"tokens", "n", "m", "seed", "d_model", "num_heads", "d_k", "scale", "kv_group",
-                                    "window", "rope_base", "norm_eps"})
+                                    "window", "rope_base", "norm_eps", "layout"})
 _PLACEHOLDER = re.compile(r"\{([^{}@]+)\}")
 
 
@@ -569,8 +594,10 @@ def block_template(mask: str, scale: bool, rope_pairing: str | None, grouped: bo
 
 @lru_cache(maxsize=64)  # one tuple per choice of variants and depth
 def _stack_steps(positional_encoding: str, mask: str, scale: bool, explicit_input: bool, rope_pairing: str | None,
-                 grouped: bool, norm_kind: str, pre_norm: bool, ffn_kind: str, num_layers: int) -> tuple[Step, ...]:
-    embed = () if explicit_input else _embedding_steps(positional_encoding, rope_pairing is not None, False)
+                 grouped: bool, norm_kind: str, pre_norm: bool, ffn_kind: str, num_layers: int,
+                 constructed: bool = False) -> tuple[Step, ...]:
+    embed = () if explicit_input else _embedding_steps(positional_encoding, rope_pairing is not None, False,
+                                                       constructed)
     template = block_template(mask, scale, rope_pairing, grouped, norm_kind, pre_norm, ffn_kind)
     layers = tuple(in_layer(step, layer) for layer in range(num_layers) for step in template)
     last = f"layer_output@{num_layers - 1}"
@@ -588,8 +615,32 @@ _CONTEXT_EMBEDDING = Step("context_token_embedding", token_embeddings, ("seed", 
 _KV_NOTE = ": one per K/V head j; query head i reads K/V head ⌊i·num_kv_heads/num_heads⌋"
 
 
-def _embedding_steps(positional_encoding: str, rope: bool, cross: bool) -> tuple[Step, ...]:
+#: stages 2–4 when a head is constructed: x laid out in subspaces (engine.constructed; never with RoPE or a context)
+_LAYOUT_STEPS: tuple[Step, ...] = (
+    Step("token_embedding", C.layout_token_embeddings, ("seed", "layout", "tokens"),
+         "E[token] = [ê | 0 | 0 | 0 | 0], ê the seeded vector of width t at unit length (token subspace)"),
+    Step("positional_encoding", C.layout_positional_encoding, ("n", "layout"),
+         f"PE(pos) = [0 | 0 | 0 | ε_f·(sin(π·pos/2^f), cos(π·pos/2^f)) for f < {C.POSITION_PAIRS} | 1] "
+         "(position subspace)"),
+    Step("input", A.add_positional_encoding, ("token_embedding", "positional_encoding"), "x = E + PE",
+         note=" (the constructed heads' layout: token, previous token, 0, position code, 1)"),
+)
+
+
+#: the same under RoPE: no position code (the rotation carries position), the constant 1 in the embedding
+_LAYOUT_ROPE_STEPS: tuple[Step, ...] = (
+    Step("token_embedding", C.layout_token_embeddings, ("seed", "layout", "tokens"),
+         "E[token] = [ê | 0 | 1], ê the seeded vector of width t at unit length (token subspace), 1 a constant"),
+    Step("input", A.embedding_as_input, ("token_embedding",), "x = E",
+         note=" (RoPE: no positional encoding is added; q and k are rotated instead)"),
+)
+
+
+def _embedding_steps(positional_encoding: str, rope: bool, cross: bool, constructed: bool = False
+                     ) -> tuple[Step, ...]:
     """Stages 2–4: x from the tokens (and, in cross-attention, the context's x from its tokens)."""
+    if constructed:
+        return _LAYOUT_ROPE_STEPS if rope else _LAYOUT_STEPS
     if not rope:  # an additive encoding, stage 3
         embed: tuple[Step, ...] = (
             Step("token_embedding", token_embeddings, ("seed", "d_model", "tokens"), "E[token] (seeded, context-free)"),
@@ -613,8 +664,10 @@ def _embedding_steps(positional_encoding: str, rope: bool, cross: bool) -> tuple
 
 @lru_cache(maxsize=64)  # one tuple per choice of variants, built once
 def _steps(positional_encoding: str, mask: str, scale: bool, explicit_input: bool, rope_pairing: str | None = None,
-           grouped: bool = False, cross: bool = False, decode: bool = False) -> tuple[Step, ...]:
-    embed = () if explicit_input else _embedding_steps(positional_encoding, rope_pairing is not None, cross)
+           grouped: bool = False, cross: bool = False, decode: bool = False,
+           constructed: bool = False) -> tuple[Step, ...]:
+    embed = () if explicit_input else _embedding_steps(positional_encoding, rope_pairing is not None, cross,
+                                                       constructed)
     kv_source, kv_name = ("context_input", "x_ctx") if cross else ("input", "x")
     kv_note = _KV_NOTE if grouped else ""
     j = "ⱼ" if grouped else "ᵢ"
@@ -663,6 +716,8 @@ def initial_state(config: TraceConfig, texts: list[str], weights: dict[str, np.n
                              "rope_base": config.rope_base}
     if config.has_block:
         state["norm_eps"] = config.eps
+    if config.constructed:
+        state["layout"] = config.layout
     if x is not None:
         state["input"] = x
     if context_texts is not None:

@@ -37,6 +37,7 @@ from typing import Any, Literal
 import numpy as np
 
 from . import attention as A
+from . import constructed as C
 from .bugs import Bug, applicable_bugs, check_bug
 from .checks import (
     block_context_conflicts,
@@ -180,12 +181,18 @@ def trace(
                                            positional_encoding=config.positional_encoding) if cross else []),
                *explicit_context_conflicts(input_given=input is not None,
                                            context_input_given=context_input is not None, cross=cross),
-               *block_context_conflicts(block=config.has_block, cross=cross)])
+               *block_context_conflicts(block=config.has_block, cross=cross),
+               *C.trace_conflicts(constructed=config.constructed, input_given=input is not None,
+                                  parameters_given=parameters is not None, cross=cross)])
     n_context = None if ctx is None else len(ctx)
     wrong = (check_bug(bug, config, len(toks), explicit_input=input is not None, n_context=n_context)
              if bug is not None else None)
     if config.has_block:
         params, digest, weights = _block_parameters(config, parameters)
+    elif config.constructed:  # seeded heads' weights, with the constructed heads' written in
+        sizes = (config.seed, config.d_model, config.num_heads, config.head_kinds,
+                 C.gain_of(config.sharpness, config.scale_factor), config.layout)
+        params, digest = C.constructed_parameters(*sizes), C.constructed_parameters_digest(*sizes)
     elif parameters is None:
         # Engine 1.0's call (and cache key) unless K/V heads are shared.
         sizes = (config.seed, config.d_model, config.num_heads, *((config.kv_heads,) if config.grouped else ()))
@@ -221,6 +228,10 @@ def _block_parameters(config: TraceConfig, given: Any) -> tuple[BlockParameters,
                config.num_layers, config.ff_width, config.gated, config.norm_kind == "layer_norm",
                config.seeded_norm, config.final_norm)
         params, digest = generate_block_parameters(*key), generated_block_digest(*key)
+        if config.constructed:  # the constructed heads written in, the FFNs zero (engine.constructed)
+            params = C.constructed_block_parameters(params, config.head_kinds,
+                                                    C.gain_of(config.sharpness, config.scale_factor), config.layout)
+            digest = block_parameters_digest(params)
     else:
         params = given
         _check_block_parameters(params, config)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
@@ -79,6 +80,8 @@ from engine.layer import (
     trace_value_count,
 )
 from engine.params import explicit_parameters
+from engine import constructed
+from engine.errors import raise_all
 
 from .problems import problem_entry
 from .settings import Settings
@@ -143,6 +146,7 @@ AnyBugName = Literal[BUG_NAMES + BLOCK_BUG_NAMES]  # type: ignore[valid-type]
 
 PositionalEncodingName = Literal[POSITIONAL_ENCODING_CHOICES]  # type: ignore[valid-type]
 RopePairingName = Literal[tuple(ROPE_PAIRINGS)]  # type: ignore[valid-type]
+HeadKindName = Literal[constructed.HEAD_KINDS]  # type: ignore[valid-type]
 
 #: a number of an explicit input or weight: bounded, so that products of them stay within float64
 BoundedNumber = Annotated[float, Field(ge=-MAX_EXPLICIT_VALUE, le=MAX_EXPLICIT_VALUE)]
@@ -242,6 +246,32 @@ class TraceSpec(BaseModel):
         description="Sliding-window attention (Mistral, Longformer), with causal: true: each query sees at most "
         "`window` keys, its own and the window − 1 before it.",
     )
+    # Constructed heads (docs/engine.md, "Constructed heads"): checked by the engine's rules, as the variants'.
+    head_weights: list[HeadKindName] | None = Field(
+        default=None, max_length=_TOKENS_HARD_MAX,
+        description="Each head's weights, one kind per head: seeded (the default), or a head built by hand with a "
+        "known job: previous_token, same_token (earlier copies of the query's token, with causal), first_token, "
+        "induction (num_layers 2 or more). Any constructed head lays x out in subspaces (token, previous token, "
+        "0, a position code, 1). Null: every head seeded.",
+    )
+    sharpness: float = Field(
+        default=constructed.DEFAULT_SHARPNESS, gt=0, le=constructed.SHARPNESS_MAX,
+        description="The constructed heads' scores are sharpness × their closed form: how peaked their patterns are.",
+    )
+
+    @field_validator("head_weights", mode="before")
+    @classmethod
+    def _head_weights_value(cls, v: Any) -> Any:
+        with engine_rules():
+            raise_all(constructed.kind_problems(v))
+        return v
+
+    @field_validator("sharpness", mode="before")
+    @classmethod
+    def _sharpness_value(cls, v: Any) -> Any:
+        with engine_rules():
+            raise_all(constructed.sharpness_problems(v))
+        return v
     context_sentence: Annotated[str, Field(min_length=1, max_length=_SENTENCE_HARD_MAX)] | None = Field(
         default=None,
         description="Cross-attention: the queries come from the sentence, the keys and values from this context "
@@ -452,6 +482,11 @@ class TraceSpec(BaseModel):
                                  max_tokens=settings.max_tokens, num_kv_heads=self.num_kv_heads,
                                  window=self.window, rope_base=self.rope_base, rope_pairing=self.rope_pairing,
                                  num_layers=self.num_layers, **block)
+            if self.head_weights is not None:  # constructed heads: their own x and weights (engine.constructed)
+                config = replace(config, head_weights=tuple(self.head_weights), sharpness=self.sharpness)
+                raise_all(constructed.trace_conflicts(
+                    constructed=config.constructed, input_given=self.input is not None,
+                    parameters_given=self.parameters is not None, cross=cross))
             # Count tokens now (the tokenizer stops at limit + 1), so the size of
             # the whole trace is known, and bounded, before any array exists.
             tokens = split_tokens(sentence=self.sentence, tokens=self.tokens, max_tokens=settings.max_tokens)
@@ -590,6 +625,8 @@ class ConfigOut(BaseModel):
     d_ff: int | None = omitted("A stack of blocks only: the feed-forward network's width in use.")
     norm_eps: float | None = omitted("A stack of blocks only: the norms' ε in use.")
     norm_weights: Literal[NORM_WEIGHTS] | None = omitted("A stack of blocks only.")  # type: ignore[valid-type]
+    head_weights: list[HeadKindName] | None = omitted("Only with a constructed head: each head's kind.")
+    sharpness: float | None = omitted("Only with a constructed head.")
 
 
 class InjectedBug(BaseModel):

@@ -210,6 +210,8 @@ def config_document(
         doc |= {"num_layers": cfg.num_layers, "block": cfg.block, "norm": cfg.norm_kind,
                 "norm_position": "pre" if cfg.pre_norm else "post", "ffn": cfg.ffn_kind, "d_ff": cfg.ff_width,
                 "norm_eps": cfg.eps, "norm_weights": "seeded" if cfg.seeded_norm else "unit"}
+    if cfg.constructed:  # which heads are built by hand (engine.constructed)
+        doc |= {"head_weights": list(cfg.head_kinds), "sharpness": cfg.sharpness}
     return doc
 
 

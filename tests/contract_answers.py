@@ -30,6 +30,8 @@ def answers(client) -> list[tuple[str, str, str, int, str, object]]:
     post("trace, decode", "/trace", {**base, "causal": True, "decode": True})
     post("trace, cross-attention", "/trace", {**base, "context_sentence": "le chat"})
     post("trace, injected bug", "/trace", {**base, "inject_bug": "no_scale"})
+    post("trace, constructed heads", "/trace", {"sentence": "the cat sat", "d_model": 32, "num_heads": 2,
+                                                "head_weights": ["previous_token", "seeded"], "sharpness": 5.0})
     ref = post("trace, reference for check", "/trace", {**base, "causal": True})
     stages = {sid: st["values"] for sid, st in ref["stages"].items()}
     post("check, passed", "/check", {**base, "causal": True, "submission": stages})
