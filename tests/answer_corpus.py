@@ -692,10 +692,84 @@ def html_corpus() -> list[Req]:
 
 def get_corpus() -> list[Req]:
     scripts = [get(f"/static/{name}.js") for name in ("format", "trace", "url-state", "svg", "cell", "api", "render",
-                                                       "explain")]
+                                                       "explain", "block")]
     return [get("/health"), get("/version"), get("/openapi.yaml"), get("/"), get("/static/app.js"), *scripts,
             get("/static/style.css"), get("/static/favicon.svg"), get("/health", headers=[("Accept", NPZ)]),
             get("/version", headers=[("Origin", "https://example.org")])]
+
+
+#: stacks of blocks, one per preset and the hand-set choices, as small as the presets allow
+STACKS = {
+    "gpt2": {"sentence": SENTENCES[5], "d_model": 16, "num_heads": 2, "block": "gpt2", "num_layers": 2},
+    "vaswani2017": {"sentence": SENTENCES[5], "d_model": 16, "num_heads": 2, "block": "vaswani2017",
+                    "num_layers": 2, "norm_weights": "seeded"},
+    "llama": {"sentence": SENTENCES[8], "d_model": 32, "num_heads": 4, "num_kv_heads": 2, "block": "llama",
+              "num_layers": 3, "d_ff": 48, "norm_weights": "seeded"},
+    "custom": {"sentence": SENTENCES[3], "d_model": 8, "num_heads": 2, "num_layers": 3, "norm": "rms_norm",
+               "norm_position": "post", "ffn": "gelu", "norm_eps": 0.1, "causal": True, "seed": 7},
+    "one": {"sentence": SENTENCES[2], "d_model": 8, "num_heads": 1, "ffn": "relu"},
+}
+
+#: constructed heads: each kind alone, mixed with seeded heads, under RoPE, and induction in a stack
+CONSTRUCTED = {
+    "previous": {"sentence": "the cat sat on the mat", "d_model": 32, "num_heads": 1, "causal": True,
+                 "head_weights": ["previous_token"]},
+    "mixed": {"sentence": "the cat sat on the mat the cat", "d_model": 96, "num_heads": 3, "causal": True,
+              "head_weights": ["previous_token", "same_token", "first_token"], "sharpness": 4},
+    "seeded-beside": {"sentence": "a b c a b", "d_model": 64, "num_heads": 2, "causal": True,
+                      "head_weights": ["first_token", "seeded"]},
+    "rope": {"sentence": "one two three four", "d_model": 32, "num_heads": 1, "causal": True,
+             "positional_encoding": "rope", "head_weights": ["previous_token"]},
+    "induction": {"sentence": "red blue green red", "d_model": 64, "num_heads": 1, "causal": True,
+                  "head_weights": ["induction"], "num_layers": 2, "block": "vaswani2017"},
+}
+
+
+def stack_corpus(client: Any) -> list[Req]:
+    """Stacks of blocks and constructed heads on every endpoint that takes a trace's request."""
+    out: list[Req] = []
+    add = out.append
+    for body in (*STACKS.values(), *CONSTRUCTED.values()):
+        add(post("/trace", body))
+        add(post("/trace", {**body, "include_parameters": True, "precision": 6}))
+        add(post("/trace", body, headers=[("Accept", NPZ)]))
+    gpt2, llama, custom = STACKS["gpt2"], STACKS["llama"], STACKS["custom"]
+    add(post("/trace", {**gpt2, "stages": ["norm1_mean", "ffn_activation", "residual_stream", "final_norm"]}))
+    add(post("/trace", {**gpt2, "num_layers": 1}))
+    add(post("/trace", {"sentence": SENTENCES[5], "d_model": 16, "num_heads": 2, "num_layers": 1}))
+    add(post("/trace/batch", {"items": [BASE, gpt2, CONSTRUCTED["previous"]]}))
+    add(post("/trace/html", gpt2))
+    add(post("/trace/html", CONSTRUCTED["mixed"]))
+    for fmt in ("bertviz", "transformer-explainer"):
+        add(post("/export", {**gpt2, "format": fmt}))
+        add(post("/export", {**CONSTRUCTED["induction"], "format": fmt}))
+    for cell in ({"cell": "norm1", "layer": 1, "token": 2, "feature": 5},
+                 {"cell": "norm2", "layer": 0, "token": 0, "feature": 0},
+                 {"cell": "final_norm", "token": 1, "feature": 3},
+                 {"cell": "ffn", "layer": 1, "token": 2, "unit": 7},
+                 {"head": 1, "query": 3, "key": 0, "layer": 1}):
+        add(post("/explain", {**gpt2, **cell}))
+    add(post("/explain", {**llama, "cell": "ffn", "layer": 2, "token": 1, "unit": 40}))
+    add(post("/explain", {**llama, "cell": "norm1", "layer": 0, "token": 0, "feature": 31}))
+    add(post("/explain", {**CONSTRUCTED["previous"], "head": 0, "query": 2, "key": 1}))
+    for tag, config in (("gpt2", gpt2), ("custom", custom), ("previous", CONSTRUCTED["previous"]),
+                        ("induction", CONSTRUCTED["induction"])):
+        stages = trace_stages(client, config)
+        values = {sid: st["values"] for sid, st in stages.items()}
+        add(post("/check", {**config, "submission": values}, label=f"check-stack:{tag}:all"))
+        add(post("/check", {**config, "submission": {"weights": scale_values(values["weights"], 1.001),
+                                                    "output": values["output"]}},
+                 label=f"check-stack:{tag}:perturbed"))
+    # refused: each with its field named
+    for body in ({**gpt2, "num_layers": 0}, {**gpt2, "block": "bert"}, {**gpt2, "d_ff": 0},
+                 {**gpt2, "norm_position": "middle"}, {**BASE, "num_layers": 2},
+                 {**gpt2, "cell": "norm1", "layer": 2, "token": 0, "feature": 0},
+                 {**CONSTRUCTED["previous"], "d_model": 8, "num_heads": 1},
+                 {**CONSTRUCTED["induction"], "num_layers": 1}, {**CONSTRUCTED["previous"], "head_weights": ["x"]},
+                 {**CONSTRUCTED["previous"], "head_weights": ["previous_token", "seeded"]},
+                 {**CONSTRUCTED["previous"], "sharpness": 0}):
+        add(post("/explain" if "cell" in body else "/trace", body))
+    return out
 
 
 def build_corpus(client: Any) -> list[Req]:
@@ -708,7 +782,7 @@ def build_corpus(client: Any) -> list[Req]:
     stage_ids = tuple(ALL_STAGE_IDS)
     corpus = (trace_corpus(bugs, tuple(POSITIONAL_ENCODING_CHOICES), tuple(ROPE_PAIRINGS), stage_ids)
               + invalid_corpus(stage_ids) + check_corpus(client, bugs) + batch_corpus(client) + explain_corpus()
-              + export_corpus(tuple(EXPORT_FORMATS)) + html_corpus() + get_corpus())
+              + export_corpus(tuple(EXPORT_FORMATS)) + html_corpus() + get_corpus() + stack_corpus(client))
     # Some variety no list above was written for: a fixed seed, so the corpus is the same every run.
     rng = random.Random(20261201)
     words = ["the", "cat", "sat", "on", "mat", "naïve", "café", ",", ".", "!", "über", "x", "—", "?"]
