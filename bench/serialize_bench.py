@@ -11,6 +11,10 @@ brotli (qualities 1, 4 and, for bodies up to 1 MB, 11): time to compress, time
 to decompress, bytes saved, and the break-even bandwidth
 ``saved bytes / (compress + decompress time)``: below that link speed the
 compressed response arrives sooner; above it, compression only costs CPU.
+
+Section 2 ends with a "block" row: a stack of Transformer blocks of GPT-2 small's proportions
+(``block_workload``: GPT-2 small itself when the limits allow it, else the largest stack of d_k 64 and
+d_ff 4·d_model they allow, on 64 tokens), whose render / orjson and npz / JSON ratios compare with L's.
 """
 
 from __future__ import annotations
@@ -48,8 +52,59 @@ def stdlib_dumps(doc: Any) -> bytes:
 
 
 def document(w: Workload) -> tuple[Any, Any]:
-    t = engine.trace(config_of(w), sentence=w.body["sentence"])
+    if is_stack(w):  # the block's settings are resolved by the request model, as the service does
+        t = service_path.validate(w.body_bytes, Settings()).run_trace()
+    else:
+        t = engine.trace(config_of(w), sentence=w.body["sentence"])
     return t, serialize.trace_document(t, include_parameters=w.include_parameters)
+
+
+# ---------------------------------------------------------------- a stack of blocks
+
+#: GPT-2 small: d_model 768, 12 heads (d_k 64), 12 layers, d_ff 4·d_model, here on 64 tokens
+GPT2_SMALL = {"d_model": 768, "num_heads": 12, "num_layers": 12}
+BLOCK_TOKENS = 64
+
+
+def is_stack(w: Workload) -> bool:
+    return "block" in w.extra
+
+
+def stack_numbers(w: Workload, settings: Settings | None = None) -> int | None:
+    """The numbers the service counts for a stack's request (None when the limits refuse it)."""
+    from pydantic import ValidationError
+
+    try:
+        return service_path.validate(w.body_bytes, settings or Settings())._value_count
+    except ValidationError:
+        return None
+
+
+def _gpt2_shaped(d_model: int, num_layers: int) -> Workload:
+    return Workload("block", BLOCK_TOKENS, d_model, d_model // 64, causal=True,
+                    extra={"block": "gpt2", "num_layers": num_layers})
+
+
+def block_workload(settings: Settings | None = None) -> Workload:
+    """GPT-2 small's shape on 64 tokens if the limits allow it; else the largest stack of its proportions they
+    allow (d_k 64, d_ff 4·d_model, the gpt2 preset): the most numbers over d_model and layers."""
+    s = settings or Settings()
+    small = _gpt2_shaped(GPT2_SMALL["d_model"], GPT2_SMALL["num_layers"])
+    if stack_numbers(small, s) is not None:
+        return Workload("block", BLOCK_TOKENS, small.d_model, small.num_heads, causal=True, extra=small.extra,
+                        note="GPT-2 small's shape")
+    best: tuple[int, int, int] = (0, 0, 0)
+    for d_model in range(64, s.max_d_model + 1, 64):
+        for layers in range(1, GPT2_SMALL["num_layers"] + 1):
+            count = stack_numbers(_gpt2_shaped(d_model, layers), s)
+            if count is None:
+                break
+            best = max(best, (count, d_model, layers))
+    count, d_model, layers = best
+    w = _gpt2_shaped(d_model, layers)
+    return Workload("block", BLOCK_TOKENS, d_model, w.num_heads, causal=True, extra=w.extra,
+                    note=f"GPT-2 small (d_model 768, 12 heads, 12 layers) is refused by the limits, so the largest "
+                         f"stack of its proportions they allow ({count:,} numbers)")
 
 
 def bytes_check(a: bytes, b: bytes) -> str:
@@ -65,7 +120,11 @@ def bytes_check(a: bytes, b: bytes) -> str:
 
 
 def run_serialization(workloads: list[Workload], repeats: int, budget_s: float, results: dict[str, Any],
-                      skip_stdlib: set[str] | None = None) -> Table:
+                      skip_stdlib: set[str] | None = None, *, stack: bool = True) -> Table:
+    """Section 2, one row per workload and, with ``stack``, a last row for a stack of blocks ("block",
+    :func:`block_workload`), whose ratios compare with L's."""
+    if stack and not any(is_stack(w) for w in workloads):
+        workloads = [*workloads, block_workload()]
     table = Table("2. Serialization per workload (median)",
                   ["workload", "numbers", "response bytes", "orjson (service)", "stdlib json of nested lists",
                    "stdlib / orjson", "same output?", "whole render in process", "render / orjson",
@@ -88,16 +147,24 @@ def run_serialization(workloads: list[Workload], repeats: int, budget_s: float, 
         if render() != a:
             check += "; render_trace differs from trace_document!"
         npz_size = len(render_npz())
-        big = w.n_tokens >= 128
+        big = w.n_tokens >= 128 or is_stack(w)
         fns = [lambda: serialize.dumps(doc), render, render_npz] + ([lambda: stdlib_dumps(doc)] if with_stdlib else [])
         t_orjson, t_render, t_npz, *rest = interleaved(fns, max(3, repeats // 3) if big else repeats,
                                                        budget_s=budget_s)
         t_std = rest[0] if rest else None
         results[w.name] = {"bytes": len(a), "stdlib_bytes": len(b), "orjson_s": t_orjson, "stdlib_s": t_std,
                            "render_s": t_render, "same_output": check, "npz_bytes": npz_size, "render_npz_s": t_npz}
-        table.add(w.name, f"{w.numbers:,}", f"{len(a):,}", fmt_time(t_orjson), fmt_time(t_std),
+        count = stack_numbers(w) if is_stack(w) else w.numbers
+        if is_stack(w):
+            results[w.name] |= {"numbers": count, "shape": w.shape + f", {w.extra['num_layers']} layers, gpt2",
+                                "note": w.note}
+        table.add(w.name, f"{count:,}", f"{len(a):,}", fmt_time(t_orjson), fmt_time(t_std),
                   fmt_ratio(t_std / t_orjson) if t_std else "–", check, fmt_time(t_render),
                   fmt_ratio(t_render / t_orjson), f"{npz_size:,}", fmt_time(t_npz), fmt_ratio(t_npz / t_render))
+    for w in workloads:
+        if is_stack(w):
+            table.notes.append(f"block = a stack of Transformer blocks, {w.shape}, the gpt2 preset, "
+                               f"{w.extra['num_layers']} layers, d_ff {4 * w.d_model}: {w.note}")
     table.notes.append("orjson = service.serialize.dumps(trace_document(...)) (OPT_SERIALIZE_NUMPY); stdlib = "
                        "ndarray.tolist() + json.dumps(separators=(',', ':'), ensure_ascii=False), timed together")
     table.notes.append("whole render = TraceRequest.model_validate_json + the service's render_trace "

@@ -30,6 +30,18 @@ and its weights by ``max_d_model``); a batch must fit in it as a whole.
 Compression is bounded separately, by what the request has already cost
 (service/compression.py): it can at most double a request's CPU.
 
+A stack's ``/check`` costs more than its numbers: when the submission is wrong, the diagnosis recomputes the
+stack once per applicable known mistake, from that mistake's step on and, since a stage holds every layer,
+through the last layer. ``diagnosis_cost`` counts it from the request, in /check's units (the largest
+one-layer /check, ``check_limit`` = 11.06 M units at the defaults, takes ~0.2 s: ~18 ns a unit): per
+applicable mistake, ⅙ unit a number the stack makes, 2 units an exact-GELU element (``math.erf``, one at a
+time) and 350 units a step (Python's overhead, ~6 µs with the rerun's bookkeeping). The coefficients bound the
+measured diagnosis of five stacks, from 96 layers of d_model 8 to a d_ff-4096 exact-GELU stack
+(docs/performance.md, current figures). A stack whose /check would cost more than ``check_limit``
+(``CHECK_FACTOR`` times ``max_trace_values`` plus one weight set at ``max_d_model``) is refused before any
+work (``refuse_costly_check``, 422 ``check_too_costly``); a /check/batch counts it in its cost. One attention
+layer is bounded by its trace size, as before.
+
 ``/trace/html`` embeds its trace (and, when the budget allows, the
 scale-flipped comparison trace) in the viewer's page: ``page_cost`` counts
 those traces plus one unit a number for the page itself (escaping and copying
@@ -42,10 +54,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from engine.bugs import applicable_bugs
+from engine.layer import layer_steps
+
+from .problems import ProblemError
+
 #: units of one batch item's fixed overhead
 ITEM_COST = 10_000
 #: a /check item costs this many times its trace's numbers
 CHECK_FACTOR = 4
+#: a stack's diagnosis, per applicable known mistake: one unit per this many numbers the rerun makes, units per
+#: exact-GELU element, units per step (module docstring)
+RERUN_NUMBERS_PER_UNIT = 6
+ERF_UNITS = 2
+STEP_UNITS = 350
 
 
 def _stack(spec: Any) -> Any:
@@ -77,12 +99,29 @@ def spec_weights(spec: Any) -> int | None:
     return None if stack is None else stack.n_parameters
 
 
+def diagnosis_cost(spec: Any) -> int:
+    """Units a stack's /check may spend recomputing it for each applicable known mistake (0 for one attention
+    layer, whose diagnosis CHECK_FACTOR covers): the reruns' numbers, exact-GELU elements and steps."""
+    stack = _stack(spec)
+    if stack is None:
+        return 0
+    n = len(spec.split)
+    explicit = getattr(spec, "input", None) is not None
+    bugs = len(applicable_bugs(stack, n, explicit_input=explicit))
+    erf = n * stack.ff_width * stack.num_layers if stack.ffn_kind == "gelu" else 0  # [L, n, d_ff] through math.erf
+    steps = len(layer_steps(stack, explicit_input=explicit))
+    values = int(getattr(spec, "_value_count", 0) or 0)
+    return bugs * (-(-values // RERUN_NUMBERS_PER_UNIT) + ERF_UNITS * erf + STEP_UNITS * steps)
+
+
 def cost(path: str, specs: Iterable[Any]) -> int:
     """The cost of answering these validated requests of one endpoint ("/trace" or "/check") together."""
     total, weights = 0, set()
     for spec in specs:
         values = int(getattr(spec, "_value_count", 0) or 0)
         total += ITEM_COST + values * (CHECK_FACTOR if path == "/check" else 1)
+        if path == "/check":
+            total += diagnosis_cost(spec)
         key = weight_key(spec)
         if key is not None and key not in weights:
             weights.add(key)
@@ -94,3 +133,26 @@ def page_cost(specs: Iterable[Any]) -> int:
     """The cost of /trace/html's page for these validated /trace requests (the trace, then its comparison)."""
     specs = list(specs)
     return cost("/trace", specs) + sum(int(getattr(spec, "_value_count", 0) or 0) for spec in specs)
+
+
+def check_limit(limits: Any) -> int:
+    """What the largest one-layer /check the limits allow costs: the bound a stack's /check is held to."""
+    return ITEM_COST + CHECK_FACTOR * limits.max_trace_values + weight_cost(limits.max_d_model)
+
+
+def refuse_costly_check(spec: Any, limits: Any) -> None:
+    """A 422 (``check_too_costly``) for a stack whose /check would cost more than ``check_limit``, before any
+    work; nothing for one attention layer (its trace size bounds it)."""
+    stack = _stack(spec)
+    if stack is None:
+        return
+    work, limit = cost("/check", [spec]), check_limit(limits)
+    if work > limit:
+        message = f"{work} units; the limit is {limit}"
+        raise ProblemError(422, "Invalid request",
+                           f"checking this stack of {stack.num_layers} block(s) would cost {work} units of work "
+                           f"(its trace, the comparison, and recomputing the stack for each known mistake that "
+                           f"can show in it), above the limit of {limit} (the largest one-layer /check's); use "
+                           "fewer layers or tokens, a narrower feed-forward network, or the tanh GELU",
+                           kind="validation-error",
+                           errors=[{"pointer": "", "type": "check_too_costly", "message": message}])

@@ -144,6 +144,24 @@ BugName = Literal[BUG_NAMES]  # type: ignore[valid-type]
 #: a name /check's diagnosis may give: the attention's known bugs, then a stack of blocks' own (BLOCK_BUGS)
 AnyBugName = Literal[BUG_NAMES + BLOCK_BUG_NAMES]  # type: ignore[valid-type]
 
+#: an unknown bug's message names the bugs of the request's kind, as an unknown stage id's does: a request
+#: without a block field is answered as before the block existed, word for word; a stack's adds the block's
+_ATTENTION_BUGS_EXPECTED = _quoted(BUG_NAMES)
+_EVERY_BUG_EXPECTED = _quoted(BUG_NAMES + BLOCK_BUG_NAMES)
+
+
+def _known_bug(v: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> str:
+    try:
+        return handler(v)
+    except ValidationError:
+        expected = _EVERY_BUG_EXPECTED if has_block_field(info) else _ATTENTION_BUGS_EXPECTED
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected}) from None
+
+
+#: inject_bug's names: the attention's known bugs, and a stack of blocks' own (which the engine's refusal rule
+#: refuses without a block field, saying to add one)
+InjectableBugName = Annotated[AnyBugName, WrapValidator(_known_bug)]
+
 PositionalEncodingName = Literal[POSITIONAL_ENCODING_CHOICES]  # type: ignore[valid-type]
 RopePairingName = Literal[tuple(ROPE_PAIRINGS)]  # type: ignore[valid-type]
 HeadKindName = Literal[constructed.HEAD_KINDS]  # type: ignore[valid-type]
@@ -630,7 +648,7 @@ class ConfigOut(BaseModel):
 
 
 class InjectedBug(BaseModel):
-    name: BugName
+    name: AnyBugName
     summary: str
     warning: str = Field(description="Always says that these numbers are deliberately wrong.")
 

@@ -25,7 +25,7 @@ from engine.checking import compare
 from engine.checking.hints import HINT_CODES
 from engine.layer import ALL_STAGE_IDS, TOKEN_STAGE_IDS, check_stages
 
-from .. import batch, npz, serialize
+from .. import batch, budget, npz, serialize
 from ..batch import BatchRequest
 from ..edge import bound_json_values, json_response, parse_body, read_json_body, settings
 from ..models import AnyBugName, ConfigOut, StageId, TraceSpec, engine_rules
@@ -305,9 +305,12 @@ def check_request_npz(body: bytes, limits: Settings) -> CheckRequest:
 def post_check() -> Response:
     raw = read_json_body(npz_too=True)
     if request.mimetype == npz.MEDIA_TYPE:  # the stages as exact arrays: any size the trace limit allows
-        return json_response(check_document(check_request_npz(raw, settings())))
-    bound_json_values(raw)
-    return json_response(check_document(parse_body(CheckRequest, raw)))
+        req = check_request_npz(raw, settings())
+    else:
+        bound_json_values(raw)
+        req = parse_body(CheckRequest, raw)
+    budget.refuse_costly_check(req, settings())  # a stack's diagnosis, counted before any work
+    return json_response(check_document(req))
 
 
 @bp.post("/check/batch")

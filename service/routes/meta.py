@@ -16,7 +16,8 @@ from pydantic import BaseModel, Field
 
 import engine
 from engine import BUGS
-from engine.layer import ALL_STAGE_IDS
+from engine.bugs import BLOCK_BUGS
+from engine.layer import ALL_STAGE_IDS, BLOCK_STAGE_IDS
 
 from .. import serialize
 from ..edge import json_response, settings
@@ -41,6 +42,12 @@ class VersionInfo(BaseModel):
     limits: dict[str, Any]
     stage_ids: list[str]
     bugs: dict[str, str] = Field(description="The known bugs that inject_bug and /check's diagnosis use.")
+    block_stage_ids: list[str] = Field(
+        description="The stages a stack of Transformer blocks (a request with a block field) adds to stage_ids, in "
+        "walkthrough order (which of them a stack computes depends on its norm, norm position and FFN).")
+    block_bugs: dict[str, str] = Field(
+        description="The known mistakes of a stack of Transformer blocks, each made in every layer: inject_bug takes "
+        "them with a block field, and /check's diagnosis of a stack names them after the attention's bugs.")
 
 
 
@@ -56,7 +63,8 @@ def _dist_version(dist: str) -> str:
 
 
 def version_document(limits: Settings) -> dict[str, Any]:
-    """GET /version: versions, the limits in force, the stage ids and the known bugs."""
+    """GET /version: versions, the limits in force, the stage ids and the known bugs (the attention layer's, then a
+    stack of blocks' own)."""
     return {
         "service": "attention-trace",
         "service_version": _dist_version("attention-trace"),
@@ -71,6 +79,8 @@ def version_document(limits: Settings) -> dict[str, Any]:
         "limits": limits.limits(),
         "stage_ids": list(ALL_STAGE_IDS),
         "bugs": {name: bug.summary for name, bug in BUGS.items()},
+        "block_stage_ids": list(BLOCK_STAGE_IDS),
+        "block_bugs": {name: bug.summary for name, bug in BLOCK_BUGS.items()},
     }
 
 

@@ -21,13 +21,14 @@ from pydantic_core import PydanticCustomError
 
 import engine
 from engine import BUG_NAMES, BUGS, check_bug
+from engine.bugs import ALL_BUGS, BLOCK_BUGS
 from engine.layer import ALL_STAGE_IDS, check_stages
 
 from .. import batch, budget, compression, npz, serialize
 from ..batch import BatchRequest
 from ..edge import json_response, parse_body, read_json_body, settings
-from ..models import (BoundedNumber, BugName, ConfigOut, InjectedBug, StageId, TokenOut, TraceSpec, engine_rules,
-                      omitted)
+from ..models import (BoundedNumber, ConfigOut, InjectableBugName, InjectedBug, StageId, TokenOut, TraceSpec,
+                      engine_rules, omitted)
 from ..offline_page import comparison_request, export_filename, render_html_bytes
 from ..problems import ProblemError
 
@@ -94,13 +95,20 @@ class TraceRequest(TraceSpec):
         "rounds it, `stages` does not filter it, and its numbers count towards max_trace_values.",
     )
 
-    inject_bug: BugName | None = Field(
+    inject_bug: InjectableBugName | None = Field(
         default=None,
         description="Return the trace with one known bug injected (clearly labelled in `injected_bug`): "
         + "; ".join(f"`{b.name}`: {b.summary}" for b in BUGS.values())
         + ". " + ", ".join(f"`{b.name}`" for b in BUGS.values() if b.needs_causal) + " needs `causal: true`. "
         "A bug that would change no number of this trace (a scaling bug with `scale: false` or d_k = 1, "
-        "averaging one head, a softmax or mask bug on one token) is refused with a 422 that says why.",
+        "averaging one head, a softmax or mask bug on one token) is refused with a 422 that says why. "
+        "A stack of blocks (a block field) also takes the block's known mistakes, each made in every layer (GET "
+        "/version's `block_bugs` says what each is): " + ", ".join(f"`{name}`" for name in BLOCK_BUGS)
+        + ". They are refused without a block field (add one), and where the stack cannot show them (the final "
+        "norm's mistake in post-norm, which has no final norm; SwiGLU's without SwiGLU, GELU's without GELU, the "
+        "variance's under RMSNorm; a block written in the other norm position, where the stack is in that one), "
+        "with a 422 that says why; so is the attention's mistake whose keys read the embeddings, since a stack's "
+        "keys read the residual stream.",
     )
 
     @model_validator(mode="after")
@@ -258,7 +266,7 @@ def trace_document(req: TraceRequest, *, binary: bool = False) -> dict[str, Any]
 
 def injected_bug_document(name: str) -> dict[str, str]:
     """The ``injected_bug`` member of an answer whose numbers carry a known bug on request."""
-    return {"name": name, "summary": BUGS[name].summary,
+    return {"name": name, "summary": ALL_BUGS[name].summary,
             "warning": f"These numbers are deliberately wrong: the known bug '{name}' was injected on request."}
 
 
