@@ -703,6 +703,7 @@
     ui.dModel.value = '64';
     updateDkLive(); // the head slider's range follows d_model first
     ui.heads.value = '1';
+    resizeHeadKinds(); // one kind choice for the one head
     state.head = 0;
     schedule(0);
   }

@@ -356,7 +356,7 @@
           h('th', { scope: 'col', text: `Result for query ${quoted(tok)}` }))),
         h('tbody', {}, rows));
       ui.walkthrough.replaceChildren(h('div', { class: 'table-scroll' }, table),
-        explainWeights(tokens, keyTokens, q, weights, masked, cross));
+        explainWeights(tokens, keyTokens, q, weights, masked, cross, kindNote(cfg, hd).slice(3)));
     }
 
     /** The concat's formula: [head₀], [head₀ | head₁], [head₀ | … | head₁₁]. */
@@ -365,7 +365,7 @@
       return `[head₀ | … | head${subscript(heads - 1)}]`;
     }
 
-    function explainWeights(tokens, keyTokens, q, weights, masked, cross) {
+    function explainWeights(tokens, keyTokens, q, weights, masked, cross, kind = '') {
       const order = weights.map((w, j) => j).filter((j) => !(masked && masked[j] === null)).sort((a, b) => weights[b] - weights[a]);
       const top = order[0];
       const parts = [];
@@ -387,7 +387,9 @@
           parts.push(`; it mixes in ${rest.map((j) => `${pct(weights[j])} of ${quoted(tokens[j].text)}`).join(', ')}`);
         }
       }
-      parts.push('. With random, untrained weights this pattern is an artefact of the initialisation, not understanding.');
+      // A constructed head's pattern is its job, written into its weights by hand; a seeded head's is chance.
+      parts.push(kind ? `. This is a ${kind} head, its weights built by hand for that job: the pattern is the construction's.`
+        : '. With random, untrained weights this pattern is an artefact of the initialisation, not understanding.');
       return h('p', { class: 'explain' }, parts.join(''));
     }
 
