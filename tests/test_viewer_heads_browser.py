@@ -232,6 +232,7 @@ def test_the_offline_page_shows_the_caption_and_the_heads(driver, server, consol
     assert same_cells(driver, service_trace(server, PREVIOUS_TOKEN)["stages"]["weights"]["values"][0])
     assert "previous-token" in driver.find_element(By.ID, "maps-title").text
     assert driver.find_element(By.ID, "head-kind-0").get_attribute("disabled") is not None, "a saved page's inputs are fixed"
+    assert not driver.find_element(By.ID, "head-presets").is_displayed(), "no preset can ask for another trace"
 
 
 def test_present_mode_shows_the_caption_with_the_maps(driver, server, console):
