@@ -201,6 +201,10 @@ class Config:
     d_ff: int | None = None
     norm_eps: float | None = None
     norm_weights: str | None = None
+    # Constructed heads (a head_weights field in the request): each head's kind, and their sharpness; a trace whose
+    # heads are all seeded has neither.
+    head_weights: list[str] | None = None
+    sharpness: float | None = None
 
     @property
     def stack(self) -> bool:

@@ -16,6 +16,7 @@
  *   format.js     numbers and colours as the page writes them (pure)
  *   trace.js      reading a /trace answer: key tokens, K/V heads, export names (pure)
  *   url-state.js  the inputs as data: the request, the d_k card's counts, the address both ways (pure)
+ *   heads.js      interpretable heads: the kinds' names, the presets and their captions (pure)
  *   svg.js        the SVG exports, as an element tree written as escaped XML (pure)
  *   cell.js       one cell, number by number, from a trace alone: /explain's answer for a saved page (pure)
  *   block.js      a stack's block: which it is, its diagram's layout, the residual stream's lengths (pure)
@@ -37,7 +38,8 @@
   const { exportName, isStack, layerView } = AT.trace;
   const { PRESET_FIELDS } = AT.urlState;
   const { requestFrom, fieldsFromTrace, comparisonBody, divisors, dkCard, fieldError, curlFor, hashFor,
-    fieldsFromHash, selectionFromHash, uiWords } = AT.urlState;
+    fieldsFromHash, selectionFromHash, uiWords, HEAD_KINDS, headKinds, kindsText, readInt } = AT.urlState;
+  const { PRESETS, kindLabel, presetOf, captionFor } = AT.heads;
   const { svgFile, comparisonSvg } = AT.svg;
   const { ServiceError, ENDPOINTS, postJson, getVersion, postHtml, readEmbedded } = AT.api;
   const { h, spoken } = AT.render;
@@ -108,6 +110,8 @@
     colourScale: $('colour-scale'),
     presentToggle: $('present-toggle'), presentBar: $('present-bar'), presentPrev: $('present-prev'),
     presentNext: $('present-next'), presentExit: $('present-exit'), presentWhere: $('present-where'),
+    headPresets: $('head-presets'), headKinds: $('head-kinds'), sharpness: $('sharpness'),
+    presetCaption: $('preset-caption'), presetCaptionTitle: $('preset-caption-title'), presetCaptionBody: $('preset-caption-body'),
   };
   const fieldErrors = {
     '/sentence': $('sentence-error'), '/tokens': $('sentence-error'), '/d_model': $('d_model-error'),
@@ -117,13 +121,14 @@
     '/context_sentence': $('context_sentence-error'), '/context_tokens': $('context_tokens-error'),
     '/scale': $('scale-error'), '/causal': $('causal-error'), '/decode': $('decode-error'),
     '/block': $('block-error'), '/num_layers': $('num_layers-error'),
+    '/head_weights': $('head_weights-error'), '/sharpness': $('sharpness-error'),
   };
   const fieldInputs = {
     '/sentence': ui.sentence, '/tokens': ui.sentence, '/d_model': ui.dModel, '/num_heads': ui.heads, '/seed': ui.seed,
     '/positional_encoding': ui.pe, '/rope_base': ui.ropeBase, '/rope_pairing': ui.ropePairing,
     '/num_kv_heads': ui.kvHeads, '/window': ui.window, '/context_sentence': ui.contextSentence,
     '/context_tokens': ui.contextTokens, '/scale': ui.scale, '/causal': ui.causal, '/decode': ui.decode,
-    '/block': ui.block, '/num_layers': ui.numLayers,
+    '/block': ui.block, '/num_layers': ui.numLayers, '/head_weights': ui.headKinds, '/sharpness': ui.sharpness,
   };
 
   const explainer = AT.explain.create({ state, ui, saved: STANDALONE });
@@ -142,7 +147,56 @@
       rope_base: ui.ropeBase.value, rope_pairing: ui.ropePairing.value, num_kv_heads: ui.kvHeads.value,
       window: ui.window.value, context_sentence: ui.contextSentence.value, context_tokens: ui.contextTokens.value,
       decode: ui.decode.checked, block: ui.block.value, num_layers: ui.numLayers.value,
+      head_weights: kindsText(headSelects().map((sel) => sel.value)), sharpness: ui.sharpness.value,
     };
+  }
+
+  /** The per-head kind choices, head 0 first. */
+  const headSelects = () => [...ui.headKinds.querySelectorAll('select')];
+
+  /** One kind choice a head (the service's kinds), set to `kinds`; each change asks for a trace. */
+  function renderHeadKinds(kinds) {
+    ui.headKinds.replaceChildren(...kinds.map((kind, i) => {
+      const select = h('select', {
+        id: `head-kind-${i}`, form: 'controls', 'aria-describedby': 'head_weights-error', disabled: STANDALONE ? '' : null,
+        onchange: () => schedule(0),
+      }, HEAD_KINDS.map((k) => h('option', { value: k, text: k === 'seeded' ? 'seeded (random)' : kindLabel(k) })));
+      select.value = HEAD_KINDS.includes(kind) ? kind : 'seeded';
+      return h('div', { class: 'head-kind' }, h('label', { for: `head-kind-${i}`, text: `head ${i}` }), select);
+    }));
+  }
+
+  /** The head slider moved: as many kind choices as heads (new heads seeded, the others kept). */
+  function resizeHeadKinds() {
+    const n = readInt(ui.heads.value) ?? 1;
+    if (headSelects().length !== n) renderHeadKinds(headKinds(readFields().head_weights, n));
+  }
+
+  /**
+   * An interpretable-heads preset (heads.js): the whole form set to its fields, the view to the query token, head
+   * and layer that show its job, then a trace.
+   */
+  function choosePreset(preset) {
+    if (STANDALONE) return;
+    writeFields(preset.fields, limits.max_heads);
+    Object.assign(state, { query: preset.select.query, queryText: null, head: preset.select.head,
+      layer: preset.select.layer, bstage: null, step: null });
+    schedule(0);
+  }
+
+  /** The preset buttons: the one whose request the inputs make is pressed. */
+  function markPreset(body) {
+    const on = presetOf(body)?.id ?? null;
+    for (const b of ui.headPresets.querySelectorAll('button')) b.setAttribute('aria-pressed', String(b.dataset.preset === on));
+  }
+
+  /** The caption of the trace on screen (heads.js, captionFor): its preset's, or a line a constructed head. */
+  function renderCaption() {
+    const caption = state.main ? captionFor(state.main.body, (state.main.doc.full || state.main.doc).config) : null;
+    ui.presetCaption.hidden = !caption;
+    ui.presetCaption.dataset.preset = caption?.preset ?? '';
+    setText(ui.presetCaptionTitle, caption ? caption.title : '');
+    ui.presetCaptionBody.replaceChildren(...(caption ? caption.lines.map((line) => h('p', { text: line })) : []));
   }
 
   /** Set the form to `fields`; the head slider's top first (a range input clamps its value to it). */
@@ -164,10 +218,12 @@
     ui.decode.checked = fields.decode;
     ui.block.value = fields.block;
     ui.numLayers.value = fields.num_layers;
+    ui.sharpness.value = fields.sharpness;
+    renderHeadKinds(headKinds(fields.head_weights, readInt(ui.heads.value) ?? 1));
   }
 
   /** A preset chosen: the mask and positions it sets outside the block join the inputs (url-state.js, PRESET_FIELDS). */
-  function choosePreset() {
+  function chooseBlockPreset() {
     const preset = PRESET_FIELDS[ui.block.value];
     if (preset) {
       ui.pe.value = preset.positional_encoding;
@@ -260,6 +316,7 @@
       node.textContent = '';
       fieldInputs[pointer].removeAttribute('aria-invalid');
     }
+    for (const sel of headSelects()) sel.removeAttribute('aria-invalid');
     ui.heads.removeAttribute('aria-invalid');
   }
 
@@ -275,6 +332,9 @@
     node.hidden = false;
     node.textContent = node.textContent ? `${node.textContent}; ${placed.text}` : placed.text;
     fieldInputs[placed.field].setAttribute('aria-invalid', 'true');
+    // A head's own problem (/head_weights/1) marks that head's choice too.
+    const head = /^\/head_weights\/(\d+)$/.exec(pointer);
+    if (head) $(`head-kind-${head[1]}`)?.setAttribute('aria-invalid', 'true');
     return true;
   }
 
@@ -354,6 +414,7 @@
     state.controller = null;
     writeHash();
     renderCurl(body);
+    markPreset(body);
     if (Object.keys(errors).length) {
       clearFieldErrors();
       for (const [pointer, message] of Object.entries(errors)) showFieldError(pointer, message);
@@ -525,6 +586,7 @@
     if (Number.isInteger(doc.layer)) state.layer = doc.layer; // clamped to the stack by layerView
     writeHash();
     renderPickers();
+    renderCaption();
     renderSelection();
     showSlide();
     renderStatus();
@@ -641,6 +703,7 @@
     ui.dModel.value = '64';
     updateDkLive(); // the head slider's range follows d_model first
     ui.heads.value = '1';
+    resizeHeadKinds(); // one kind choice for the one head
     state.head = 0;
     schedule(0);
   }
@@ -759,12 +822,19 @@
       clearTimeout(state.timer);
       refresh();
     });
-    ui.block.addEventListener('change', choosePreset);
+    ui.block.addEventListener('change', chooseBlockPreset);
+    ui.headPresets.replaceChildren(...PRESETS.map((p) => h('button', {
+      type: 'button', class: 'button button-small', 'aria-pressed': 'false', data: { preset: p.id }, text: p.label,
+      onclick: () => choosePreset(p),
+    })));
     for (const input of [ui.sentence, ui.contextSentence, ui.contextTokens, ui.dModel, ui.seed, ui.ropeBase, ui.kvHeads, ui.window,
-      ui.numLayers]) {
+      ui.numLayers, ui.sharpness]) {
       input.addEventListener('input', () => schedule(DEBOUNCE_MS));
     }
-    ui.heads.addEventListener('input', () => schedule(SLIDER_DEBOUNCE_MS));
+    ui.heads.addEventListener('input', () => {
+      resizeHeadKinds();
+      schedule(SLIDER_DEBOUNCE_MS);
+    });
     for (const input of [ui.scale, ui.causal, ui.pe, ui.ropePairing, ui.decode]) input.addEventListener('change', () => schedule(0));
     window.addEventListener('hashchange', () => {
       readHash();

@@ -23,6 +23,13 @@
   const { HEATMAP_MAX_TOKENS, CELL_NUMBERS_MAX_TOKENS, keyTokensOf, isCross, kvHeadOf, exportName, presentSlides } = globalThis.AttentionTrace.trace;
   const { heatmapSvg } = globalThis.AttentionTrace.svg;
   const { isStack, numLayers } = globalThis.AttentionTrace.trace;
+  const { kindLabel } = globalThis.AttentionTrace.heads;
+
+  /** " · previous-token" after a constructed head's number (config.head_weights), '' for a seeded head. */
+  function kindNote(cfg, head) {
+    const kind = Array.isArray(cfg.head_weights) ? cfg.head_weights[head] : undefined;
+    return kind && kind !== 'seeded' ? ` · ${kindLabel(kind)}` : '';
+  }
   const BLOCK = globalThis.AttentionTrace.block;
   const SVG_NS = 'http://www.w3.org/2000/svg';
   const STAGE_MAX_COLS = 32; // a block stage's features drawn; the JSON has them all
@@ -192,12 +199,13 @@
       }));
       const heads = doc.config.num_heads;
       ui.headOptions.replaceChildren(...Array.from({ length: heads }, (_, i) => {
+        const kind = kindNote(doc.config, i); // a constructed head says its job: "0 · previous-token"
         const input = h('input', {
           type: 'radio', name: 'head', value: i, id: `head-${i}`, class: 'chip-input',
-          'aria-label': `head ${i} of ${heads}`,
+          'aria-label': `head ${i} of ${heads}${kind}`,
           onchange: () => actions.select(null, i),
         });
-        return h('label', { class: 'chip chip-head', for: `head-${i}` }, input, h('span', { class: 'chip-text', text: `${i}` }));
+        return h('label', { class: 'chip chip-head', for: `head-${i}` }, input, h('span', { class: 'chip-text', text: `${i}${kind}` }));
       }));
       // A stack: one chip a layer (changing it redraws from the answer on screen, no request).
       const full = doc.full || doc;
@@ -236,7 +244,7 @@
       const gqa = cfg.num_kv_heads !== undefined && cfg.num_kv_heads !== cfg.num_heads;
       const kvh = kvHeadOf(cfg, hd);
       const tok = tokens[q].text;
-      const headName = cfg.num_heads > 1 ? ` · head ${hd} of ${cfg.num_heads}` : '';
+      const headName = `${cfg.num_heads > 1 ? ` · head ${hd} of ${cfg.num_heads}` : ''}${kindNote(cfg, hd)}`;
       ui.walkthroughTitle.replaceChildren(`Walkthrough: attention for ${quoted(tok)}${headName}`);
 
       const masked = S.masked_scores ? S.masked_scores.values[hd][q] : null;
@@ -348,7 +356,7 @@
           h('th', { scope: 'col', text: `Result for query ${quoted(tok)}` }))),
         h('tbody', {}, rows));
       ui.walkthrough.replaceChildren(h('div', { class: 'table-scroll' }, table),
-        explainWeights(tokens, keyTokens, q, weights, masked, cross));
+        explainWeights(tokens, keyTokens, q, weights, masked, cross, kindNote(cfg, hd).slice(3)));
     }
 
     /** The concat's formula: [head₀], [head₀ | head₁], [head₀ | … | head₁₁]. */
@@ -357,7 +365,7 @@
       return `[head₀ | … | head${subscript(heads - 1)}]`;
     }
 
-    function explainWeights(tokens, keyTokens, q, weights, masked, cross) {
+    function explainWeights(tokens, keyTokens, q, weights, masked, cross, kind = '') {
       const order = weights.map((w, j) => j).filter((j) => !(masked && masked[j] === null)).sort((a, b) => weights[b] - weights[a]);
       const top = order[0];
       const parts = [];
@@ -379,7 +387,9 @@
           parts.push(`; it mixes in ${rest.map((j) => `${pct(weights[j])} of ${quoted(tokens[j].text)}`).join(', ')}`);
         }
       }
-      parts.push('. With random, untrained weights this pattern is an artefact of the initialisation, not understanding.');
+      // A constructed head's pattern is its job, written into its weights by hand; a seeded head's is chance.
+      parts.push(kind ? `. This is a ${kind} head, its weights built by hand for that job: the pattern is the construction's.`
+        : '. With random, untrained weights this pattern is an artefact of the initialisation, not understanding.');
       return h('p', { class: 'explain' }, parts.join(''));
     }
 
@@ -559,7 +569,8 @@
       const crossNote = keyTokens ? ' · keys: the context' : '';
       const mode = state.colour;
       const layerNote = Number.isInteger(doc.layer) ? ` · layer ${doc.layer} of ${numLayers(doc.full)}` : '';
-      ui.mapsTitle.replaceChildren(`Attention maps${layerNote}${cfg.num_heads > 1 ? ` · head ${hd} of ${cfg.num_heads}` : ''}${crossNote}`);
+      const headNote = `${cfg.num_heads > 1 ? ` · head ${hd} of ${cfg.num_heads}` : ''}${kindNote(cfg, hd)}`;
+      ui.mapsTitle.replaceChildren(`Attention maps${layerNote}${headNote}${crossNote}`);
       const maps = [
         heatmap({ stage: 'scores', title: 'Scores', formula: qk, matrix: S.scores.values[hd], tokens, keyTokens, kind: 'score', mode }),
         heatmap({ stage: 'scaled_scores', title: 'Scaled scores', formula: cfg.scale ? `${qk}/√${cfg.d_k}` : `${qk}/1 (scaling off)`,
@@ -634,10 +645,10 @@
         const kv = cfg.query_heads_of_kv_head ? ` · K/V ${kvHeadOf(cfg, hi)}` : '';
         return h('button', {
           type: 'button', class: 'thumb', 'aria-pressed': hi === state.head ? 'true' : 'false', data: { head: hi },
-          'aria-label': `Head ${hi}${kv ? ` (reads K/V head ${kvHeadOf(cfg, hi)})` : ''}: ${quoted(doc.tokens[state.query].text)} `
+          'aria-label': `Head ${hi}${kindNote(cfg, hi)}${kv ? ` (reads K/V head ${kvHeadOf(cfg, hi)})` : ''}: ${quoted(doc.tokens[state.query].text)} `
             + `attends most to ${quoted(keyTokens[top].text)} (${pct(row[top])})`,
           onclick: () => actions.select(null, hi),
-        }, h('span', { class: 'thumb-caption' }, `head ${hi}${kv}`,
+        }, h('span', { class: 'thumb-caption' }, `head ${hi}${kindNote(cfg, hi)}${kv}`,
           h('span', { class: 'thumb-top', text: `${quoted(doc.tokens[state.query].text)} → ${keyTokens[top].text} ${pct(row[top], 0)}` })), grid);
       });
       ui.thumbs.replaceChildren(
@@ -927,7 +938,7 @@
       const avg = heads[0].map((_, d) => heads.reduce((s, hv) => s + hv[d], 0) / heads.length);
       const range = extent([heads, concat, avg]);
       const headRows = heads.map((hv, i) => h('div', { class: `mh-row${i === state.head ? ' is-selected' : ''}`, data: { head: i } },
-        h('span', { class: 'mh-label' }, `head ${i}`, h('span', { class: 'row-note', text: `length ${fmt(norm(hv), 2)}` })),
+        h('span', { class: 'mh-label' }, `head ${i}${kindNote(cfg, i)}`, h('span', { class: 'row-note', text: `length ${fmt(norm(hv), 2)}` })),
         strip(hv, range, { label: `head ${i} output for ${tok}`, className: 'strip-head' })));
       const concatGroups = heads.map((hv, i) => h('span', { class: 'concat-group', data: { head: i } },
         h('span', { class: 'concat-group-label', text: `h${i}` }),

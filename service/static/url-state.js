@@ -8,6 +8,8 @@
  * the API). A value the address cannot hold (not a whole number, an unknown option) falls back to the default.
  * A stack of Transformer blocks adds `block` (a preset) and `layers` (num_layers) to the request's part, and the
  * shown layer (`layer`, from 0) and block stage (`bstage`) to the selection; a plain request leaves all four out.
+ * Constructed heads (docs/engine.md, "Constructed heads") add `hw` (head_weights, one kind a head, comma-separated)
+ * and `sharpness` (when not 10); a request whose heads are all seeded sends neither field.
  *
  * Adds `urlState` to globalThis.AttentionTrace (after format.js); tests/js/url-state.test.js runs it under Node.
  */
@@ -18,8 +20,12 @@
 
   const DEFAULTS = Object.freeze({
     sentence: 'the cat sat', d_model: 24, num_heads: 1, seed: 0, scale: true, causal: false,
-    positional_encoding: 'sinusoidal', rope_base: 10000, rope_pairing: 'rotate_half',
+    positional_encoding: 'sinusoidal', rope_base: 10000, rope_pairing: 'rotate_half', sharpness: 10,
   });
+
+  /** The head kinds the service builds (engine/constructed.py, HEAD_KINDS); 'seeded' is every head's default. */
+  const HEAD_KINDS = Object.freeze(['seeded', 'previous_token', 'same_token', 'first_token', 'induction']);
+  const SEEDED = 'seeded';
 
   /** The form as the page first shows it (index.html's values). */
   const DEFAULT_FIELDS = Object.freeze({
@@ -27,6 +33,7 @@
     seed: String(DEFAULTS.seed), scale: true, causal: false, positional_encoding: 'sinusoidal',
     rope_base: String(DEFAULTS.rope_base), rope_pairing: DEFAULTS.rope_pairing, num_kv_heads: '', window: '',
     context_sentence: '', context_tokens: '', decode: false, block: '', num_layers: '1',
+    head_weights: '', sharpness: String(DEFAULTS.sharpness),
   });
 
   /** The block presets the page offers ('' is attention alone, no block), in the order the control lists them. */
@@ -54,6 +61,18 @@
     const n = Number(raw);
     return Number.isSafeInteger(n) ? n : null;
   }
+
+  /**
+   * The heads' kinds as the fields hold them (`head_weights`: kinds joined by commas, '' when every head is seeded),
+   * as a list of `n` (padded with seeded heads, cut to n): the page shows one choice a head.
+   */
+  function headKinds(text, n) {
+    const given = String(text ?? '').split(',').map((k) => k.trim()).filter((k) => k !== '');
+    return Array.from({ length: Math.max(n, 0) }, (_, i) => given[i] ?? SEEDED);
+  }
+
+  /** The fields' text for a list of kinds: '' when every head is seeded (the request then leaves them out). */
+  const kindsText = (kinds) => (kinds.every((k) => k === SEEDED) ? '' : kinds.join(','));
 
   /** Pre-split tokens, one a line (a final line break is not an empty token). */
   const splitLines = (text) => text.replace(/\n+$/, '').split('\n');
@@ -104,6 +123,15 @@
       body.num_layers = readInt(layersText);
       if (body.num_layers === null) errors['/num_layers'] = 'enter a whole number, 1 or more';
     }
+    // Constructed heads: sent only when a head is not seeded, with the sharpness (explicit, so the curl says it).
+    const kinds = String(fields.head_weights ?? '').trim();
+    if (kinds !== '') {
+      body.head_weights = kinds.split(',').map((k) => k.trim());
+      const raw = String(fields.sharpness ?? '').trim();
+      const sharpness = raw === '' ? DEFAULTS.sharpness : Number(raw);
+      if (!Number.isFinite(sharpness)) errors['/sharpness'] = 'enter a number above 0, at most 1000';
+      body.sharpness = Number.isFinite(sharpness) ? sharpness : null;
+    }
     return { body, errors };
   }
 
@@ -127,6 +155,8 @@
       decode: cfg.decode === true,
       block: typeof request.block === 'string' ? request.block : typeof cfg.block === 'string' ? cfg.block : '',
       num_layers: String(request.num_layers ?? cfg.num_layers ?? 1),
+      head_weights: Array.isArray(cfg.head_weights) ? kindsText(cfg.head_weights) : '',
+      sharpness: cfg.sharpness !== undefined ? String(cfg.sharpness) : DEFAULT_FIELDS.sharpness,
     };
   }
 
@@ -185,7 +215,9 @@
     if (!known.includes(field)) return null;
     const rest = pointer.slice(field.length + 1);
     const text = field === pointer ? message
-      : field === '/context_tokens' && /^\d+$/.test(rest) ? `line ${Number(rest) + 1} (token ${rest}): ${message}` : `${rest}: ${message}`;
+      : field === '/context_tokens' && /^\d+$/.test(rest) ? `line ${Number(rest) + 1} (token ${rest}): ${message}`
+        : field === '/head_weights' && /^\d+$/.test(rest) && !message.startsWith(`head ${rest} `) ? `head ${rest}: ${message}`
+          : field === '/head_weights' && /^\d+$/.test(rest) ? message : `${rest}: ${message}`;
     return { field, text };
   }
 
@@ -195,6 +227,13 @@
    * window", "h = 5"). Only these phrasings change; the rest of the message, numbers included, is the service's.
    */
   const UI_WORDS = Object.freeze([
+    // Constructed heads: head_weights[1] (same_token) is the page's "head 1 (same-token)", the kinds as it lists them.
+    [/\bhead_weights\[(\d+)\] \(([a-z_]+)\)/g, (all, i, kind) => `head ${i} (${kind.replace(/_/g, '-')})`],
+    [/\bhead_weights\[(\d+)\]/g, 'head $1'],
+    [/\bhead_weights\b/g, 'Head weights'],
+    [/\bsharpness\b/g, 'Sharpness'],
+    [/\bdrop num_kv_heads\b/g, 'clear K/V heads'],
+    [/\bmake every head "seeded"/g, 'make every head seeded'],
     [/\bset causal: true\b/g, 'switch the causal mask on'],
     [/\bset causal: false\b/g, 'switch the causal mask off'],
     [/\bcausal: true\b/g, 'the causal mask'],
@@ -261,6 +300,9 @@
       if (body.decode) p.set('decode', '1');
       if (body.block) p.set('block', body.block);
       if (String(fields.num_layers ?? '1').trim() !== '1') p.set('layers', String(fields.num_layers).trim());
+      if (body.head_weights) p.set('hw', body.head_weights.join(','));
+      const sharpness = String(fields.sharpness ?? '').trim();
+      if (body.head_weights && sharpness !== '' && sharpness !== String(DEFAULTS.sharpness)) p.set('sharpness', sharpness);
     }
     if (selection.step !== null && selection.step !== undefined) p.set('step', String(selection.step));
     // A stack's shown layer (0-based) and block stage; neither for one attention layer.
@@ -283,6 +325,10 @@
     const optional = (k) => (/^\d{1,10}$/.test(get(k, '')) ? get(k, '') : '');
     const pe = get('pe', 'sinusoidal');
     const base = get('rope_base', String(DEFAULTS.rope_base));
+    // Head kinds: known ones only, at most one a head the service allows; anything else is every head seeded.
+    const hw = get('hw', '').split(',');
+    const kinds = hw.length <= 512 && hw.every((k) => HEAD_KINDS.includes(k)) ? kindsText(hw) : '';
+    const sharpness = get('sharpness', String(DEFAULTS.sharpness));
     return {
       sentence: get('sentence', DEFAULTS.sentence),
       d_model: whole('d_model', DEFAULTS.d_model),
@@ -300,6 +346,8 @@
       decode: get('decode', '0') === '1',
       block: BLOCKS.includes(get('block', '')) ? get('block', '') : '',
       num_layers: whole('layers', 1),
+      head_weights: kinds,
+      sharpness: /^[0-9.eE+-]{1,24}$/.test(sharpness) ? sharpness : String(DEFAULTS.sharpness),
     };
   }
 
@@ -332,7 +380,7 @@
   }
 
   globalThis.AttentionTrace.urlState = Object.freeze({
-    DEFAULTS, DEFAULT_FIELDS, BLOCKS, PRESET_FIELDS, withPreset, readInt, splitLines, requestFrom, fieldsFromTrace, comparisonBody, divisors, dkCard, fieldError, curlFor,
+    DEFAULTS, DEFAULT_FIELDS, BLOCKS, HEAD_KINDS, headKinds, kindsText, PRESET_FIELDS, withPreset, readInt, splitLines, requestFrom, fieldsFromTrace, comparisonBody, divisors, dkCard, fieldError, curlFor,
     hashFor, fieldsFromHash, selectionFromHash, UI_WORDS, uiWords,
   });
 })();

@@ -192,7 +192,7 @@ test('a saved trace shows the fields it was made with', () => {
   assert.deepEqual(U.fieldsFromTrace({ tokens: ['the', 'cat'] }, doc), {
     sentence: 'the cat', d_model: '24', num_heads: '4', seed: '3', scale: false, causal: true,
     positional_encoding: 'rope', rope_base: '500000', rope_pairing: 'interleaved', num_kv_heads: '2', window: '3',
-    context_sentence: '', context_tokens: '', decode: true, block: '', num_layers: '1',
+    context_sentence: '', context_tokens: '', decode: true, block: '', num_layers: '1', head_weights: '', sharpness: '10',
   });
   const plain = { config: { d_model: 8, num_heads: 2, seed: 0, scale: true, causal: false, positional_encoding: 'sinusoidal' },
     tokens: [{ text: 'x' }] };
