@@ -692,7 +692,7 @@ def html_corpus() -> list[Req]:
 
 def get_corpus() -> list[Req]:
     scripts = [get(f"/static/{name}.js") for name in ("format", "trace", "url-state", "svg", "cell", "api", "render",
-                                                       "explain", "block")]
+                                                       "explain", "block", "heads")]
     return [get("/health"), get("/version"), get("/openapi.yaml"), get("/"), get("/static/app.js"), *scripts,
             get("/static/style.css"), get("/static/favicon.svg"), get("/health", headers=[("Accept", NPZ)]),
             get("/version", headers=[("Origin", "https://example.org")])]
