@@ -49,8 +49,10 @@ def _both_workers_ready(server: Gunicorn, deadline_s: float = 60.0) -> set[str]:
 
 def test_a_burst_of_kept_alive_connections_spreads_over_the_workers(server):
     workers = _both_workers_ready(server)
-    # Four connections at once, before any request: the first worker awake used to take them all.
-    socks = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(4)]
+    # Eight connections at once, before any request: the first worker awake used to take them all. Now a
+    # worker holding k connections looks for another only every k·0.5 ms (at most 2 ms), so taking all eight
+    # alone needs the other worker unscheduled for 11 ms (with four, 3 ms: a loaded 2-core machine did that).
+    socks = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(8)]
     conns = []
     try:
         for s in socks:
@@ -67,7 +69,7 @@ def test_a_burst_of_kept_alive_connections_spreads_over_the_workers(server):
     finally:
         for c in conns:
             c.close()
-    assert set(served) == workers, f"4 connections served by {served}: every worker should hold some"
+    assert set(served) == workers, f"8 connections served by {served}: every worker should hold some"
 
 
 def _read_response(sock: socket.socket, buf: bytes) -> tuple[bytes, bytes]:
