@@ -96,6 +96,14 @@ def test_last_bit_differences_are_within_the_tolerance() -> None:
     assert av.compare(golden, {"g": wiggled, "s": wiggled[:5]}) == []
 
 
+def test_a_stage_that_cancels_to_rounding_level_is_compared_absolutely() -> None:
+    # a centred row's mean: 0 in exact arithmetic, 2.8e-17 under one OpenBLAS kernel and 0 under another
+    golden = av.summarize({"/stages/norm2_mean/values": [0.0, -3.5e-17, 1.4e-17]})
+    assert av.compare(golden, {"/stages/norm2_mean/values": [2.8e-17, 0.0, 1.4e-17]}) == []
+    wrong = av.compare(golden, {"/stages/norm2_mean/values": [0.0, -3.5e-17, 1e-6]})  # a real change shows
+    assert wrong and "number 2" in wrong[0]
+
+
 def test_structure_is_pinned_exactly() -> None:
     a = av.canon("application/json", b'{"tokens":["the","cat"],"n":2,"x":[0.5,1.5]}')
     same_numbers_elsewhere = av.canon("application/json", b'{"tokens":["the","cat"],"n":2,"x":[0.5,1.6]}')
