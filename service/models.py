@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Annotated, Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
@@ -193,6 +195,8 @@ _ENGINE_RULES = _EngineRules()
 def engine_rules() -> _EngineRules:
     """Run the engine's own checks at the edge: an EngineError becomes this field's 422 entry."""
     return _ENGINE_RULES
+
+
 _Matrix3 = list[list[list[BoundedNumber]]]
 
 
@@ -206,6 +210,27 @@ class ParametersIn(BaseModel):
     W_V: _Matrix3 = Field(description="[kv head, d_k, d_model]: kv heads = num_kv_heads, or num_heads")
     W_O: list[list[BoundedNumber]] = Field(description="[d_model, num_heads·d_k]")
 
+
+
+#: the block fields that name a choice, and their choices (checked by the engine's rule)
+_BLOCK_CHOICES: dict[str, tuple[str, ...]] = {"block": tuple(BLOCK_PRESETS), "norm": NORM_KINDS,
+                                              "norm_position": NORM_POSITIONS, "ffn": FFN_KINDS,
+                                              "norm_weights": NORM_WEIGHTS}
+
+
+#: the engine's rule for each field it checks itself, run before the schema's checks (TraceSpec._engine_rule)
+_FIELD_RULES: dict[str, Callable[[Any], object]] = {
+    "num_kv_heads": check_kv_heads_value,
+    "rope_base": check_rope_base,
+    "rope_pairing": lambda v: check_choice("rope_pairing", v, tuple(ROPE_PAIRINGS)),
+    "window": check_window_size,
+    "num_layers": check_num_layers,
+    **{name: partial(check_optional_choice, name, choices=choices) for name, choices in _BLOCK_CHOICES.items()},
+    "d_ff": check_d_ff,
+    "norm_eps": check_norm_eps,
+    "head_weights": lambda v: raise_all(constructed.kind_problems(v)),
+    "sharpness": lambda v: raise_all(constructed.sharpness_problems(v)),
+}
 
 class TraceSpec(BaseModel):
     """One sentence (or pre-split tokens) and the layer's configuration: shared by /trace and /check."""
@@ -277,19 +302,6 @@ class TraceSpec(BaseModel):
         description="The constructed heads' scores are sharpness × their closed form: how peaked their patterns are.",
     )
 
-    @field_validator("head_weights", mode="before")
-    @classmethod
-    def _head_weights_value(cls, v: Any) -> Any:
-        with engine_rules():
-            raise_all(constructed.kind_problems(v))
-        return v
-
-    @field_validator("sharpness", mode="before")
-    @classmethod
-    def _sharpness_value(cls, v: Any) -> Any:
-        with engine_rules():
-            raise_all(constructed.sharpness_problems(v))
-        return v
     context_sentence: Annotated[str, Field(min_length=1, max_length=_SENTENCE_HARD_MAX)] | None = Field(
         default=None,
         description="Cross-attention: the queries come from the sentence, the keys and values from this context "
@@ -352,63 +364,15 @@ class TraceSpec(BaseModel):
         default=None, description="The norms' γ and β: unit (γ = 1, β = 0, the default, as torch initialises a "
         "norm) or seeded (drawn from the seed).")
 
-    @field_validator("num_layers", mode="before")
+    # The variants', the block's and the constructed heads' own fields are checked by the engine's rules
+    # (_FIELD_RULES) before the schema's, so that HTTP and the engine refuse them alike: the engine's type
+    # and message (docs/engine.md, "Errors of the variants"). The schema keeps its bounds, which document
+    # the same ranges.
+    @field_validator(*_FIELD_RULES, mode="before")
     @classmethod
-    def _num_layers_value(cls, v: Any) -> Any:
+    def _engine_rule(cls, v: Any, info: ValidationInfo) -> Any:
         with engine_rules():
-            check_num_layers(v)
-        return v
-
-    @field_validator("block", "norm", "norm_position", "ffn", "norm_weights", mode="before")
-    @classmethod
-    def _block_choice(cls, v: Any, info: ValidationInfo) -> Any:
-        with engine_rules():
-            check_optional_choice(info.field_name, v, _BLOCK_CHOICES[info.field_name])
-        return v
-
-    @field_validator("d_ff", mode="before")
-    @classmethod
-    def _d_ff_value(cls, v: Any) -> Any:
-        with engine_rules():
-            check_d_ff(v)
-        return v
-
-    @field_validator("norm_eps", mode="before")
-    @classmethod
-    def _norm_eps_value(cls, v: Any) -> Any:
-        with engine_rules():
-            check_norm_eps(v)
-        return v
-
-    # The variants' own fields are checked by the engine's rules before the schema's, so that HTTP and
-    # the engine refuse them alike: type invalid_size, the engine's message (docs/engine.md, "Errors of
-    # the variants"). The schema keeps its bounds, which document the same ranges.
-    @field_validator("num_kv_heads", mode="before")
-    @classmethod
-    def _kv_heads_value(cls, v: Any) -> Any:
-        with engine_rules():
-            check_kv_heads_value(v)
-        return v
-
-    @field_validator("rope_base", mode="before")
-    @classmethod
-    def _rope_base_value(cls, v: Any) -> Any:
-        with engine_rules():
-            check_rope_base(v)
-        return v
-
-    @field_validator("rope_pairing", mode="before")
-    @classmethod
-    def _rope_pairing_value(cls, v: Any) -> Any:
-        with engine_rules():
-            check_choice("rope_pairing", v, tuple(ROPE_PAIRINGS))
-        return v
-
-    @field_validator("window", mode="before")
-    @classmethod
-    def _window_value(cls, v: Any) -> Any:
-        with engine_rules():
-            check_window_size(v)
+            _FIELD_RULES[info.field_name](v)
         return v
 
     # Before the schema's own checks, so that an empty or blank text gets the engine's type and message
@@ -557,12 +521,6 @@ class TraceSpec(BaseModel):
                                          num_heads=self.num_heads, num_kv_heads=self.num_kv_heads)
         return engine.trace(self.trace_config, split=self.split, input=self.input, parameters=params, bug=bug,
                             context_split=self.context_split, context_input=self.context_input)
-
-
-#: the block fields that name a choice, and their choices (checked by the engine's rule)
-_BLOCK_CHOICES: dict[str, tuple[str, ...]] = {"block": tuple(BLOCK_PRESETS), "norm": NORM_KINDS,
-                                              "norm_position": NORM_POSITIONS, "ffn": FFN_KINDS,
-                                              "norm_weights": NORM_WEIGHTS}
 
 
 def settings_of(info: ValidationInfo) -> Settings:
