@@ -98,8 +98,20 @@ SMALL_BODY = 64 * 1024
 SEND_CHUNK = 256 * 1024
 #: a connection younger than this is never dropped to make room (its request may still be on the way)
 SHED_AGE = 0.5
-#: how often a busy worker looks for new connections (an idle one takes them at once)
+#: how often a busy worker looks for new connections (an idle one takes them at once): at least every
+#: ACCEPT_POLL seconds (its longest sleep), and at most every ACCEPT_BUSY_GAP seconds while events keep it
+#: awake. Looking after every event cost a failed accept() per request under load, each one a GIL release
+#: that the compute thread took, and the loop then waited to get back (measured: one accept4 (EAGAIN) per
+#: request, ~1.1 per answer). An idle worker, waiting on the listening socket, still takes a new
+#: connection at once, and wins it against busy workers more often.
 ACCEPT_POLL = 0.02
+ACCEPT_BUSY_GAP = 0.002
+#: the heartbeat gunicorn's arbiter watches (a file's mtime) is touched at most this often, and not on
+#: every turn of the loop (a utimensat per event): the arbiter's timeout is tens of seconds
+HEARTBEAT_EVERY = 0.25
+#: an answer no larger than this is sent in one send() (its head and body joined: one copy of at most
+#: 64 KiB, against a second system call and TCP segment); larger ones are sent in their parts
+JOIN_SMALL = 64 * 1024
 #: Least connections first: a worker with no open connection waits on the listening socket and takes a new
 #: one at once; one holding k connections only looks every k·ACCEPT_SPREAD seconds (at most
 #: ACCEPT_SPREAD_MAX), one at a time. Every worker wakes for a new connection, and without this the first
@@ -251,6 +263,8 @@ class BufferedWorker(base.Worker):
         self.running: dict[str, tuple[Conn, float] | None] = {"fast": None, "work": None}
         self.accepting = False
         self.next_accept_look = 0.0
+        self.next_busy_look = 0.0
+        self.next_heartbeat = 0.0
         self.paused: deque[Conn] = deque()  # bodies waiting for room in the buffers (max_buffered)
         self.nr_lock = threading.Lock()
         super().init_process()
@@ -270,8 +284,9 @@ class BufferedWorker(base.Worker):
         stop_by = None
         while True:
             now = time.monotonic()
-            if self._heartbeat_ok(now):
+            if now >= self.next_heartbeat and self._heartbeat_ok(now):
                 self.notify()
+                self.next_heartbeat = now + min(HEARTBEAT_EVERY, self.timeout / 4)
             if not self.alive:
                 if stop_by is None:
                     stop_by = now + self.cfg.graceful_timeout
@@ -285,9 +300,9 @@ class BufferedWorker(base.Worker):
             # Load balancing between workers: a worker with no connection waits on the
             # listening socket and takes a new connection at once; one holding
             # connections looks every k·ACCEPT_SPREAD seconds (ACCEPT_SPREAD's comment),
-            # and one with work queued or running every ACCEPT_POLL seconds, so new
-            # connections go to the least loaded worker, and are still taken when
-            # every worker is busy.
+            # and one with work queued or running every ACCEPT_BUSY_GAP to ACCEPT_POLL
+            # seconds, so new connections go to the least loaded worker, and are still
+            # taken when every worker is busy.
             held = self._held()
             busy = self.alive and (self._busy() or held >= self.worker_connections)
             self._accept(self.alive and not busy and not held)
@@ -309,8 +324,10 @@ class BufferedWorker(base.Worker):
             self._completions()
             self._resume_paused()
             if busy:
-                for listener in self.sockets:
-                    self._on_accept(listener, burst=4)
+                if time.monotonic() >= self.next_busy_look:
+                    for listener in self.sockets:
+                        self._on_accept(listener, burst=4)
+                    self.next_busy_look = time.monotonic() + ACCEPT_BUSY_GAP
             elif self.alive and held and time.monotonic() >= self.next_accept_look:
                 for listener in self.sockets:
                     self._on_accept(listener, burst=1)
@@ -369,9 +386,8 @@ class BufferedWorker(base.Worker):
         if key.data == "accept":
             self._on_accept(key.fileobj)
         elif key.data == "wake":
-            try:
-                while os.read(self.wake_r, 4096):
-                    pass
+            try:  # one read: whatever is left (over 4 KiB of wake-ups) wakes the next select again
+                os.read(self.wake_r, 4096)
             except BlockingIOError:
                 pass
         elif key.data == "signal":
@@ -787,6 +803,8 @@ class BufferedWorker(base.Worker):
         now = time.monotonic()
         conn.state = "write"
         parts = [data] if isinstance(data, bytes) else data
+        if len(parts) > 1 and sum(len(p) for p in parts) <= JOIN_SMALL:
+            parts = [b"".join(parts)]
         conn.out = deque(memoryview(p) for p in parts if p)
         conn.out_pos = 0
         conn.out_size = conn.out_left = sum(len(p) for p in conn.out)
