@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import atexit
 import errno
+import gc
 import logging
 import mmap
 import os
@@ -296,6 +297,10 @@ class BufferedWorker(base.Worker):
 
     def init_process(self) -> None:
         _tune_malloc()
+        # No garbage collection while gunicorn loads the app (base.Worker.init_process, below): its imports
+        # create ~60,000 objects that all live, and collecting as they come was ~10 % of a boot (measured in
+        # process: 270-278 -> 241-253 ms of CPU), paid at every recycle. run() turns it back on.
+        gc.disable()
         self.sel = selectors.DefaultSelector()
         self.conns: dict[int, Conn] = {}
         self.wake_r, self.wake_w = os.pipe()
@@ -321,6 +326,7 @@ class BufferedWorker(base.Worker):
     # ------------------------------------------------------------------ loop
 
     def run(self) -> None:
+        gc.enable()
         RECYCLES.ready(time.monotonic())
         for listener in self.sockets:
             listener.setblocking(False)
