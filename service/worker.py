@@ -48,7 +48,14 @@ threads only on requests that have fully arrived:
 - **stopping** (``max_requests``, SIGTERM): no new connection is taken; every
   request already sent is answered, pipelined ones too (the last answer says
   "close"); a kept-alive connection quiet for ``DRAIN_QUIET`` (1 s) after its
-  last answer is closed with a FIN and a lingering read, never a reset;
+  last answer is closed with a FIN and a lingering read, never a reset.
+  Workers are replaced one at a time: one that reaches ``max_requests`` while
+  another's replacement is booting serves on until it is ready
+  (``RecycleBoard``);
+- **balance**: a worker with ``SHED_QUEUE`` traces waiting holds more than
+  its share of the busy clients: it closes one kept-alive connection after
+  its answer, at most every ``SHED_EVERY`` seconds, and the client reconnects
+  to the least loaded worker (after a recycle, the new one);
 - **logging**: every request the server refuses or cuts off itself (400, 408,
   413, 414, 417, 431, 499, 501, 503) gets a JSON access-log line with the
   client's address (and its X-Request-ID when well formed), as answered
@@ -172,8 +179,8 @@ class RecycleBoard:
     every worker: it is mapped when this module is imported, in gunicorn's master (which loads the worker class),
     before it forks them.
 
-    Why: evenly loaded workers reach max_requests together (gunicorn's jitter is 10 %, a fraction of a second
-    at full load), and all of them then stopped at once: no worker answered anything for the ~0.5 s of the
+    Why: evenly loaded workers reach max_requests together (its jitter, 10 % in gunicorn.conf.py, is a fraction
+    of a second at full load), and all of them then stopped at once: no worker answered anything for the ~0.5 s of the
     replacements' exit and boot (measured, 2 workers under wrk: nothing answered for 0.6 s at each pair of
     recycles). Now a worker that reaches max_requests while another's replacement is still booting waits for
     it, so one worker at a time is replaced and the others keep answering."""
