@@ -217,6 +217,9 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
                 key, name, accept = item
                 seq[key].append(gen.run(project, "/trace", req(f"{name}.req"), 1, duration_s,
                                         f"workers-seq-{key.replace(' ', '-')}", accept=accept))
+        # workers replaced for max_requests during the run: each replacement is a new worker's boot (its CPU is
+        # in the figures) and, while it boots, one worker fewer answering
+        replaced = {key: srv.log_text().count("Autorestarting worker") for key, srv in servers.items()}
     finally:
         for srv in servers.values():
             srv.stop()
@@ -231,22 +234,27 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
         f"{SERVER_ENV['WEB_CONCURRENCY']} workers each, response cache off; {conns} connections, {rounds} "
         f"interleaved round(s) of {duration_s:g} s",
         ["worker class", "/trace S req/s", "req/s vs the project's (range over rounds)", "worker CPU / request",
-         "p50", "p99", "requests", "errors"])
+         "p50", "p99", "requests", "errors", "workers replaced"])
     for c in classes:
         s = summ[c.key]
         vs = rps_ratio(load[c.key], load["project"])
         per_round = [a.rps / b.rps for a, b in zip(load[c.key], load["project"], strict=True) if b.rps]
         out["classes"][c.key] = {"label": c.label, "args": list(c.args), **s, "rps_vs_project": vs,
-                                 "round_rps": [r.rps for r in load[c.key]], "round_vs_project": per_round}
+                                 "round_rps": [r.rps for r in load[c.key]], "round_vs_project": per_round,
+                                 "workers_replaced": replaced[c.key]}
         spread = f" ({min(per_round):.2f}–{max(per_round):.2f})" if c.key != "project" and per_round else ""
         table.add(c.label, f"{s['rps']:,.0f}", fmt_ratio(vs) + spread, fmt_time(s["cpu_per_request_s"]),
-                  fmt_time(s["p50_s"]), fmt_time(s["p99_s"]), f"{s['requests']:,}", s["errors"])
+                  fmt_time(s["p50_s"]), fmt_time(s["p99_s"]), f"{s['requests']:,}", s["errors"], replaced[c.key])
     table.notes.append(f"load generator: {gen.name}, closed loop. Each stock class is the committed config with "
                        "`-k` (and `--threads 4`) on gunicorn's command line; the project's is the config as committed")
     table.notes.append("req/s, p50 and p99: medians over rounds; req/s vs the project's: the median of each round's "
                        "ratio; worker CPU / request: the workers' user+system CPU (/proc, replaced workers included) "
                        "over the requests answered. Only the project's worker applies its malloc tuning "
                        "(service/worker.py); the others run on glibc's defaults")
+    table.notes.append("workers replaced: for max_requests (the committed config's 2,000 plus jitter, every class), "
+                       "over the whole run; the project's server also answered the S uncached and one-connection "
+                       "runs. Each replacement's boot (~0.3 s of CPU, the app's imports) is in the CPU figures, and "
+                       "while it boots one worker fewer answers")
     table.notes += notes
 
     l_json = [t for run_ in seq["L"] for t in run_.server_s]

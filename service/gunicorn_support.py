@@ -32,10 +32,16 @@ _KINDS = {400: "bad-request", 408: "request-timeout", 414: "uri-too-long", 417: 
 
 
 class _JsonAtoms(SafeAtoms):
+    """gunicorn's atoms, each JSON-escaped when the format reads it: gunicorn passes ~50 (every request and
+    response header, every environ key) and the format uses 10, so escaping them all up front cost ~17 µs
+    of a ~38 µs access-log line."""
+
     def __init__(self, atoms: dict[str, Any]) -> None:
-        dict.__init__(self)
-        for key, value in atoms.items():
-            self[key] = json.dumps(value)[1:-1] if isinstance(value, str) else value
+        dict.__init__(self, atoms)
+
+    def __getitem__(self, k: str) -> Any:
+        value = super().__getitem__(k)  # SafeAtoms: "{header}i" case-insensitive, "-" when missing
+        return json.dumps(value)[1:-1] if isinstance(value, str) else value
 
 
 class JsonAccessLogger(Logger):

@@ -48,7 +48,14 @@ threads only on requests that have fully arrived:
 - **stopping** (``max_requests``, SIGTERM): no new connection is taken; every
   request already sent is answered, pipelined ones too (the last answer says
   "close"); a kept-alive connection quiet for ``DRAIN_QUIET`` (1 s) after its
-  last answer is closed with a FIN and a lingering read, never a reset;
+  last answer is closed with a FIN and a lingering read, never a reset.
+  Workers are replaced one at a time: one that reaches ``max_requests`` while
+  another's replacement is booting serves on until it is ready
+  (``RecycleBoard``);
+- **balance**: a worker with ``SHED_QUEUE`` traces waiting holds more than
+  its share of the busy clients: it closes one kept-alive connection after
+  its answer, at most every ``SHED_EVERY`` seconds, and the client reconnects
+  to the least loaded worker (after a recycle, the new one);
 - **logging**: every request the server refuses or cuts off itself (400, 408,
   413, 414, 417, 431, 499, 501, 503) gets a JSON access-log line with the
   client's address (and its X-Request-ID when well formed), as answered
@@ -61,11 +68,17 @@ Plain HTTP/1.x only (no TLS, no HTTP/2: TLS ends at the proxy or ingress).
 
 from __future__ import annotations
 
+import atexit
 import errno
+import gc
+import logging
+import mmap
 import os
 import queue
 import selectors
 import socket
+import struct
+import sys
 import threading
 import time
 import uuid
@@ -98,8 +111,20 @@ SMALL_BODY = 64 * 1024
 SEND_CHUNK = 256 * 1024
 #: a connection younger than this is never dropped to make room (its request may still be on the way)
 SHED_AGE = 0.5
-#: how often a busy worker looks for new connections (an idle one takes them at once)
+#: how often a busy worker looks for new connections (an idle one takes them at once): at least every
+#: ACCEPT_POLL seconds (its longest sleep), and at most every ACCEPT_BUSY_GAP seconds while events keep it
+#: awake. Looking after every event cost a failed accept() per request under load, each one a GIL release
+#: that the compute thread took, and the loop then waited to get back (measured: one accept4 (EAGAIN) per
+#: request, ~1.1 per answer). An idle worker, waiting on the listening socket, still takes a new
+#: connection at once, and wins it against busy workers more often.
 ACCEPT_POLL = 0.02
+ACCEPT_BUSY_GAP = 0.002
+#: the heartbeat gunicorn's arbiter watches (a file's mtime) is touched at most this often, and not on
+#: every turn of the loop (a utimensat per event): the arbiter's timeout is tens of seconds
+HEARTBEAT_EVERY = 0.25
+#: an answer no larger than this is sent in one send() (its head and body joined: one copy of at most
+#: 64 KiB, against a second system call and TCP segment); larger ones are sent in their parts
+JOIN_SMALL = 64 * 1024
 #: Least connections first: a worker with no open connection waits on the listening socket and takes a new
 #: one at once; one holding k connections only looks every k·ACCEPT_SPREAD seconds (at most
 #: ACCEPT_SPREAD_MAX), one at a time. Every worker wakes for a new connection, and without this the first
@@ -109,6 +134,18 @@ ACCEPT_SPREAD = 0.0005
 ACCEPT_SPREAD_MAX = 0.002
 #: a stopping worker closes a kept-alive connection once it has been quiet this long after its last answer
 DRAIN_QUIET = 1.0
+#: Rebalancing: a worker with at least SHED_QUEUE traces waiting in its queue (beyond the one it computes)
+#: holds more than its share of the busy clients, and closes one kept-alive connection after its answer
+#: ("Connection: close"), at most every SHED_EVERY seconds; the client reconnects, and a worker with no
+#: connection (waiting on the listening socket) takes it at once. Without it, after a recycle (max_requests)
+#: the survivor kept every connection until keepalive_requests, while the new worker idled (measured: 3 to
+#: 222 ms from its start to its first request under wrk, 4 connections on 2 workers). Evenly spread
+#: clients leave at most one trace waiting per worker, so they are never closed.
+SHED_QUEUE = 2
+SHED_EVERY = 0.05
+#: a worker that reaches max_requests while another worker's replacement is still booting goes on serving
+#: (RecycleBoard), for at most this long after that recycle began, and to 2 × max_requests at most
+RECYCLE_WAIT_MAX = 10.0
 
 
 @dataclass(frozen=True)
@@ -135,6 +172,37 @@ class Limits:
 
 
 LIMITS = Limits()
+
+
+class RecycleBoard:
+    """When a worker last began a recycle (max_requests) and when a worker last became ready, in memory shared by
+    every worker: it is mapped when this module is imported, in gunicorn's master (which loads the worker class),
+    before it forks them.
+
+    Why: evenly loaded workers reach max_requests together (its jitter, 10 % in gunicorn.conf.py, is a fraction
+    of a second at full load), and all of them then stopped at once: no worker answered anything for the ~0.5 s of the
+    replacements' exit and boot (measured, 2 workers under wrk: nothing answered for 0.6 s at each pair of
+    recycles). Now a worker that reaches max_requests while another's replacement is still booting waits for
+    it, so one worker at a time is replaced and the others keep answering."""
+
+    def __init__(self) -> None:
+        self.mem = mmap.mmap(-1, 16)  # MAP_SHARED: the master's workers all see the same two numbers
+
+    def begin_recycle(self, now: float) -> bool:
+        """True if this worker may recycle now (then it is marked as recycling); False while another
+        worker's replacement is booting (for at most RECYCLE_WAIT_MAX seconds after that recycle began)."""
+        began, ready = struct.unpack("dd", self.mem[:16])
+        if began > ready and now - began < RECYCLE_WAIT_MAX:
+            return False
+        self.mem[:8] = struct.pack("d", now)
+        return True
+
+    def ready(self, now: float) -> None:
+        """A worker has loaded the app and is about to take connections."""
+        self.mem[8:16] = struct.pack("d", now)
+
+
+RECYCLES = RecycleBoard()
 
 
 def configure(**values: Any) -> Limits:
@@ -236,6 +304,10 @@ class BufferedWorker(base.Worker):
 
     def init_process(self) -> None:
         _tune_malloc()
+        # No garbage collection while gunicorn loads the app (base.Worker.init_process, below): its imports
+        # create ~60,000 objects that all live, and collecting as they come was ~10 % of a boot (measured in
+        # process: 270-278 -> 241-253 ms of CPU), paid at every recycle. run() turns it back on.
+        gc.disable()
         self.sel = selectors.DefaultSelector()
         self.conns: dict[int, Conn] = {}
         self.wake_r, self.wake_w = os.pipe()
@@ -244,10 +316,16 @@ class BufferedWorker(base.Worker):
         self.done: queue.SimpleQueue = queue.SimpleQueue()
         self.fast_q: deque[Conn] = deque()
         self.work_q: deque[Conn] = deque()
-        self.cond = threading.Condition()
+        # One lock over both queues, one condition per lane: a trace wakes the work thread alone (with one
+        # condition for both, every submission woke the fast lane too, ~2 context switches a request for nothing)
+        self.lock = threading.Lock()
+        self.cond = {"fast": threading.Condition(self.lock), "work": threading.Condition(self.lock)}
         self.running: dict[str, tuple[Conn, float] | None] = {"fast": None, "work": None}
         self.accepting = False
         self.next_accept_look = 0.0
+        self.next_busy_look = 0.0
+        self.last_shed = 0.0  # when a connection was last closed to rebalance (SHED_QUEUE)
+        self.next_heartbeat = 0.0
         self.paused: deque[Conn] = deque()  # bodies waiting for room in the buffers (max_buffered)
         self.nr_lock = threading.Lock()
         super().init_process()
@@ -255,6 +333,8 @@ class BufferedWorker(base.Worker):
     # ------------------------------------------------------------------ loop
 
     def run(self) -> None:
+        gc.enable()
+        RECYCLES.ready(time.monotonic())
         for listener in self.sockets:
             listener.setblocking(False)
         self._accept(True)
@@ -267,8 +347,9 @@ class BufferedWorker(base.Worker):
         stop_by = None
         while True:
             now = time.monotonic()
-            if self._heartbeat_ok(now):
+            if now >= self.next_heartbeat and self._heartbeat_ok(now):
                 self.notify()
+                self.next_heartbeat = now + min(HEARTBEAT_EVERY, self.timeout / 4)
             if not self.alive:
                 if stop_by is None:
                     stop_by = now + self.cfg.graceful_timeout
@@ -282,9 +363,9 @@ class BufferedWorker(base.Worker):
             # Load balancing between workers: a worker with no connection waits on the
             # listening socket and takes a new connection at once; one holding
             # connections looks every k·ACCEPT_SPREAD seconds (ACCEPT_SPREAD's comment),
-            # and one with work queued or running every ACCEPT_POLL seconds, so new
-            # connections go to the least loaded worker, and are still taken when
-            # every worker is busy.
+            # and one with work queued or running every ACCEPT_BUSY_GAP to ACCEPT_POLL
+            # seconds, so new connections go to the least loaded worker, and are still
+            # taken when every worker is busy.
             held = self._held()
             busy = self.alive and (self._busy() or held >= self.worker_connections)
             self._accept(self.alive and not busy and not held)
@@ -306,17 +387,24 @@ class BufferedWorker(base.Worker):
             self._completions()
             self._resume_paused()
             if busy:
-                for listener in self.sockets:
-                    self._on_accept(listener, burst=4)
+                if time.monotonic() >= self.next_busy_look:
+                    for listener in self.sockets:
+                        self._on_accept(listener, burst=4)
+                    self.next_busy_look = time.monotonic() + ACCEPT_BUSY_GAP
             elif self.alive and held and time.monotonic() >= self.next_accept_look:
                 for listener in self.sockets:
                     self._on_accept(listener, burst=1)
                 self._look_later()
             self._timeouts(time.monotonic())
-        with self.cond:
-            self.cond.notify_all()
+        with self.lock:
+            for cond in self.cond.values():
+                cond.notify_all()
         for conn in list(self.conns.values()):
             self._close(conn)
+        # gunicorn now logs the exit, runs its worker_exit hook and exits with status 0; the interpreter's
+        # teardown after that (the app's modules, numpy's, a garbage collection of the whole heap) cost
+        # ~70 ms of CPU at every recycle (measured after SIGTERM: 60-80 ms), and nothing in it is needed
+        atexit.register(_exit_now)
 
     @property
     def worker_connections(self) -> int:
@@ -365,9 +453,8 @@ class BufferedWorker(base.Worker):
         if key.data == "accept":
             self._on_accept(key.fileobj)
         elif key.data == "wake":
-            try:
-                while os.read(self.wake_r, 4096):
-                    pass
+            try:  # one read: whatever is left (over 4 KiB of wake-ups) wakes the next select again
+                os.read(self.wake_r, 4096)
             except BlockingIOError:
                 pass
         elif key.data == "signal":
@@ -631,7 +718,7 @@ class BufferedWorker(base.Worker):
         if data:
             self._watch(conn, 0)  # the next request is on its way: it is read after this answer
             return
-        with self.cond:
+        with self.lock:
             q = self.fast_q if conn.lane == "fast" else self.work_q
             try:
                 q.remove(conn)
@@ -686,18 +773,19 @@ class BufferedWorker(base.Worker):
         # Nothing more is read until it is answered; the socket is only watched for the client hanging up
         # (_check_gone): then the request leaves the queue uncomputed.
         self._watch(conn, selectors.EVENT_READ)
-        with self.cond:
+        with self.lock:
             q.append(conn)
-            self.cond.notify_all()
+            self.cond[lane].notify()
 
     def _lane(self, name: str) -> None:
         q = self.fast_q if name == "fast" else self.work_q
+        cond = self.cond[name]
         while True:
-            with self.cond:
+            with cond:
                 while not q:
                     if not self.alive and not self.conns:
                         return
-                    self.cond.wait(1.0)
+                    cond.wait(1.0)
                 conn = q.popleft()
                 self.running[name] = (conn, time.monotonic())
             try:
@@ -725,16 +813,22 @@ class BufferedWorker(base.Worker):
         environ["wsgi.multithread"] = True
         with self.nr_lock:
             self.nr += 1
-            if self.nr >= self.max_requests and self.alive:
+            if self.nr >= self.max_requests and self.alive and \
+                    (RECYCLES.begin_recycle(time.monotonic()) or self.nr >= 2 * self.max_requests):
                 self.log.info("Autorestarting worker after current request.")
                 self.alive = False
         conn.served += 1
-        # Close after this answer when the worker is stopping (max_requests, SIGTERM) or after keepalive_requests
-        # (the client reconnects, to whichever worker is least busy); but not while requests the client has
-        # pipelined are here already: those are answered first, and the last of them says "close".
+        # Close after this answer when the worker is stopping (max_requests, SIGTERM), after keepalive_requests,
+        # or to rebalance (SHED_QUEUE): the client reconnects, to whichever worker is least busy; but not while
+        # requests the client has pipelined are here already: those are answered first, and the last says "close".
+        now = time.monotonic()
+        shed = conn.lane == "work" and len(self.work_q) >= SHED_QUEUE and now - self.last_shed >= SHED_EVERY \
+            and self.cfg.workers > 1
         if not self.cfg.keepalive or conn.close_after or conn.served >= 2 * LIMITS.keepalive_requests or \
-                ((not self.alive or conn.served >= LIMITS.keepalive_requests) and not self._pipelined(conn)):
+                ((not self.alive or conn.served >= LIMITS.keepalive_requests or shed) and not self._pipelined(conn)):
             resp.force_close()
+            if shed:
+                self.last_shed = now
         respiter = self.wsgi(environ, resp.start_response)
         try:
             for item in respiter:
@@ -782,6 +876,8 @@ class BufferedWorker(base.Worker):
         now = time.monotonic()
         conn.state = "write"
         parts = [data] if isinstance(data, bytes) else data
+        if len(parts) > 1 and sum(len(p) for p in parts) <= JOIN_SMALL:
+            parts = [b"".join(parts)]
         conn.out = deque(memoryview(p) for p in parts if p)
         conn.out_pos = 0
         conn.out_size = conn.out_left = sum(len(p) for p in conn.out)
@@ -1024,6 +1120,18 @@ def malloc_note(env: Mapping[str, str] = os.environ) -> str | None:
         return None
     return (f"GLIBC_TUNABLES does not hold {MALLOC_TUNABLES}: large answers will be faulted in 4 KiB pages "
             "(~1.3x the CPU of a 20 MB trace); start gunicorn with it (the Dockerfile and `make run` do)")
+
+
+def _exit_now() -> None:
+    """The last atexit handler registered, so the first to run (registered only when the worker's loop has
+    returned, after which gunicorn exits with 0): flush the logs, then leave without the interpreter's teardown."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 def _tune_malloc() -> None:
