@@ -29,12 +29,13 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from selenium.webdriver.support.ui import WebDriverWait
 
 from service.offline_page import comparison_request, csp_for, export_filename, render_html, viewer_scripts
 from service.routes.viewer import STATIC_DIR
-from test_viewer_browser import (  # the viewer's own helpers: the page's rounding and its maps
-    MINUS, WAIT, WebDriverWait, as_cells, chromium, clear_downloads, explain_rows, fixed, heatmap_labels,
-    heatmap_values, js_small, pct, wait_download, walkthrough_row, wait_until,
+from viewer_browser_support import (  # the viewer's own helpers: the page's rounding and its maps
+    MINUS, WAIT, as_cells, chromium, clear_downloads, explain_rows, fixed, heatmap_labels, heatmap_values, js_small,
+    pct, wait_download, wait_until, walkthrough_row,
 )
 
 BODY = {"sentence": "the cat sat on the mat", "d_model": 24, "num_heads": 4, "seed": 0, "scale": True,
