@@ -21,10 +21,7 @@ import hashlib
 import io
 import json
 import re
-import shutil
-import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -187,15 +184,9 @@ def test_the_command_line_writes_the_same_file(client, tmp_path, gunicorn_server
 
 
 @pytest.fixture(scope="module")
-def dirs() -> Iterator[dict[str, Path]]:
-    base = Path(tempfile.mkdtemp(prefix="standalone-"))
-    d = {name: base / name for name in ("profile", "downloads", "pages")}
-    for p in d.values():
-        p.mkdir()
-    try:
-        yield d
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+def dirs(browser_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """conftest's browser profile and downloads, and a directory for the saved pages."""
+    return {**browser_dirs, "pages": tmp_path_factory.mktemp("standalone-pages")}
 
 
 @pytest.fixture(scope="module")
