@@ -1,9 +1,12 @@
 """Shared fixtures: apps from the factory, a client that checks every response
-against openapi.yaml, and real gunicorn on a free loopback port."""
+against openapi.yaml, real gunicorn on a free loopback port, and the viewer's
+headless Chromium (tests/viewer_browser_support.py) with a console that fails a
+test on a browser error or a CSP violation."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -190,3 +193,62 @@ def gunicorn_server() -> Iterator[Gunicorn]:
         yield server
     finally:
         server.stop()
+
+
+# ---------------------------------------------------------------- the viewer in headless Chromium
+# (tests/viewer_browser_support.py; imported inside the fixtures, so that a run without browser tests never
+# imports Selenium)
+
+
+@pytest.fixture(scope="module")
+def server(gunicorn_server: Gunicorn) -> Gunicorn:
+    """The gunicorn the browser tests' pages load from (one per test file)."""
+    return gunicorn_server
+
+
+@pytest.fixture(scope="module")
+def browser_dirs(request: pytest.FixtureRequest) -> Iterator[dict[str, Path]]:
+    """The browser's profile and downloads directories, one pair per test file, removed after it."""
+    base = Path(tempfile.mkdtemp(prefix=f"{request.module.__name__}-"))
+    dirs = {"profile": base / "profile", "downloads": base / "downloads"}
+    for d in dirs.values():
+        d.mkdir()
+    try:
+        yield dirs
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def chromium_options():
+    """The browser's flags and screen; a test file overrides this fixture to change them."""
+    from viewer_browser_support import ChromiumOptions
+
+    return ChromiumOptions()
+
+
+@pytest.fixture(scope="module")
+def driver(request: pytest.FixtureRequest, browser_dirs: dict[str, Path], chromium_options):
+    """Headless Chromium for one test file, its chromedriver log named after the file."""
+    from viewer_browser_support import WAIT, chromium
+
+    log_name = f"chromedriver-{request.module.__name__.removeprefix('test_')}.log"
+    with chromium(browser_dirs, log_name, chromium_options.args) as drv:
+        drv.set_script_timeout(WAIT)
+        if chromium_options.size:
+            width, height = chromium_options.size
+            drv.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                                {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+        yield drv
+
+
+@pytest.fixture()
+def console(driver, server: Gunicorn):
+    """The browser log of one test: an error (but those the test allows) or a CSP violation fails it."""
+    from viewer_browser_support import Console
+
+    driver.get_log("browser")  # start from an empty log
+    driver.get_log("performance")
+    con = Console(driver)
+    yield con
+    con.check()

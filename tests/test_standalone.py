@@ -21,20 +21,18 @@ import hashlib
 import io
 import json
 import re
-import shutil
-import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from selenium.webdriver.support.ui import WebDriverWait
 
 from service.offline_page import comparison_request, csp_for, export_filename, render_html, viewer_scripts
 from service.routes.viewer import STATIC_DIR
-from test_viewer_browser import (  # the viewer's own helpers: the page's rounding and its maps
-    MINUS, WAIT, WebDriverWait, as_cells, chromium, clear_downloads, explain_rows, fixed, heatmap_labels,
-    heatmap_values, js_small, pct, wait_download, walkthrough_row, wait_until,
+from viewer_browser_support import (  # the viewer's own helpers: the page's rounding and its maps
+    MINUS, WAIT, as_cells, chromium, clear_downloads, explain_rows, fixed, heatmap_labels, heatmap_values, js_small,
+    pct, wait_download, wait_until, walkthrough_row,
 )
 
 BODY = {"sentence": "the cat sat on the mat", "d_model": 24, "num_heads": 4, "seed": 0, "scale": True,
@@ -186,15 +184,9 @@ def test_the_command_line_writes_the_same_file(client, tmp_path, gunicorn_server
 
 
 @pytest.fixture(scope="module")
-def dirs() -> Iterator[dict[str, Path]]:
-    base = Path(tempfile.mkdtemp(prefix="standalone-"))
-    d = {name: base / name for name in ("profile", "downloads", "pages")}
-    for p in d.values():
-        p.mkdir()
-    try:
-        yield d
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+def dirs(browser_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """conftest's browser profile and downloads, and a directory for the saved pages."""
+    return {**browser_dirs, "pages": tmp_path_factory.mktemp("standalone-pages")}
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """A stack of Transformer blocks in the viewer: headless Chromium against real gunicorn on loopback.
 
-The same browser, server and console fixtures as tests/test_viewer_browser.py (every test fails on a console error
-or a CSP violation). A 3-layer GPT-2 stack: the layer picker redraws the maps from the answer on screen (no
+The browser, server and console fixtures of tests/conftest.py (every test fails on a console error or a CSP
+violation). A 3-layer GPT-2 stack: the layer picker redraws the maps from the answer on screen (no
 request) with that layer's numbers; the block's diagram highlights the stage shown, and a click or Enter on a box
 shows another; the residual stream's lengths are numpy's; the address brings the same layer and box back; a preset
 sets its mask and positions; the offline page draws the stack under its hash-only CSP.
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +19,9 @@ import requests
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
-from test_viewer_browser import (  # the viewer's own harness: its server, its browser, the page's rounding
-    WAIT, Console, Server, as_cells, choose, chromium, clear_requests, fixed, heatmap_values, js, open_page, sent,
-    set_field, trace_requests, wait_ready, wait_until,
+from viewer_browser_support import (
+    as_cells, choose, clear_requests, fixed, heatmap_values, js, open_page, sent, service_trace, set_field,
+    trace_requests, wait_ready, wait_until,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
@@ -31,43 +30,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.browser]
 STACK_BODY = {"sentence": "the cat sat on", "d_model": 8, "num_heads": 2, "seed": 0, "scale": True, "causal": True,
               "positional_encoding": "sinusoidal", "block": "gpt2", "num_layers": 3}
 STACK_HASH = "#sentence=the+cat+sat+on&d_model=8&num_heads=2&seed=0&scale=1&causal=1&block=gpt2&layers=3&q=1&head=1"
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    srv = Server()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory):
-    base = tmp_path_factory.mktemp("block-browser")
-    dirs = {"profile": base / "profile", "downloads": base / "downloads"}
-    for d in dirs.values():
-        d.mkdir()
-    with chromium(dirs, "chromedriver-block.log", ("--disable-quic", "--hide-scrollbars", "--force-color-profile=srgb")) as drv:
-        drv.set_script_timeout(WAIT)
-        yield drv
-
-
-@pytest.fixture()
-def console(driver, server) -> Iterator[Console]:
-    """The browser log of one test: an error (but a 422 the test allows) or a CSP violation fails it."""
-    driver.get_log("browser")
-    driver.get_log("performance")
-    con = Console(driver)
-    yield con
-    assert not con.problems(), "browser console:\n" + "\n".join(con.problems())
-    assert js(driver, "return document.documentElement.dataset.cspViolations || '0'") == "0"
-
-
-def stack_trace(server) -> dict:
-    resp = requests.post(server.url + "/trace", json=STACK_BODY, timeout=10)
-    assert resp.status_code == 200, resp.text
-    return resp.json()
 
 
 def pick_layer(driver, layer: int) -> None:
@@ -87,7 +49,7 @@ def stage_values(driver, stage: str) -> list[list[str]]:
 
 
 def test_the_layer_picker_shows_that_layers_maps_without_a_request(driver, server, console):
-    doc = stack_trace(server)
+    doc = service_trace(server, STACK_BODY)
     W = doc["stages"]["weights"]["values"]  # [layer, head, query, key]
     open_page(driver, server, STACK_HASH)
     # The page asked for the stack itself, and draws layer 0 first.
@@ -126,7 +88,7 @@ def test_the_layer_picker_shows_that_layers_maps_without_a_request(driver, serve
 
 
 def test_the_residual_stream_is_each_tokens_norm_at_each_depth(driver, server, console):
-    doc = stack_trace(server)
+    doc = service_trace(server, STACK_BODY)
     want = np.linalg.norm(np.array(doc["stages"]["residual_stream"]["values"]), axis=-1)  # [depth, token]
     open_page(driver, server, STACK_HASH)
     assert driver.find_element(By.ID, "residual-section").is_displayed()
@@ -143,7 +105,7 @@ def test_the_residual_stream_is_each_tokens_norm_at_each_depth(driver, server, c
 
 
 def test_the_diagram_highlights_the_stage_shown_and_a_box_shows_its_stage(driver, server, console):
-    doc = stack_trace(server)
+    doc = service_trace(server, STACK_BODY)
     S = doc["stages"]
     open_page(driver, server, STACK_HASH)
     pick_layer(driver, 2)
@@ -184,7 +146,7 @@ def test_the_diagram_highlights_the_stage_shown_and_a_box_shows_its_stage(driver
 
 
 def test_the_address_brings_the_same_layer_and_stage_back(driver, server, console):
-    doc = stack_trace(server)
+    doc = service_trace(server, STACK_BODY)
     open_page(driver, server, STACK_HASH)
     pick_layer(driver, 2)
     driver.find_element(By.CSS_SELECTOR, "#block-diagram [data-box='norm2']").click()
@@ -243,7 +205,7 @@ def test_the_offline_page_draws_a_stack_under_its_csp(driver, server, console, t
     assert page.status_code == 200
     assert 'filename="attention-trace_the-cat-sat-on_d8_h2_seed0_causal_gpt2_L3.html"' in \
         page.headers["Content-Disposition"]
-    doc = stack_trace(server)
+    doc = service_trace(server, STACK_BODY)
     path = tmp_path / "stack.html"
     path.write_bytes(page.content)
     driver.get("about:blank")

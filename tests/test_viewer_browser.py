@@ -1,10 +1,8 @@
 """End to end: the viewer page in headless Chromium against real gunicorn on loopback.
 
-Debian's chromium and chromedriver (scripts/install-browser), driven by
-Selenium with both paths given explicitly, so Selenium Manager never runs and
-nothing is downloaded. Every test fails on a console error or a CSP
-violation, except the failed /trace loads a test itself provokes (a 422 is
-logged by Chromium as a failed resource load).
+The browser, the server and the console come from tests/conftest.py (built from tests/viewer_browser_support.py).
+Every test fails on a console error or a CSP violation, except the failed /trace loads a test itself provokes (a
+422 is logged by Chromium as a failed resource load).
 
 Screenshots go to the test artifacts directory (conftest.ARTIFACTS, outside the tree). To refresh the ones in
 docs/, run with ATTENTION_TRACE_UPDATE_DOCS=1.
@@ -22,50 +20,26 @@ import re
 import shlex
 import shutil
 import subprocess
-import tempfile
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
-from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
 import requests
-
-from conftest import ROOT
-from selenium import webdriver
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
-from selenium.webdriver.support.ui import WebDriverWait
 
-from conftest import ARTIFACTS
-from tools.server import Gunicorn
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
+from conftest import ARTIFACTS, ROOT
+from viewer_browser_support import (
+    MINUS, WAIT, as_cells, choose, clear_downloads, clear_requests, explain_rows, fixed, heatmap_labels,
+    heatmap_values, js, js_number, js_small, open_page, pct, sent, set_field, trace, trace_requests, wait_download,
+    wait_ready, wait_until, walkthrough_row,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
 DOCS = ROOT / "docs"
-MINUS = "\u2212"
-WAIT = 15  # seconds; a trace takes milliseconds, this only absorbs a loaded CI machine
-
-
-# ---------------------------------------------------------------- numbers as the page writes them
-
-
-def fixed(x: float, digits: int) -> str:
-    """JavaScript's x.toFixed(digits) (exact value, ties away from zero), as the page shows it:
-    a real minus sign, and no negative zero."""
-    s = f"{Decimal(x).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP):.{digits}f}"
-    if s.startswith("-"):
-        s = s[1:] if set(s[1:]) <= set("0.") else MINUS + s[1:]
-    return s
-
-
-def pct(w: float, digits: int = 1) -> str:
-    return fixed(w * 100, digits) + "%"
 
 
 def test_fixed_matches_javascript_rounding():
@@ -75,175 +49,7 @@ def test_fixed_matches_javascript_rounding():
     assert fixed(-0.00001, 4) == "0.0000" and pct(0.9990000000000001) == "99.9%"
 
 
-# ---------------------------------------------------------------- fixtures
-
-
-class Server(Gunicorn):
-    """conftest's real gunicorn, patient with a loaded machine: its start-up loop retries refused
-    connections only, and a worker still importing numpy can make /health time out instead."""
-
-    def __init__(self) -> None:
-        try:
-            super().__init__(workers=2)
-        except requests.Timeout:
-            deadline = time.monotonic() + 60
-            while not self._healthy():
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise
-                time.sleep(0.2)
-
-    def _healthy(self) -> bool:
-        try:
-            return requests.get(self.url + "/health", timeout=5).ok
-        except requests.RequestException:
-            return False
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[Gunicorn]:
-    srv = Server()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture(scope="module")
-def browser_dirs() -> Iterator[dict[str, Path]]:
-    base = Path(tempfile.mkdtemp(prefix="viewer-browser-"))
-    dirs = {"profile": base / "profile", "downloads": base / "downloads"}
-    for d in dirs.values():
-        d.mkdir()
-    try:
-        yield dirs
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def chromium(dirs: dict[str, Path], log_name: str, extra_args: tuple[str, ...] = ()) -> Iterator[webdriver.Chrome]:
-    """Debian's headless Chromium through its chromedriver (never one Selenium Manager downloads), with its
-    profile and downloads in ``dirs``, the browser and DevTools network logs on, quit on exit."""
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.selenium_manager import SeleniumManager
-
-    # `make test` installs both (scripts/install-browser); without them a browser test fails rather than
-    # skips, so a missing browser can never pass silently. (`make check` leaves browser tests out.)
-    assert CHROMIUM.exists() and CHROMEDRIVER.exists(), \
-        "needs Debian's chromium and chromedriver: run scripts/install-browser (make test does)"
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--disable-extensions", "--no-default-browser-check",
-                f"--user-data-dir={dirs['profile']}", "--window-size=1280,900", "--lang=en-US", *extra_args):
-        options.add_argument(arg)
-    options.add_experimental_option("prefs", {"download.default_directory": str(dirs["downloads"]),
-                                              "download.prompt_for_download": False})
-    # "performance": the DevTools network events, to count the requests the page sends (not only those answered).
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    service = Service(executable_path=str(CHROMEDRIVER), log_output=str(ARTIFACTS / log_name))
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("Selenium Manager must not run: it would download a browser or driver")
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(SeleniumManager, "binary_paths", refuse)
-        drv = webdriver.Chrome(service=service, options=options)
-    try:
-        drv.execute_cdp_cmd("Browser.setDownloadBehavior",
-                            {"behavior": "allow", "downloadPath": str(dirs["downloads"])})
-        yield drv
-    finally:
-        drv.quit()
-
-
-@pytest.fixture(scope="module")
-def driver(browser_dirs):
-    with chromium(browser_dirs, "chromedriver.log",
-                  ("--disable-quic", "--hide-scrollbars", "--force-color-profile=srgb")) as drv:
-        drv.set_script_timeout(WAIT)
-        yield drv
-
-
-class Console:
-    """The browser log of one test: errors and CSP violations fail it."""
-
-    def __init__(self, driver) -> None:
-        self.driver = driver
-        self.allowed: list[re.Pattern[str]] = []
-        self.entries: list[dict] = []
-
-    def allow(self, pattern: str) -> None:
-        self.allowed.append(re.compile(pattern))
-
-    def read(self) -> list[dict]:
-        self.entries += self.driver.get_log("browser")
-        return self.entries
-
-    def problems(self) -> list[str]:
-        bad = []
-        for e in self.read():
-            msg = e["message"]
-            csp = "Content Security Policy" in msg or "Refused to" in msg
-            if (e["level"] == "SEVERE" or csp) and (csp or not any(p.search(msg) for p in self.allowed)):
-                bad.append(f"{e['level']} {e.get('source', '')}: {msg}")
-        return bad
-
-
-@pytest.fixture()
-def console(driver, server) -> Iterator[Console]:
-    driver.get_log("browser")  # start from an empty log
-    driver.get_log("performance")
-    con = Console(driver)
-    yield con
-    problems = con.problems()
-    try:
-        violations = driver.execute_script("return document.documentElement.dataset.cspViolations || '0'")
-    except Exception:  # noqa: BLE001 - the page may be gone; the log above still counts
-        violations = "0"
-    assert not problems, "browser console:\n" + "\n".join(problems)
-    assert violations == "0", f"{violations} CSP violation(s)"
-
-
 # ---------------------------------------------------------------- page helpers
-
-
-def trace(server: Gunicorn, **body) -> requests.Response:
-    full = {"sentence": "the cat sat", "d_model": 24, "num_heads": 1, "seed": 0, "scale": True, "causal": False,
-            "positional_encoding": "sinusoidal", **body}
-    return requests.post(server.url + "/trace", json=full, timeout=10)
-
-
-def open_page(driver, server: Gunicorn, fragment: str = "") -> None:
-    driver.get("about:blank")  # a fresh load even when only the #fragment differs
-    driver.get(f"{server.url}/{fragment}")
-    wait_ready(driver)
-
-
-def wait_ready(driver) -> None:
-    WebDriverWait(driver, WAIT).until(lambda d: d.execute_script(
-        "const m = document.getElementById('main');"
-        "return m.getAttribute('aria-busy') === 'false' && !!document.querySelector('.walkthrough-table');"))
-
-
-def wait_until(driver, predicate, message: str = ""):
-    """Wait for predicate(driver) to be truthy; ignore transient errors while the page re-renders."""
-    from selenium.common.exceptions import StaleElementReferenceException
-
-    return WebDriverWait(driver, WAIT, ignored_exceptions=(StaleElementReferenceException, IndexError, KeyError,
-                                                           AssertionError)).until(predicate, message)
-
-
-def js(driver, script: str, *args):
-    return driver.execute_script(script, *args)
-
-
-def walkthrough_row(driver, stage: str) -> list[str]:
-    """The per-key numbers of one walkthrough stage, in key order."""
-    return js(driver, "return [...document.querySelectorAll(`.walkthrough-table tr[data-stage=\"${arguments[0]}\"] "
-                      "ul.keys > li`)].map(li => li.querySelector('.num').textContent);", stage)
 
 
 def walkthrough_vector(driver, part: str) -> list[str]:
@@ -260,14 +66,6 @@ def section_vector(driver, part: str) -> list[str]:
         const line = document.querySelector(`[data-part="${arguments[0]}"]`);
         const all = line.querySelector('.vec-all') || line.querySelector('.vec');
         return [...all.querySelectorAll('.num')].map(n => n.textContent);""", part)
-
-
-def set_field(driver, element_id: str, text: str) -> None:
-    """Select the field's text and type over it (no empty value in between)."""
-    el = driver.find_element(By.ID, element_id)
-    el.click()
-    el.send_keys(Keys.CONTROL, "a")
-    el.send_keys(text)
 
 
 def press(driver, element_id: str, *keys: str) -> None:
@@ -291,17 +89,6 @@ def screenshot(driver, path: Path) -> None:
     })
     path.parent.mkdir(exist_ok=True)
     path.write_bytes(base64.b64decode(shot["data"]))
-
-
-def sent(driver, path: str) -> list[str]:
-    """The requests for `path` the page has sent since the last clear_requests, answered or not (DevTools'
-    Network.requestWillBeSent, from the performance log)."""
-    seen = driver.__dict__.setdefault("_sent_urls", [])
-    for entry in driver.get_log("performance"):
-        msg = json.loads(entry["message"])["message"]
-        if msg.get("method") == "Network.requestWillBeSent":
-            seen.append(msg["params"]["request"]["url"])
-    return [u for u in seen if requests.utils.urlparse(u).path == path]
 
 
 CARD_NUMBERS_JS = """
@@ -675,52 +462,6 @@ def test_service_errors_appear_inline(driver, server, console):
 # ---------------------------------------------------------------- the attention variants
 
 
-def choose(driver, element_id: str, value: str) -> None:
-    """Pick an option of a <select> as a user would (Selenium's Select fires the change event)."""
-    from selenium.webdriver.support.ui import Select
-
-    Select(driver.find_element(By.ID, element_id)).select_by_value(value)
-
-
-def trace_requests(driver) -> list[str]:
-    """The /trace requests the page has made since the last clear_requests (Resource Timing)."""
-    return js(driver, "return performance.getEntriesByType('resource').map(e => e.name)"
-                      ".filter(u => new URL(u).pathname === '/trace');")
-
-
-def clear_requests(driver) -> None:
-    js(driver, "performance.clearResourceTimings();")
-    sent(driver, "")
-    driver.__dict__["_sent_urls"] = []
-
-
-def heatmap_labels(driver, stage: str) -> tuple[list[str], list[str]]:
-    """(row labels, column labels) of one attention map."""
-    return tuple(js(driver, """const t = document.querySelector(`table[data-stage="${arguments[0]}"]`);
-        return [[...t.querySelectorAll('th.hm-row .hm-label')].map(e => e.textContent),
-                [...t.querySelectorAll('th.hm-col .hm-label')].map(e => e.textContent)];""", stage))
-
-
-def heatmap_values(driver, stage: str) -> list[list[str]]:
-    return js(driver, """return [...document.querySelectorAll(`table[data-stage="${arguments[0]}"] tbody tr`)].map(tr =>
-        [...tr.querySelectorAll('td.hm-cell')].map(td => td.dataset.value));""", stage)
-
-
-def as_cells(matrix) -> list[list[str]]:
-    """A matrix as the page stores it in data-value (JavaScript's String(x), which round-trips like repr)."""
-    return [["null" if v is None else js_number(v) for v in row] for row in matrix]
-
-
-def js_number(x: float) -> str:
-    if x == int(x) and abs(x) < 1e21:
-        return str(int(x))
-    r = repr(x)
-    if "e" in r:  # JavaScript writes 1e-7 as 1e-7 and 1.5e-7 as 1.5e-7, with an explicit sign on the exponent
-        mant, exp = r.split("e")
-        return f"{mant}e{'+' if not exp.startswith('-') else '-'}{exp.lstrip('+-').lstrip('0') or '0'}"
-    return r
-
-
 def test_rope_shows_q_and_k_before_and_after_rotation(driver, server, console):
     open_page(driver, server)
     assert not driver.find_element(By.ID, "rope_base").is_displayed()
@@ -1084,25 +825,6 @@ def test_variants_fit_a_phone(driver, server, console, fragment):
 # ---------------------------------------------------------------- names, the card, latency, heads
 
 
-def clear_downloads(browser_dirs) -> Path:
-    downloads = browser_dirs["downloads"]
-    for old in downloads.iterdir():
-        old.unlink()
-    return downloads
-
-
-def wait_download(downloads: Path, pattern: str) -> Path:
-    """The one finished download matching `pattern` (Chromium renames a .crdownload when it is complete)."""
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        files = list(downloads.glob(pattern))
-        if files:
-            assert len(files) == 1, files
-            return files[0]
-        time.sleep(0.05)
-    raise AssertionError(f"no download matching {pattern} in {WAIT} s: {[p.name for p in downloads.iterdir()]}")
-
-
 def test_controls_have_readable_accessible_names(driver, server, console):
     """Chromium's computed names: no subscript runs into its base ("dmodel", "dk", "Heads h")."""
     open_page(driver, server, "#sentence=the+cat+sat&num_heads=4")
@@ -1327,31 +1049,6 @@ def test_context_tokens_are_sent_pre_split(driver, server, console):
 
 
 # ---------------------------------------------------------------- click to explain (POST /explain)
-
-
-def js_small(x: float) -> str:
-    """The explanation's numbers as the page writes them: 4 decimals, or toExponential(3) below 0.001."""
-    if x != 0 and abs(x) < 0.001:
-        d = Decimal(abs(x))
-        e = d.adjusted()
-        n = d.scaleb(-e).quantize(Decimal("1.000"), rounding=ROUND_HALF_UP)
-        if n >= 10:
-            n, e = (n / 10).quantize(Decimal("1.000"), rounding=ROUND_HALF_UP), e + 1
-        return f"{MINUS if x < 0 else ''}{n}e{'+' if e >= 0 else MINUS}{abs(e)}"
-    return fixed(x, 4)
-
-
-def explain_rows(driver) -> dict[str, dict]:
-    return js(driver, """return Object.fromEntries([...document.querySelectorAll('.explain-table tbody tr')].map(tr => [
-        tr.dataset.step, {
-          formula: tr.querySelector('.wt-op code').textContent,
-          eq: tr.querySelector('.explain-eq')?.textContent ?? null,
-          keys: [...tr.querySelectorAll('.explain-keys > li')].map(li => li.querySelector(
-                ':scope > .num, :scope > .vec-wrap, :scope > .vec').textContent.replace(/\\s+/g, ' ').trim()),
-          vec: tr.querySelector('.wt-result > .vec-wrap .vec-all, .wt-result > .vec') ?
-               [...tr.querySelector('.wt-result > .vec-wrap .vec-all, .wt-result > .vec').querySelectorAll('.num')]
-                 .map(n => n.textContent) : null,
-        }]));""")
 
 
 def explain_posts(driver) -> list[dict]:

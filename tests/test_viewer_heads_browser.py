@@ -1,7 +1,7 @@
 """Interpretable heads in the viewer: headless Chromium against real gunicorn on loopback.
 
-The same browser, server and console fixtures as tests/test_viewer_browser.py (every test fails on a console error
-or a CSP violation). One click on a preset (service/static/heads.js) sets a sentence and a configuration: the page
+The browser, server and console fixtures of tests/conftest.py (every test fails on a console error or a CSP
+violation). One click on a preset (service/static/heads.js) sets a sentence and a configuration: the page
 asks /trace for the constructed heads (head_weights and sharpness in the request it sends), draws their weights,
 numbers equal to /trace's for the same request, shows the preset's caption with the maps and says which heads are
 constructed; the previous-token head's rows peak just left of the diagonal, the induction head's last "harry" in
@@ -12,16 +12,15 @@ controls, in the page's words.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import requests
 from selenium.webdriver.common.by import By
 
-from test_viewer_browser import (  # the viewer's own harness: its server, its browser, the page's rounding
-    WAIT, Console, Server, choose, chromium, clear_requests, heatmap_values, js, open_page, set_field,
-    trace_requests, wait_ready, wait_until,
+from viewer_browser_support import (
+    choose, clear_requests, heatmap_values, js, open_page, service_trace, set_field, trace_requests, wait_ready,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
@@ -33,43 +32,6 @@ PREVIOUS_TOKEN = {"sentence": "the cat sat on the mat and the cat ran", "d_model
 INDUCTION = {"sentence": "harry potter went to the shop and then harry", "d_model": 64, "num_heads": 1, "seed": 0,
              "scale": True, "causal": True, "positional_encoding": "sinusoidal", "block": "gpt2", "num_layers": 2,
              "head_weights": ["induction"], "sharpness": 10}
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    srv = Server()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory):
-    base = tmp_path_factory.mktemp("heads-browser")
-    dirs = {"profile": base / "profile", "downloads": base / "downloads"}
-    for d in dirs.values():
-        d.mkdir()
-    with chromium(dirs, "chromedriver-heads.log", ("--disable-quic", "--hide-scrollbars", "--force-color-profile=srgb")) as drv:
-        drv.set_script_timeout(WAIT)
-        yield drv
-
-
-@pytest.fixture()
-def console(driver, server) -> Iterator[Console]:
-    """The browser log of one test: an error (but a 422 the test allows) or a CSP violation fails it."""
-    driver.get_log("browser")
-    driver.get_log("performance")
-    con = Console(driver)
-    yield con
-    assert not con.problems(), "browser console:\n" + "\n".join(con.problems())
-    assert js(driver, "return document.documentElement.dataset.cspViolations || '0'") == "0"
-
-
-def service_trace(server, body: dict) -> dict:
-    resp = requests.post(server.url + "/trace", json=body, timeout=10)
-    assert resp.status_code == 200, resp.text
-    return resp.json()
 
 
 def sent_body(driver) -> dict:

@@ -19,17 +19,18 @@ import base64
 import os
 import re
 import shutil
-from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
 import requests
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 
 from conftest import ARTIFACTS, ROOT
-from test_viewer_browser import (  # the viewer's own harness: its server, its browser, the page's rounding
-    WAIT, ActionChains, By, Console, Keys, Server, chromium, clear_downloads, fixed, js, pct, trace, wait_download,
-    wait_ready, wait_until, walkthrough_row,
+from viewer_browser_support import (
+    ChromiumOptions, clear_downloads, fixed, js, open_page, pct, trace, wait_download, wait_ready, wait_until,
+    walkthrough_row,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
@@ -48,46 +49,13 @@ def fragment(**view) -> str:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    srv = Server()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture(scope="module")
-def dirs(tmp_path_factory) -> dict[str, Path]:
-    base = tmp_path_factory.mktemp("projector")
-    d = {"profile": base / "profile", "downloads": base / "downloads"}
-    for p in d.values():
-        p.mkdir()
-    return d
-
-
-@pytest.fixture(scope="module")
-def driver(dirs):
+def chromium_options() -> ChromiumOptions:
     """A 1280×720 screen, scroll bars as drawn (no --hide-scrollbars)."""
-    with chromium(dirs, "chromedriver-projector.log", ("--force-color-profile=srgb", "--disable-quic")) as drv:
-        drv.set_script_timeout(WAIT)
-        drv.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                            {"width": WIDTH, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False})
-        yield drv
-
-
-@pytest.fixture()
-def console(driver, server) -> Iterator[Console]:
-    driver.get_log("browser")
-    con = Console(driver)
-    yield con
-    assert not con.problems(), "browser console:\n" + "\n".join(con.problems())
-    assert js(driver, "return document.documentElement.dataset.cspViolations || '0'") == "0"
+    return ChromiumOptions(args=("--force-color-profile=srgb", "--disable-quic"), size=(WIDTH, HEIGHT))
 
 
 def open_view(driver, server, view: str = "") -> None:
-    driver.get("about:blank")
-    driver.get(f"{server.url}/{view}")
-    wait_ready(driver)
+    open_page(driver, server, view)
     wait_until(driver, lambda d: js(d, "return !document.getElementById('saturation').classList.contains('is-updating');"))
 
 
@@ -235,13 +203,13 @@ def test_at_150_percent_zoom_the_inputs_stay_beside_the_results(driver, server, 
                                {"width": WIDTH, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False})
 
 
-def test_a_27_token_svg_has_no_overlapping_labels_and_the_typed_sentence(driver, server, console, dirs):
+def test_a_27_token_svg_has_no_overlapping_labels_and_the_typed_sentence(driver, server, console, browser_dirs):
     """The map downloaded as SVG and drawn by Chromium: no two key labels (or row labels) overlap, the caption is
     the sentence as typed, and the legend is in the cells' unit on the chosen colour scale."""
     import xml.etree.ElementTree as ET
 
     open_view(driver, server, fragment(sentence=LONGER, d_model=24, num_heads=4, causal=1, colour="row"))
-    downloads = clear_downloads(dirs)
+    downloads = clear_downloads(browser_dirs)
     driver.find_element(By.CSS_SELECTOR, 'figure[data-stage="weights"] button[data-svg="weights"]').click()
     path = wait_download(downloads, "*.svg")
     ns = "{http://www.w3.org/2000/svg}"
