@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, Literal
 
 import numpy as np
@@ -388,10 +388,9 @@ def _assemble(config: TraceConfig, toks: list[Token], params: Parameters, digest
     if config.has_block:
         stages = _stack_stages(config, shown, state, explicit_input)
     else:
-        stages = {sid: Stage(STAGE_INFO[sid], shown[sid], state[sid],
-                             state["excluded"] if sid == "masked_scores" else None,
-                             *stage_axes(sid, config, cross=cross))
-                  for sid in stage_ids(config, explicit_input=explicit_input, cross=cross)}
+        stages = {sid: _stage(info, shown[sid], state[sid], state["excluded"] if sid == "masked_scores" else None,
+                              axes, axis_tokens)
+                  for sid, info, axes, axis_tokens in _stage_layout(config, explicit_input, cross)}
     if explicit and not all(np.isfinite(s.values).all() for s in stages.values() if not isinstance(s.values, list)):
         # Only explicit inputs this large (|x|·|W| beyond ~1e150) can overflow float64.
         raise NumericOverflowError("the explicit input and parameters overflow float64; use smaller values")
@@ -408,6 +407,26 @@ def _assemble(config: TraceConfig, toks: list[Token], params: Parameters, digest
         state=state,
         context_tokens=context,
     )
+
+
+@lru_cache(maxsize=256)  # a function of the configuration and two choices: a handful recur
+def _stage_layout(config: TraceConfig, explicit_input: bool, cross: bool
+                  ) -> tuple[tuple[str, Any, tuple[str, ...], tuple[str | None, ...]], ...]:
+    """Each stage's id, info, axis names and axis token lists, in walkthrough order (all but the values)."""
+    return tuple((sid, STAGE_INFO[sid], *stage_axes(sid, config, cross=cross))
+                 for sid in stage_ids(config, explicit_input=explicit_input, cross=cross))
+
+
+_new = object.__new__
+
+
+def _stage(info: Any, formula: str, values: np.ndarray | list[str], mask: np.ndarray | None,
+           axes: tuple[str, ...], axis_tokens: tuple[str | None, ...]) -> Stage:
+    """``Stage(info, formula, values, mask, axes, axis_tokens)``, every field given, without the frozen
+    dataclass's ``object.__setattr__`` per field: 0.25 instead of 1.25 µs, and a trace makes one per stage."""
+    st = _new(Stage)
+    st.__dict__.update(info=info, formula=formula, values=values, mask=mask, axes=axes, axis_tokens=axis_tokens)
+    return st
 
 
 def _stack_stages(config: TraceConfig, shown: Mapping[str, str], state: dict[str, Any],
