@@ -103,7 +103,7 @@ class Server(Gunicorn):
 
     def cpu_seconds(self) -> float:
         """User + system CPU time used so far by the workers (not the client, not the master's own),
-        replaced ones included: gunicorn replaces a worker every ~2,000 requests (max_requests), and
+        replaced ones included: gunicorn replaces a worker every ~20,000 requests (max_requests), and
         the kernel adds a reaped worker's time to the master's cutime/cstime. Counting only the live
         workers lost a replaced one's time, so a run with a replacement came out negative."""
         master = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()

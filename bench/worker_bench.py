@@ -251,7 +251,7 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
                        "ratio; worker CPU / request: the workers' user+system CPU (/proc, replaced workers included) "
                        "over the requests answered. Only the project's worker applies its malloc tuning "
                        "(service/worker.py); the others run on glibc's defaults")
-    table.notes.append("workers replaced: for max_requests (the committed config's 2,000 plus jitter, every class), "
+    table.notes.append("workers replaced: for max_requests (the committed config's 20,000 plus jitter, every class), "
                        "over the whole run; the project's server also answered the S uncached and one-connection "
                        "runs. Each replacement's boot (~0.3 s of CPU, the app's imports) is in the CPU figures, and "
                        "while it boots one worker fewer answers")
