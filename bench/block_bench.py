@@ -62,17 +62,7 @@ class TorchGPT2:
         self.blocks = []
         for i, p in enumerate(t.parameters.layers):
             b = GPT2Block(cfg, layer_idx=i).double().eval()
-            a = p.attention
-            with torch.no_grad():  # Conv1D weights are [in, out]
-                b.attn.c_attn.weight.copy_(T(np.concatenate([W.reshape(-1, d) for W in (a.W_Q, a.W_K, a.W_V)]).T))
-                b.attn.c_proj.weight.copy_(T(a.W_O.T))
-                b.mlp.c_fc.weight.copy_(T(p.W_1.T))
-                b.mlp.c_proj.weight.copy_(T(p.W_2.T))
-                for conv in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj):
-                    conv.bias.zero_()
-                for ln, w in ((b.ln_1, p.norm1), (b.ln_2, p.norm2)):
-                    ln.weight.copy_(T(w.gamma))
-                    ln.bias.copy_(T(w.beta))
+            torch_compare.load_gpt2_block(b, p, d, T)
             self.blocks.append(b)
         self.ln_f = torch.nn.LayerNorm(d, eps=c.eps, dtype=torch.float64)
         with torch.no_grad():

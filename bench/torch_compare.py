@@ -87,3 +87,23 @@ class TorchMHA:
             raise AssertionError(f"torch and the engine disagree: output by {d_out:.3g}, weights by {d_w:.3g} "
                                  f"(tolerance {TOLERANCE:g})")
         return d_out, d_w
+
+
+def load_gpt2_block(block: Any, p: Any, d_model: int, tensor: Any) -> None:
+    """Copy one engine layer's weights (``engine.params.LayerParameters``) into transformers' ``GPT2Block``:
+    its Conv1D layers keep their weight as [in, out], the transpose of torch.nn.Linear's, and every bias is 0
+    (the engine has none). ``tensor`` turns a numpy array into a float64 tensor. The block reference test
+    (tests/test_block_torch.py) and the block benchmark (bench/block_bench.py) both load it this way."""
+    import torch
+
+    a = p.attention
+    with torch.no_grad():
+        block.attn.c_attn.weight.copy_(tensor(np.concatenate([W.reshape(-1, d_model) for W in (a.W_Q, a.W_K, a.W_V)]).T))
+        block.attn.c_proj.weight.copy_(tensor(a.W_O.T))
+        block.mlp.c_fc.weight.copy_(tensor(p.W_1.T))
+        block.mlp.c_proj.weight.copy_(tensor(p.W_2.T))
+        for conv in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj):
+            conv.bias.zero_()
+        for ln, w in ((block.ln_1, p.norm1), (block.ln_2, p.norm2)):
+            ln.weight.copy_(tensor(w.gamma))
+            ln.bias.copy_(tensor(w.beta))

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 import engine
+from bench.torch_compare import load_gpt2_block
 from engine import TraceConfig
 
 torch: Any = None
@@ -207,17 +208,7 @@ def gpt2_block(config: TraceConfig, p: engine.params.LayerParameters, layer: int
                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=config.eps)
     cfg._attn_implementation = "eager"  # returns the attention weights too
     block = GPT2Block(cfg, layer_idx=layer).double().eval()
-    a, d = p.attention, config.d_model
-    with torch.no_grad():  # Conv1D keeps its weight as [in, out]: the transpose of torch.nn.Linear's
-        block.attn.c_attn.weight.copy_(T(np.concatenate([W.reshape(-1, d) for W in (a.W_Q, a.W_K, a.W_V)]).T))
-        block.attn.c_proj.weight.copy_(T(a.W_O.T))
-        block.mlp.c_fc.weight.copy_(T(p.W_1.T))
-        block.mlp.c_proj.weight.copy_(T(p.W_2.T))
-        for conv in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj):
-            conv.bias.zero_()
-        for ln, w in ((block.ln_1, p.norm1), (block.ln_2, p.norm2)):
-            ln.weight.copy_(T(w.gamma))
-            ln.bias.copy_(T(w.beta))
+    load_gpt2_block(block, p, config.d_model, T)
     return block
 
 
