@@ -66,18 +66,21 @@ def _range_text(name: str, count: int, what: str) -> str:
     return f"{name} must be 0 … {count - 1} ({count} {what})" if count > 1 else f"{name} must be 0 (1 {what[:-1]})"
 
 
+def _check_index(name: str, value: int, count: int, what: str, extra: str = "") -> None:
+    """0 ≤ value < count, or an InvalidSizeError naming the field and its range (code ``<name>_out_of_range``)."""
+    if not 0 <= value < count:
+        raise InvalidSizeError(f"{name} {value} is out of range: {_range_text(name, count, what)}{extra}",
+                               field=name, code=f"{name}_out_of_range")
+
+
 def check_cell(config: TraceConfig, n_queries: int, n_keys: int, head: int, query: int, key: int, *,
                cross: bool = False) -> None:
     """head, query and key must index the trace: 0 ≤ head < num_heads, 0 ≤ query < n, 0 ≤ key < m
     (m = the context's tokens in cross-attention). Raises InvalidSizeError naming the field."""
     keys = "context tokens" if cross else "tokens"
-    for name, value, count, what in (("head", head, config.num_heads, "heads"),
-                                     ("query", query, n_queries, "tokens"),
-                                     ("key", key, n_keys, keys)):
-        if not 0 <= value < count:
-            extra = " (keys index the context's tokens in cross-attention)" if name == "key" and cross else ""
-            raise InvalidSizeError(f"{name} {value} is out of range: {_range_text(name, count, what)}{extra}",
-                                   field=name, code=f"{name}_out_of_range")
+    _check_index("head", head, config.num_heads, "heads")
+    _check_index("query", query, n_queries, "tokens")
+    _check_index("key", key, n_keys, keys, " (keys index the context's tokens in cross-attention)" if cross else "")
 
 
 def check_explainable(bug: str | None) -> None:
@@ -133,9 +136,7 @@ def _vec(a: np.ndarray) -> list[float]:
 
 def check_layer(trace: Trace, layer: int) -> None:
     """``layer`` must index the trace's layers (0 for a single attention layer)."""
-    if not 0 <= layer < trace.num_layers:
-        raise InvalidSizeError(f"layer {layer} is out of range: {_range_text('layer', trace.num_layers, 'layers')}",
-                               field="layer", code="layer_out_of_range")
+    _check_index("layer", layer, trace.num_layers, "layers")
 
 
 class _LayerState(dict):
@@ -310,11 +311,8 @@ def check_norm_cell(trace: Trace, which: str, layer: int, token: int, feature: i
         raise InvalidSizeError(f"norm must be one of this stack's norms ({has}), got {which!r}", field="norm",
                                code="norm_not_in_block")
     check_layer(trace, layer)
-    for name, value, count, what in (("token", token, trace.n_tokens, "tokens"),
-                                     ("feature", feature, trace.config.d_model, "features")):
-        if not 0 <= value < count:
-            raise InvalidSizeError(f"{name} {value} is out of range: {_range_text(name, count, what)}", field=name,
-                                   code=f"{name}_out_of_range")
+    _check_index("token", token, trace.n_tokens, "tokens")
+    _check_index("feature", feature, trace.config.d_model, "features")
 
 
 def explain_norm_cell(trace: Trace, which: str, token: int, feature: int, *, layer: int = 0) -> dict[str, Any]:
@@ -408,11 +406,8 @@ def check_ffn_cell(trace: Trace, layer: int, token: int, unit: int) -> None:
         raise VariantConflictError("this trace is one attention layer, without a feed-forward network: give a "
                                    "block field", field="unit", code="explain_needs_block")
     check_layer(trace, layer)
-    for name, value, count, what in (("token", token, trace.n_tokens, "tokens"),
-                                     ("unit", unit, trace.config.ff_width, "units")):
-        if not 0 <= value < count:
-            raise InvalidSizeError(f"{name} {value} is out of range: {_range_text(name, count, what)}", field=name,
-                                   code=f"{name}_out_of_range")
+    _check_index("token", token, trace.n_tokens, "tokens")
+    _check_index("unit", unit, trace.config.ff_width, "units")
 
 
 def explain_ffn_cell(trace: Trace, token: int, unit: int, *, layer: int = 0) -> dict[str, Any]:
