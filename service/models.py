@@ -99,27 +99,29 @@ def _quoted(choices: tuple[str, ...]) -> str:
     return f"{', '.join(names[:-1])} or {names[-1]}"
 
 
-#: an unknown stage id's message names the stages of the request's kind: a request without a block field is
-#: answered as before the block existed, word for word; a stack's adds the block's stages
-_ATTENTION_STAGES_EXPECTED = _quoted(ALL_STAGE_IDS)
-_EVERY_STAGE_EXPECTED = _quoted(STAGE_ID_CHOICES)
-
-
 def has_block_field(info: ValidationInfo) -> bool:
     """Whether the request being validated gave a block field (TraceSpec's, validated before what names stages)."""
     data = info.data or {}
     return any(data.get(name) is not None for name in BLOCK_FIELDS)
 
 
-def _known_stage_id(v: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> str:
-    try:
-        return handler(v)
-    except ValidationError:
-        expected = _EVERY_STAGE_EXPECTED if has_block_field(info) else _ATTENTION_STAGES_EXPECTED
-        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected}) from None
+def _names_of_the_requests_kind(one_layer: tuple[str, ...], stack: tuple[str, ...]) -> WrapValidator:
+    """An unknown name's literal_error lists the names of the request's kind: a request without a block field
+    is answered as before the block existed, word for word; a stack's adds the block's names."""
+    one_layer_text, stack_text = _quoted(one_layer), _quoted(stack)
+
+    def known(v: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> str:
+        try:
+            return handler(v)
+        except ValidationError:
+            expected = stack_text if has_block_field(info) else one_layer_text
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected}) from None
+
+    return WrapValidator(known)
 
 
-StageId = Annotated[Literal[STAGE_ID_CHOICES], WrapValidator(_known_stage_id)]  # type: ignore[valid-type]
+StageId = Annotated[Literal[STAGE_ID_CHOICES],  # type: ignore[valid-type]
+                    _names_of_the_requests_kind(ALL_STAGE_IDS, STAGE_ID_CHOICES)]
 
 _SENTENCE_HARD_MAX = 1_000_000  # schema ceiling; the configured max_sentence_chars is lower
 _TOKENS_HARD_MAX = 100_000  # schema ceilings of a token list and of one token; the configured max_tokens is lower
@@ -146,23 +148,9 @@ BugName = Literal[BUG_NAMES]  # type: ignore[valid-type]
 #: a name /check's diagnosis may give: the attention's known bugs, then a stack of blocks' own (BLOCK_BUGS)
 AnyBugName = Literal[BUG_NAMES + BLOCK_BUG_NAMES]  # type: ignore[valid-type]
 
-#: an unknown bug's message names the bugs of the request's kind, as an unknown stage id's does: a request
-#: without a block field is answered as before the block existed, word for word; a stack's adds the block's
-_ATTENTION_BUGS_EXPECTED = _quoted(BUG_NAMES)
-_EVERY_BUG_EXPECTED = _quoted(BUG_NAMES + BLOCK_BUG_NAMES)
-
-
-def _known_bug(v: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> str:
-    try:
-        return handler(v)
-    except ValidationError:
-        expected = _EVERY_BUG_EXPECTED if has_block_field(info) else _ATTENTION_BUGS_EXPECTED
-        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected}) from None
-
-
 #: inject_bug's names: the attention's known bugs, and a stack of blocks' own (which the engine's refusal rule
-#: refuses without a block field, saying to add one)
-InjectableBugName = Annotated[AnyBugName, WrapValidator(_known_bug)]
+#: refuses without a block field, saying to add one); an unknown one's message lists the request's kind's
+InjectableBugName = Annotated[AnyBugName, _names_of_the_requests_kind(BUG_NAMES, BUG_NAMES + BLOCK_BUG_NAMES)]
 
 PositionalEncodingName = Literal[POSITIONAL_ENCODING_CHOICES]  # type: ignore[valid-type]
 RopePairingName = Literal[tuple(ROPE_PAIRINGS)]  # type: ignore[valid-type]
