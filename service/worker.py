@@ -888,8 +888,11 @@ class BufferedWorker(base.Worker):
         conn.last_progress = now
         conn.deadline = now + LIMITS.send_timeout
         self._make_room(conn)
-        self._watch(conn, selectors.EVENT_WRITE)
+        # Most answers go out whole at once: the socket is watched for writing only when some is left (for
+        # every other answer that was two epoll_ctl calls for nothing, from reading to writing and back).
         self._on_writable(conn)
+        if self.conns.get(conn.fd) is conn and conn.state == "write" and conn.out is not None:
+            self._watch(conn, selectors.EVENT_WRITE)
 
     def _on_writable(self, conn: Conn) -> None:
         if conn.state != "write" or conn.out is None:
