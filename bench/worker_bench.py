@@ -281,6 +281,12 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
         if t is not None:
             per_byte[w.n_tokens] = t / sizes[f"n{w.n_tokens}"]
     best = min(per_byte.values()) if per_byte else None
+    # the same, end to end: wrk's median latency on one connection (request sent → whole answer received)
+    per_byte_e2e: dict[int, float] = {}
+    for w in series:
+        p50 = _med([run_.p50_s for run_ in seq[f"n{w.n_tokens}"] if run_.requests])
+        if p50:
+            per_byte_e2e[w.n_tokens] = p50 / sizes[f"n{w.n_tokens}"]
     ratios = {
         "S_uncached_vs_plain_floor": rps_ratio(load["S*"], load["floor"]),
         "L_server_vs_encode": l_srv / enc if l_srv and enc else None,
@@ -296,6 +302,9 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
               "cpu_per_request_s": l_cpu, "requests": len(l_json), "npz_requests": len(l_npz),
               "encodes": len(encode_wall)},
         "per_byte_s": {str(n): v for n, v in per_byte.items()},
+        "per_byte_e2e_s": {str(n): v for n, v in per_byte_e2e.items()},
+        "per_byte_e2e_spread": max(per_byte_e2e.values()) / min(per_byte_e2e.values())
+        if len(per_byte_e2e) == len(series) else None,
     })
     results.update(out)
 
@@ -309,7 +318,9 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
         "per_byte_spread":
             ", ".join(f"{n}: {fmt_time(v * 1e6)}/MB" for n, v in per_byte.items())
             + (f"; each added byte (from one size to the next): {marginal}" if (marginal := _marginal(per_byte, sizes))
-               else ""),
+               else "")
+            + (f"; end to end (wrk's median latency): {e2e}" if (e2e := ", ".join(
+                f"{n}: {fmt_time(v * 1e6)}/MB" for n, v in per_byte_e2e.items())) else ""),
         "L_npz_vs_json":
             f"{fmt_time(npz_srv)} vs {fmt_time(l_srv)}; {fmt_bytes(sizes['L npz'])} vs {fmt_bytes(sizes['L'])}",
     }
