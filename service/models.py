@@ -490,6 +490,11 @@ class TraceSpec(BaseModel):
         """Cross-attention's context tokens, split once during validation (None for self-attention)."""
         return self.__pydantic_private__["_context"]
 
+    @property
+    def value_count(self) -> int:
+        """How many numbers the trace holds (what max_trace_values bounds), counted once during validation."""
+        return self.__pydantic_private__["_value_count"]
+
     def run_trace(self, bug: str | None = None) -> engine.Trace:
         """The engine's trace of this validated request, with its explicit arrays if given.
 
