@@ -105,22 +105,24 @@ def trace_document(
         info, v, mask = st.info, st.values, st.mask
         if isinstance(v, list):  # the token lists
             values: Any = v
-            shape = [len(v)]
+            shape: tuple[int, ...] = (len(v),)
         elif mask is not None and binary:
             values = np.where(mask, np.nan, _array(v, sid, precision, finite))
-            shape = list(v.shape)
+            shape = v.shape
         elif mask is not None:
             values = _masked(v, mask, sid, precision, finite)
-            shape = list(v.shape)
+            shape = v.shape
         else:
             values = _array(v, sid, precision, finite)
-            shape = list(v.shape)
-        out = out_stages[sid] = {"step": info.step, "title": info.title, "formula": st.formula, "axes": list(st.axes),
+            shape = v.shape
+        # axes and shape as tuples, the stage's own: immutable, so shared without a copy (orjson writes a tuple
+        # as a JSON array, exactly as a list)
+        out = out_stages[sid] = {"step": info.step, "title": info.title, "formula": st.formula, "axes": st.axes,
                                  "shape": shape, "values": values}
         if binary and mask is not None:
             out["mask"] = np.asarray(mask, dtype=bool)
         if cross:  # which token list each axis indexes: the queries' or the context's
-            out["axis_tokens"] = list(st.axis_tokens)
+            out["axis_tokens"] = st.axis_tokens
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "engine_version": t.engine_version,
