@@ -260,7 +260,7 @@ def _numbers(v: Any) -> int:
         return n
     if kind is np.ndarray:
         return v.size
-    if kind is list:
+    if kind is list or kind is tuple:  # a stage's axes and shape are tuples
         return len(v) * (1 if type(v[0]) in _SCALARS else max(1, _numbers(v[0]))) if v else 0
     if isinstance(v, np.ndarray):
         return v.size
