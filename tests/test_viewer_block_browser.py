@@ -4,7 +4,8 @@ The browser, server and console fixtures of tests/conftest.py (every test fails 
 violation). A 3-layer GPT-2 stack: the layer picker redraws the maps from the answer on screen (no
 request) with that layer's numbers; the block's diagram highlights the stage shown, and a click or Enter on a box
 shows another; the residual stream's lengths are numpy's; the address brings the same layer and box back; a preset
-sets its mask and positions; the offline page draws the stack under its hash-only CSP.
+sets its mask and positions; a clicked cell is explained by /explain in the layer shown (the offline page, which has
+no service, computes the same answer itself); the offline page draws the stack under its hash-only CSP.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
 from viewer_browser_support import (
-    as_cells, choose, clear_requests, fixed, heatmap_values, js, open_page, sent, service_trace, set_field,
-    trace_requests, wait_ready, wait_until,
+    as_cells, choose, clear_requests, explain_rows, fixed, heatmap_values, js, js_small, open_page, pct, posted, sent,
+    service_trace, set_field, trace_requests, wait_ready, wait_until,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
@@ -46,6 +47,26 @@ def stage_values(driver, stage: str) -> list[list[str]]:
     """A block stage's table, as the page stores each cell's number (data-value)."""
     return js(driver, """return [...document.querySelectorAll(`#block-stage table[data-stage="${arguments[0]}"] tbody tr`)]
         .map(tr => [...tr.querySelectorAll('td.mx-cell')].map(td => td.dataset.value));""", stage)
+
+
+def assert_panel_shows(driver, answer: dict, numbers_of: frozenset[str] | None = None) -> None:
+    """The explain panel draws `answer` (an /explain answer): its steps in order, each formula, and the number of
+    each step (of the steps in `numbers_of` only, when given)."""
+    order = js(driver, "return [...document.querySelectorAll('.explain-table tbody tr')].map(tr => tr.dataset.step);")
+    assert order == [s["id"] for s in answer["steps"]]
+    rows = explain_rows(driver)
+    for step in answer["steps"]:
+        row = rows[step["id"]]
+        assert row["formula"] == step["formula"], step["id"]
+        if numbers_of is not None and step["id"] not in numbers_of:
+            continue
+        if step["value"] is None:
+            assert row["eq"] is None, step["id"]
+        elif step["id"] == "weight":
+            assert row["eq"] == f"= {js_small(step['value'])} ({pct(step['value'], 2)})"
+        else:
+            assert row["eq"] == f"= {js_small(step['value'])}", step["id"]
+    assert rows["products"]["vec"] == [fixed(v, 4) for v in answer["steps"][0]["values"]]
 
 
 def test_the_layer_picker_shows_that_layers_maps_without_a_request(driver, server, console):
@@ -76,15 +97,45 @@ def test_the_layer_picker_shows_that_layers_maps_without_a_request(driver, serve
     assert "layer 2" in driver.find_element(By.ID, "trace-status").text
     assert trace_requests(driver) == [] and sent(driver, "/trace") == [], "a layer is drawn from the answer on screen"
     assert "layer=2" in driver.current_url
-    # A cell of layer 2 explained: /explain explains the first layer only, so the page computes it (cell.js) from
-    # layer 2's numbers, and sends nothing.
+
+
+def test_a_stacks_cell_is_explained_by_the_service_in_the_layer_shown(driver, server, console):
+    doc = service_trace(server, STACK_BODY)
+    W = doc["stages"]["weights"]["values"]  # [layer, head, query, key]
+    open_page(driver, server, STACK_HASH)
+    pick_layer(driver, 2)
+    wait_until(driver, lambda d: "layer 2 of 3" in d.find_element(By.ID, "maps-title").text)
+    clear_requests(driver)
+    # A cell of layer 2 explained: the page asks /explain for it, with the layer on screen, and shows its answer.
     driver.find_element(By.CSS_SELECTOR, "table[data-stage='weights'] td[data-row='3'][data-col='1']").click()
     status = driver.find_element(By.ID, "explain-status")
     wait_until(driver, lambda d: status.text.startswith("Layer 2, head 1: query 3"))
-    assert status.text.endswith(f"weight {fixed(W[2][1][3][1] * 100, 2)}%.")
-    steps = js(driver, "return [...document.querySelectorAll('#explain-body tr[data-step]')].map(tr => tr.dataset.step)")
-    assert "weight" in steps and "denominator" in steps, steps
-    assert sent(driver, "/explain") == [] and sent(driver, "/trace") == []
+    cell = {"layer": 2, "head": 1, "query": 3, "key": 1}
+    assert posted(driver, "/explain") == [{**STACK_BODY, **cell}], "the trace's request, plus the layer and the cell"
+    assert sent(driver, "/trace") == []
+    answer = requests.post(server.url + "/explain", json={**STACK_BODY, **cell}, timeout=10).json()
+    first = requests.post(server.url + "/explain", json={**STACK_BODY, **cell, "layer": 0}, timeout=10).json()
+    weight = next(s for s in answer["steps"] if s["id"] == "weight")["value"]
+    assert answer["layer"] == 2 and weight == W[2][1][3][1] != W[0][1][3][1]
+    assert status.text == f"Layer 2, head 1: query 3 “on” → key 1 “cat”: weight {pct(weight, 2)}."
+    assert_panel_shows(driver, answer)
+    assert [s["value"] for s in first["steps"]] != [s["value"] for s in answer["steps"]], "layer 0's is another answer"
+    assert not driver.find_elements(By.CSS_SELECTOR, "[data-part='explain-source']"), "the service's, not the page's"
+    assert driver.find_elements(By.CSS_SELECTOR, "table[data-stage='weights'] td.is-explained[data-row='3'][data-col='1']")
+
+    # Another layer: the explanation goes; a cell of layer 1 asks for layer 1's.
+    pick_layer(driver, 1)
+    wait_until(driver, lambda d: status.text.startswith("Layer 1 shown"))
+    assert not driver.find_elements(By.CSS_SELECTOR, ".explain-table")
+    clear_requests(driver)
+    driver.find_element(By.CSS_SELECTOR, "table[data-stage='weights'] td[data-row='2'][data-col='0']").click()
+    wait_until(driver, lambda d: status.text.startswith("Layer 1, head 1: query 2"))
+    cell = {"layer": 1, "head": 1, "query": 2, "key": 0}
+    assert posted(driver, "/explain") == [{**STACK_BODY, **cell}]
+    answer = requests.post(server.url + "/explain", json={**STACK_BODY, **cell}, timeout=10).json()
+    assert answer["layer"] == 1
+    assert_panel_shows(driver, answer)
+    assert sent(driver, "/trace") == []
 
 
 def test_the_residual_stream_is_each_tokens_norm_at_each_depth(driver, server, console):
@@ -230,6 +281,12 @@ def test_the_offline_page_draws_a_stack_under_its_csp(driver, server, console, t
     wait_until(driver, lambda d: status.text.startswith("Layer 2, head 0: query 2"))
     w = doc["stages"]["weights"]["values"][2][0][2][1]
     assert status.text.endswith(f"weight {fixed(w * 100, 2)}%.")
+    # Computed in the page (it has no service), and /explain's answer for that layer: the page's exponentials may
+    # differ from numpy's in their last bit, so the numbers compared are those read from the trace's stages.
+    answer = requests.post(server.url + "/explain", json={**STACK_BODY, "layer": 2, "head": 0, "query": 2, "key": 1},
+                           timeout=10).json()
+    assert_panel_shows(driver, answer, numbers_of=frozenset({"products", "score", "scaled", "row_max", "weight"}))
+    assert driver.find_element(By.CSS_SELECTOR, "[data-part='explain-source']").text.startswith("Computed in this page")
     assert js(driver, "return document.documentElement.dataset.cspViolations || '0'") == "0"
 
 

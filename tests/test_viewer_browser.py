@@ -33,7 +33,7 @@ from selenium.webdriver.common.keys import Keys
 from conftest import ARTIFACTS, ROOT
 from viewer_browser_support import (
     MINUS, WAIT, as_cells, choose, clear_downloads, clear_requests, explain_rows, fixed, heatmap_labels,
-    heatmap_values, js, js_number, js_small, open_page, pct, sent, set_field, trace, trace_requests, wait_download,
+    heatmap_values, js, js_number, js_small, open_page, pct, posted, sent, set_field, trace, trace_requests, wait_download,
     wait_ready, wait_until, walkthrough_row,
 )
 
@@ -1051,19 +1051,6 @@ def test_context_tokens_are_sent_pre_split(driver, server, console):
 # ---------------------------------------------------------------- click to explain (POST /explain)
 
 
-def explain_posts(driver) -> list[dict]:
-    """The bodies of the /explain requests sent since the last clear_requests."""
-    bodies = []
-    for entry in driver.get_log("performance"):
-        msg = json.loads(entry["message"])["message"]
-        if msg.get("method") == "Network.requestWillBeSent":
-            req = msg["params"]["request"]
-            driver.__dict__.setdefault("_sent_urls", []).append(req["url"])
-            if requests.utils.urlparse(req["url"]).path == "/explain":
-                bodies.append(json.loads(req["postData"]))
-    return bodies
-
-
 def test_clicking_a_cell_explains_it_number_by_number(driver, server, console):
     open_page(driver, server, "#sentence=the+cat+sat&num_heads=2&head=1")
     clear_requests(driver)
@@ -1071,7 +1058,7 @@ def test_clicking_a_cell_explains_it_number_by_number(driver, server, console):
     wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".explain-table tbody tr"))
     body = {"sentence": "the cat sat", "d_model": 24, "num_heads": 2, "seed": 0, "scale": True, "causal": False,
             "positional_encoding": "sinusoidal"}
-    assert explain_posts(driver) == [{**body, "head": 1, "query": 1, "key": 2}]  # the trace's request, plus the cell
+    assert posted(driver, "/explain") == [{**body, "head": 1, "query": 1, "key": 2}]  # the trace's request, plus the cell
     answer = requests.post(server.url + "/explain", json={**body, "head": 1, "query": 1, "key": 2}, timeout=10).json()
     doc = trace(server, num_heads=2).json()
     assert answer["steps"][6]["value"] == doc["stages"]["weights"]["values"][1][1][2]
@@ -1104,7 +1091,7 @@ def test_clicking_a_cell_explains_it_number_by_number(driver, server, console):
     driver.switch_to.active_element.send_keys(Keys.ENTER)
     wait_until(driver, lambda d: d.find_element(By.ID, "explain-status").text.startswith(
         "Head 1: query 2 “sat” → key 1 “cat”"))
-    assert explain_posts(driver) == [{**body, "head": 1, "query": 2, "key": 1}]
+    assert posted(driver, "/explain") == [{**body, "head": 1, "query": 2, "key": 1}]
     focused = driver.switch_to.active_element
     assert (focused.get_attribute("data-row"), focused.get_attribute("data-col")) == ("2", "1")
 

@@ -326,8 +326,9 @@ def test_the_javascript_fixture_is_the_engines(client):
 
 @needs_node
 def test_a_stacks_layer_is_explained_as_the_engine_explains_it(client):
-    """The page explains a cell of a stack's layer with cell.js over that layer (trace.js's layerView): the engine's
-    explain_cell(…, layer=l) for every layer, and /explain's answer for layer 0 (which it explains)."""
+    """A live page asks /explain with the layer shown; a saved page computes the cell with cell.js over that layer
+    (trace.js's layerView). For every layer both equal the engine's explain_cell(…, layer=l), and each other: every
+    field and text, the numbers read from a stage bit for bit, the exponentials to 2 ulp."""
     import engine
     from engine import TraceConfig
     from engine.explain import explain_cell
@@ -341,22 +342,39 @@ def test_a_stacks_layer_is_explained_as_the_engine_explains_it(client):
     mine = run_node("const AT = load('format.js', 'trace.js', 'cell.js');"
                     "console.log(JSON.stringify(input.cells.map(([l, h, q, k]) => "
                     "AT.cell.explainCell(AT.trace.layerView(input.doc, l), h, q, k))));", {"doc": doc, "cells": cells})
+    assert len(mine) == len(cells) == 9
+
+    def same_steps(got: list[dict], want: list[dict], where: str) -> None:
+        assert [s["id"] for s in got] == [s["id"] for s in want], where
+        for got_step, step in zip(got, want):
+            near = NEAR.get(step["id"], ())
+            assert set(got_step) == set(step), (where, step["id"])
+            for field, value in step.items():
+                if field in near:
+                    _near(got_step[field], value, f"{where} {step['id']}.{field}")
+                elif not (field == "exact" and step["id"] in NEAR):
+                    assert got_step[field] == value, (where, step["id"], field)
+
     for (layer, head, query, key), x in zip(cells, mine):
         want = json.loads(serialize.dumps(explain_cell(t, head, query, key, layer=layer)))
         where = f"layer {layer} head {head} query {query} key {key}"
         assert x["layer"] == want["layer"] == layer, where
         for field in set(want) - {"steps", "config"}:
             assert x[field] == want[field], (where, field)
-        assert [s["id"] for s in x["steps"]] == [s["id"] for s in want["steps"]], where
-        for mine_step, step in zip(x["steps"], want["steps"]):
-            near = NEAR.get(step["id"], ())
-            for field, value in step.items():
-                if field in near:
-                    _near(mine_step[field], value, f"{where} {step['id']}.{field}")
-                elif not (field == "exact" and step["id"] in NEAR):
-                    assert mine_step[field] == value, (where, step["id"], field)
+        same_steps(x["steps"], want["steps"], where)
         weight = next(s for s in x["steps"] if s["id"] == "weight")
         assert weight["value"] == doc["stages"]["weights"]["values"][layer][head][query][key] or x["masked"]
-        if layer == 0:
-            service = client.post("/explain", json=body | {"head": head, "query": query, "key": key}).get_json()
-            assert [s["value"] for s in service["steps"]] == [s["value"] for s in want["steps"]], where
+        # The live page's request for this cell (explain.js): the trace's request plus layer, head, query, key.
+        resp = client.post("/explain", json=body | {"layer": layer, "head": head, "query": query, "key": key})
+        assert resp.status_code == 200, (where, resp.get_json())
+        service = resp.get_json()
+        assert set(x) == set(service), (where, set(x) ^ set(service))
+        for field in set(service) - {"steps", "config"}:
+            assert x[field] == service[field], (where, field)
+        assert x["config"] == doc["config"]  # the trace's (/explain's omits what /trace echoes only)
+        same_steps(x["steps"], service["steps"], f"{where} (/explain)")
+        service_weight = next(s for s in service["steps"] if s["id"] == "weight")
+        assert service_weight["value"] == doc["stages"]["weights"]["values"][layer][head][query][key] or x["masked"]
+    # The layers differ: a layer-blind answer (layer 0's, for every layer) could not pass the comparisons above.
+    w = doc["stages"]["weights"]["values"]
+    assert w[0][1][3][2] != w[1][1][3][2] != w[2][1][3][2]

@@ -221,15 +221,27 @@ def choose(driver, element_id: str, value: str) -> None:
     Select(driver.find_element(By.ID, element_id)).select_by_value(value)
 
 
-def sent(driver, path: str) -> list[str]:
-    """The requests for `path` the page has sent since the last clear_requests, answered or not (DevTools'
-    Network.requestWillBeSent, from the performance log)."""
-    seen = driver.__dict__.setdefault("_sent_urls", [])
+def _sent_requests(driver) -> list[tuple[str, str | None]]:
+    """(url, body) of every request the page has sent since the last clear_requests, answered or not (DevTools'
+    Network.requestWillBeSent, from the performance log, which each read empties: kept on the driver)."""
+    seen = driver.__dict__.setdefault("_sent_requests", [])
     for entry in driver.get_log("performance"):
         msg = json.loads(entry["message"])["message"]
         if msg.get("method") == "Network.requestWillBeSent":
-            seen.append(msg["params"]["request"]["url"])
-    return [u for u in seen if requests.utils.urlparse(u).path == path]
+            req = msg["params"]["request"]
+            seen.append((req["url"], req.get("postData")))
+    return seen
+
+
+def sent(driver, path: str) -> list[str]:
+    """The requests for `path` the page has sent since the last clear_requests, answered or not."""
+    return [u for u, _ in _sent_requests(driver) if requests.utils.urlparse(u).path == path]
+
+
+def posted(driver, path: str) -> list[dict]:
+    """The JSON bodies of the POSTs to `path` the page has sent since the last clear_requests."""
+    return [json.loads(body) for u, body in _sent_requests(driver)
+            if requests.utils.urlparse(u).path == path and body is not None]
 
 
 def trace_requests(driver) -> list[str]:
@@ -240,8 +252,8 @@ def trace_requests(driver) -> list[str]:
 
 def clear_requests(driver) -> None:
     js(driver, "performance.clearResourceTimings();")
-    sent(driver, "")
-    driver.__dict__["_sent_urls"] = []
+    _sent_requests(driver)
+    driver.__dict__["_sent_requests"] = []
 
 
 def heatmap_labels(driver, stage: str) -> tuple[list[str], list[str]]:

@@ -1,10 +1,11 @@
 /*
  * attention-trace viewer: one cell, number by number.
  *
- * A map's cell clicked (or Enter on it): POST /explain with the trace's request plus head, query and key, and the
- * answer drawn generically from its `steps` (formula = value, with the values it lists). A masked cell says so:
- * its weight is the mask's 0, never a probability the softmax gave a real key. A saved page has no service to ask:
- * it computes the same answer from its embedded trace (cell.js) and draws it with the same code.
+ * A map's cell clicked (or Enter on it): POST /explain with the trace's request plus head, query and key (and, in a
+ * stack of blocks, the layer shown), and the answer drawn generically from its `steps` (formula = value, with the
+ * values it lists). A masked cell says so: its weight is the mask's 0, never a probability the softmax gave a real
+ * key. A saved page has no service to ask: it computes the same answer from its embedded trace (cell.js, over the
+ * layer shown) and draws it with the same code.
  *
  * app.js calls create(view) once: view.state (the trace on screen; `explain`, the cell explained, which the maps
  * mark), view.ui (the explain section, and the maps to unmark) and view.saved.
@@ -42,31 +43,32 @@
     }
 
     /**
-     * Ask the service to explain one cell of the trace on screen: the request as traced, plus head, query, key. A
-     * stack's cell is in the layer shown, and /explain takes no layer (it explains the first layer's attention): the
-     * page computes it from the answer on screen instead, with the saved page's code (cell.js), which gives
-     * /explain's steps over that layer's numbers (trace.js, layerView).
+     * Ask the service to explain one cell of the trace on screen: the request as traced, plus head, query, key, and
+     * in a stack of blocks the layer shown (/explain explains that layer's attention). A saved page has no service:
+     * it computes the same answer from the trace on screen (cell.js, over the layer shown: trace.js, layerView).
      */
     async function explainCell(head, query, key) {
       if (!state.main) return;
       const { doc, body } = state.main;
       const keyTokens = keyTokensOf(doc);
-      if (view.saved || Number.isInteger(doc.layer)) { // no service (or a stack's layer): the same answer, from the trace
+      if (view.saved) { // no service: the same answer, from the trace
         if (state.explainController) state.explainController.abort();
         state.explainController = null;
         state.explain = { head, query, key };
         renderExplain(cell.explainCell(doc, head, query, key));
         return;
       }
+      const layer = Number.isInteger(doc.layer) ? doc.layer : null; // a stack's layer on screen; null: one layer
+      const cellOf = layer === null ? { head, query, key } : { layer, head, query, key };
       if (state.explainController) state.explainController.abort();
       const controller = new AbortController();
       state.explainController = controller;
       state.explain = { head, query, key };
       ui.explainSection.setAttribute('aria-busy', 'true');
-      ui.explainStatus.textContent = `Explaining head ${head}: query ${quoted(doc.tokens[query].text)} → key ${quoted(keyTokens[key].text)}…`;
+      ui.explainStatus.textContent = `Explaining ${layer === null ? '' : `layer ${layer}, `}head ${head}: query ${quoted(doc.tokens[query].text)} → key ${quoted(keyTokens[key].text)}…`;
       let answer;
       try {
-        answer = await postJson(ENDPOINTS.explain, { ...body, head, query, key }, controller.signal);
+        answer = await postJson(ENDPOINTS.explain, { ...body, ...cellOf }, controller.signal);
       } catch (err) {
         if (err?.name === 'AbortError' || controller !== state.explainController) return;
         state.explainController = null;
