@@ -162,26 +162,34 @@ def stack_npz(request: dict) -> bytes:
     return encode_npz_check(largest_submission(request=request, wrong="weights"))
 
 
-def stack_scenarios():
-    """A stack's /check at the largest the budget allows, and the deepest stacks the trace allows (refused)."""
-    erf_widest = largest_stack({**STACK_ERF, "num_layers": 1}, "d_ff", most=8192)
-    erf_deepest = largest_stack({**STACK_ERF, "d_ff": 4096}, path="/trace")
+def stack_requests() -> list[tuple[str, dict, str]]:
+    """(name, request, what): a stack's /check at the largest the budget allows, and the deepest stacks the
+    trace size allows, which the budget refuses."""
     out = []
     for name, request, what in [
         ("stack-check-gpt2", largest_stack(STACK_GPT2), "gpt2 at d_model 128, 2 heads, 64 tokens"),
         ("stack-check-deep", largest_stack(STACK_DEEP), "gpt2 at d_model 8, 2 heads, 16 tokens"),
         ("stack-check-steps", largest_stack(STACK_STEPS), "gpt2 at d_model 2, 2 heads, one token"),
-        ("stack-check-erf", erf_widest, "exact GELU (pre-norm), d_model 64, 1 head, 64 tokens"),
-        ("stack-check-refused-gpt2", largest_stack(STACK_GPT2, path="/trace"), "gpt2 at d_model 128, 2 heads, 64 tokens"),
+        ("stack-check-erf", largest_stack({**STACK_ERF, "num_layers": 1}, "d_ff", most=8192),
+         "exact GELU (pre-norm), d_model 64, 1 head, 64 tokens"),
+        ("stack-check-refused-gpt2", largest_stack(STACK_GPT2, path="/trace"),
+         "gpt2 at d_model 128, 2 heads, 64 tokens"),
         ("stack-check-refused-deep", largest_stack(STACK_DEEP, path="/trace"), "gpt2 at d_model 8, 2 heads, 16 tokens"),
-        ("stack-check-refused-erf", erf_deepest, "exact GELU (pre-norm), d_model 64, 1 head, 64 tokens"),
+        ("stack-check-refused-erf", largest_stack({**STACK_ERF, "d_ff": 4096}, path="/trace"),
+         "exact GELU (pre-norm), d_model 64, 1 head, 64 tokens"),
     ]:
         shape = f"{request['num_layers']} layer(s)" + (f", d_ff {request['d_ff']}" if "d_ff" in request else "")
         what = (f"{what}, {shape}: " + ("the deepest the trace size allows, over the /check budget (a 422)"
                                          if "refused" in name else "the largest the /check budget allows")
                 + "; every stage as npz, weights 1 % off")
-        out.append((name, "/check", lambda request=request: stack_npz(request), what))
+        out.append((name, request, what))
     return out
+
+
+def stack_scenarios():
+    """stack_requests() as scenarios: /check of every stage as npz, weights 1 % off."""
+    return [(name, "/check", lambda request=request: stack_npz(request), what)
+            for name, request, what in stack_requests()]
 
 
 def scenarios():

@@ -91,15 +91,16 @@ def wrong_check(request: dict) -> bytes:
     return encode_json(largest_submission(request=request, wrong="weights"))
 
 
-def soak_mix(rng: random.Random, largest_share: float) -> Callable[[int], SoakReq]:
-    """A seeded picker of the next request (`seq` numbers S's new word); its bodies are built once, here."""
+def soak_mix(rng: random.Random, largest_share: float, check: bytes) -> Callable[[int], SoakReq]:
+    """A seeded picker of the next request (`seq` numbers S's new word); `check` is measure_memory's largest
+    /check body (tools/measure_memory.py check_body)."""
     s = {"sentence": "the cat sat", "d_model": 24, "num_heads": 4}
     m = {"tokens": [f"m{i}" for i in range(16)], "d_model": 64, "num_heads": 4}
     l_ = {"tokens": [f"l{i}" for i in range(128)], "d_model": 512, "num_heads": 8}
     checks = {"check-s": wrong_check(s), "check-m": wrong_check(m)}
     check_batch = b'{"items":[' + checks["check-s"] + b"," + checks["check-m"] + b"]}"
     batch = _json({"items": [{**s, "seed": i} for i in range(3)]})
-    largest = measure_memory.requests_mix(rng, measure_memory.check_body(7))
+    largest = measure_memory.requests_mix(rng, check)
 
     def post(name: str, path: str, body: bytes, weight: int, *headers: tuple[str, str]) -> SoakReq:
         return SoakReq(name, "POST", path, body, JSON, True, weight, headers)
@@ -147,6 +148,13 @@ def reading(server: Gunicorn, done: int, in_flight: dict[int, str]) -> dict:
     return {"requests": done, "workers": workers, "in_flight": sorted(in_flight.values())}
 
 
+def line(r: dict) -> str:
+    """A reading as the run prints it: requests answered, each worker's RSS / PSS, what was in flight."""
+    done = r["requests"] if isinstance(r["requests"], str) else f"{r['requests']:,}"
+    return (f"  {done:>8}   " + "   ".join(f"{pid}: {w['rss_mib']} / {w['pss_mib']}" for pid, w in r["workers"].items())
+            + (f"   in flight: {', '.join(r['in_flight'])}" if r["in_flight"] else ""))
+
+
 def drive(server: Gunicorn, requests: int, every: int, clients: int, seed: int, largest_share: float,
           timeout: float) -> tuple[dict, list[dict], list[str]]:
     """Send `requests` requests from `clients` kept-alive connections; the statuses by request, the readings
@@ -157,7 +165,8 @@ def drive(server: Gunicorn, requests: int, every: int, clients: int, seed: int, 
     problems: list[str] = []
     in_flight: dict[int, str] = {}
     counter = {"sent": 0, "done": 0}
-    picks = [soak_mix(random.Random(seed * 100 + i), largest_share) for i in range(clients)]
+    check = measure_memory.check_body(7) if largest_share else b""  # ~1 s of this process's CPU: only if sent
+    picks = [soak_mix(random.Random(seed * 100 + i), largest_share, check) for i in range(clients)]
 
     def client(i: int) -> None:
         conn = Connection(server.port, timeout)
@@ -183,6 +192,7 @@ def drive(server: Gunicorn, requests: int, every: int, clients: int, seed: int, 
                     counter["done"] += 1
                     if counter["done"] % every == 0:
                         readings.append(reading(server, counter["done"], in_flight))
+                        print(line(readings[-1]), flush=True)  # as it goes: a full run takes minutes
         finally:
             conn.close()
 
@@ -233,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1.0)  # the workers' imports are done once /health answers; let them settle
         workers = [str(p) for p in server.worker_pids()]
         idle = reading(server, 0, {})
+        recycling = "off" if env["GUNICORN_MAX_REQUESTS"] == "0" else "every " + env["GUNICORN_MAX_REQUESTS"]
+        print(f"soak: {args.requests:,} requests from {args.clients} kept-alive clients to {args.workers} "
+              f"worker(s), recycling {recycling}, {args.largest_share:.0%} the largest requests")
+        print("  requests   each worker's RSS / PSS (MiB), by its PID; what the clients had in flight")
+        print(line({**idle, "requests": "idle"}), flush=True)
         start = time.monotonic()
         stats, readings, problems = drive(server, args.requests, args.every, args.clients, args.seed,
                                           args.largest_share, args.timeout)
@@ -267,16 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         "passed": not problems,
         "log": shown(server.log),
     }
-    print(f"soak: {args.requests:,} requests from {args.clients} kept-alive clients to {args.workers} worker(s), "
-          f"recycling {'off' if env['GUNICORN_MAX_REQUESTS'] == '0' else 'every ' + env['GUNICORN_MAX_REQUESTS']}, "
-          f"{args.largest_share:.0%} the largest requests, in {elapsed:.0f} s")
-    print("  requests   each worker's RSS / PSS (MiB), by its PID; what the clients had in flight")
-    for r in [{**idle, "requests": "idle"}, *readings]:
-        done = r["requests"] if r["requests"] == "idle" else f"{r['requests']:,}"
-        print(f"  {done:>8}   " + "   ".join(f"{pid}: {w['rss_mib']} / {w['pss_mib']}"
-                                                      for pid, w in r["workers"].items())
-              + (f"   in flight: {', '.join(r['in_flight'])}" if r["in_flight"] else ""))
-    print()
+    print(f"\n{args.requests:,} requests in {elapsed:.0f} s\n")
     print("\n".join(table(readings, workers)) if readings else "(no reading)")
     print()
     f = report["from_a_fifth_on"]
