@@ -96,7 +96,7 @@ def soak_mix(rng: random.Random, largest_share: float, check: bytes) -> Callable
     /check body (tools/measure_memory.py check_body)."""
     s = {"sentence": "the cat sat", "d_model": 24, "num_heads": 4}
     m = {"tokens": [f"m{i}" for i in range(16)], "d_model": 64, "num_heads": 4}
-    l_ = {"tokens": [f"l{i}" for i in range(128)], "d_model": 512, "num_heads": 8}
+    large = {"tokens": [f"l{i}" for i in range(128)], "d_model": 512, "num_heads": 8}
     checks = {"check-s": wrong_check(s), "check-m": wrong_check(m)}
     check_batch = b'{"items":[' + checks["check-s"] + b"," + checks["check-m"] + b"]}"
     batch = _json({"items": [{**s, "seed": i} for i in range(3)]})
@@ -118,9 +118,9 @@ def soak_mix(rng: random.Random, largest_share: float, check: bytes) -> Callable
         (5, traced("m-gzip", m, 5, ("Accept-Encoding", "gzip"))),
         (3, traced("m-br", m, 3, ("Accept-Encoding", "br"))),
         (4, traced("m-npz", m, 4, ("Accept", NPZ))),
-        (2, traced("l", l_, 2)),
-        (1, traced("l-gzip", l_, 1, ("Accept-Encoding", "gzip"))),
-        (1, traced("l-npz", l_, 1, ("Accept", NPZ))),
+        (2, traced("l", large, 2)),
+        (1, traced("l-gzip", large, 1, ("Accept-Encoding", "gzip"))),
+        (1, traced("l-npz", large, 1, ("Accept", NPZ))),
         (6, lambda seq: post("check-s", "/check", checks["check-s"], 6)),
         (3, lambda seq: post("check-m", "/check", checks["check-m"], 3)),
         (1, lambda seq: post("check-batch", "/check/batch", check_batch, 1)),
@@ -164,7 +164,7 @@ def drive(server: Gunicorn, requests: int, every: int, clients: int, seed: int, 
     readings: list[dict] = []
     problems: list[str] = []
     in_flight: dict[int, str] = {}
-    counter = {"sent": 0, "done": 0}
+    counter = {"sent": 0, "done": 0, "unexpected": 0}
     check = measure_memory.check_body(7) if largest_share else b""  # ~1 s of this process's CPU: only if sent
     picks = [soak_mix(random.Random(seed * 100 + i), largest_share, check) for i in range(clients)]
 
@@ -187,7 +187,8 @@ def drive(server: Gunicorn, requests: int, every: int, clients: int, seed: int, 
                     by = stats.setdefault(r.name, {})
                     by[str(status)] = by.get(str(status), 0) + 1
                     if isinstance(status, str) or status >= 500 or (status < 400) != r.valid:
-                        if len(problems) < 20:
+                        counter["unexpected"] += 1
+                        if len(problems) < 20:  # the first few; the count says how many in all
                             problems.append(f"{r.name} ({'valid' if r.valid else 'invalid'}) answered {status}")
                     counter["done"] += 1
                     if counter["done"] % every == 0:
@@ -200,7 +201,9 @@ def drive(server: Gunicorn, requests: int, every: int, clients: int, seed: int, 
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join()  # each request is bounded by the client's timeout
+    if counter["unexpected"] > len(problems):
+        problems.append(f"{counter['unexpected']} unexpected answers in all")
     return stats, readings, problems
 
 
