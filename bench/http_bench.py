@@ -416,9 +416,9 @@ def sequential_table(workloads: list[Workload], seq: dict[str, Any], encode_s: d
                   fmt_time(t["server_s"]), fmt_time(f.get("server_s")), fmt_time(t["cpu_per_request_s"]),
                   fmt_time(enc), fmt_ratio(t["server_s"] / enc) if enc and t["server_s"] else "–",
                   t["requests"])
-    table.notes.append("server time = median of gunicorn's access-log duration_us (request parsed → last byte "
-                       "handed to the kernel); for a large body it includes waiting for the client to drain the "
-                       "socket, which the floor (same bytes, no work) shows on its own")
+    table.notes.append("server time = median of the access log's duration_us: from the request head parsed to "
+                       "the answer rendered into the worker's memory (its event loop then sends it as the client "
+                       "reads; the floor, the same bytes with no work, shows what is left)")
     table.notes.append("orjson encode alone = section 2's median of service.serialize.dumps on the same document, "
                        "in this process")
     return table

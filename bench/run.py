@@ -351,6 +351,9 @@ def _whole_stack_targets(r: dict[str, Any], row: Any, t: Table) -> None:
 
     for key, (what, limit, higher) in TARGETS.items():
         row(f"whole stack: {what}", w["ratios"].get(key), limit, lower_is_better=not higher)
+    if w.get("per_byte_e2e_spread"):
+        t.add("(time per byte, 32 … 256 tokens, end to end: wrk's median latency, the whole answer received; "
+              "for reference)", fmt_ratio(w["per_byte_e2e_spread"]), "", "")
     proj, sync = w["classes"].get("project"), w["classes"].get("sync")
     if proj and sync and sync.get("rps_vs_project"):
         t.add("(/trace S req/s, sync ÷ the project's worker, same app and config, median of rounds: for reference)",

@@ -117,6 +117,18 @@ def _post(url: str, body: bytes, accept: str | None = None) -> tuple[int, str, b
         return r.status, r.headers.get("Content-Type", ""), r.read()
 
 
+def _marginal(per_byte: dict[int, float], sizes: dict[str, int]) -> str:
+    """The server time of each byte one size adds to the one before (32 → 64 tokens, …): flat when the time
+    grows linearly with the answer, whatever each request's fixed cost, which weighs most at 32 tokens."""
+    ns = sorted(per_byte)
+    parts = []
+    for a, b in zip(ns, ns[1:]):
+        size_a, size_b = sizes[f"n{a}"], sizes[f"n{b}"]
+        added = per_byte[b] * size_b - per_byte[a] * size_a
+        parts.append(f"{a}→{b}: {fmt_time(added / (size_b - size_a) * 1e6)}/MB")
+    return ", ".join(parts)
+
+
 def _med(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -269,6 +281,12 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
         if t is not None:
             per_byte[w.n_tokens] = t / sizes[f"n{w.n_tokens}"]
     best = min(per_byte.values()) if per_byte else None
+    # the same, end to end: wrk's median latency on one connection (request sent → whole answer received)
+    per_byte_e2e: dict[int, float] = {}
+    for w in series:
+        p50 = _med([run_.p50_s for run_ in seq[f"n{w.n_tokens}"] if run_.requests])
+        if p50:
+            per_byte_e2e[w.n_tokens] = p50 / sizes[f"n{w.n_tokens}"]
     ratios = {
         "S_uncached_vs_plain_floor": rps_ratio(load["S*"], load["floor"]),
         "L_server_vs_encode": l_srv / enc if l_srv and enc else None,
@@ -284,6 +302,9 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
               "cpu_per_request_s": l_cpu, "requests": len(l_json), "npz_requests": len(l_npz),
               "encodes": len(encode_wall)},
         "per_byte_s": {str(n): v for n, v in per_byte.items()},
+        "per_byte_e2e_s": {str(n): v for n, v in per_byte_e2e.items()},
+        "per_byte_e2e_spread": max(per_byte_e2e.values()) / min(per_byte_e2e.values())
+        if len(per_byte_e2e) == len(series) else None,
     })
     results.update(out)
 
@@ -295,7 +316,11 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
             f"{fmt_time(l_srv)} vs {fmt_time(enc)}; the encoding {fmt_time(enc_cpu)} of CPU, {fmt_time(enc_wall)} "
             f"wall; worker CPU / request {fmt_time(l_cpu)}",
         "per_byte_spread":
-            ", ".join(f"{n}: {fmt_time(v * 1e6)}/MB" for n, v in per_byte.items()),
+            ", ".join(f"{n}: {fmt_time(v * 1e6)}/MB" for n, v in per_byte.items())
+            + (f"; each added byte (from one size to the next): {marginal}" if (marginal := _marginal(per_byte, sizes))
+               else "")
+            + (f"; end to end (wrk's median latency): {e2e}" if (e2e := ", ".join(
+                f"{n}: {fmt_time(v * 1e6)}/MB" for n, v in per_byte_e2e.items())) else ""),
         "L_npz_vs_json":
             f"{fmt_time(npz_srv)} vs {fmt_time(l_srv)}; {fmt_bytes(sizes['L npz'])} vs {fmt_bytes(sizes['L'])}",
     }
@@ -309,8 +334,9 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
                     "bench/floor_app.py under `gunicorn -k sync -w 2` with gunicorn's defaults, answering the first "
                     "of them as prepared bytes")
     t2.notes.append(f"2–4: one connection, {seq_rounds} interleaved round(s) of {duration_s:g} s per item on the "
-                    "project's server; server time = the median of gunicorn's access-log duration_us (request "
-                    "parsed → last byte handed to the kernel); the encoding = service.serialize.dumps of L's "
+                    "project's server; server time = the median of gunicorn's access-log duration_us (from the "
+                    "request head parsed to the answer rendered into the worker's memory, before its event loop "
+                    "sends it); the encoding = service.serialize.dumps of L's "
                     f"document in this process, {len(encode_wall)} times between the HTTP runs, median of this "
                     f"thread's {'CPU time' if cpu_clock() else 'wall-clock time'}; "
                     f"{len(l_json)} L and {len(l_npz)} L npz requests")

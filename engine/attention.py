@@ -16,6 +16,8 @@ configuration and runs them in order; ``engine.bugs`` holds the wrong ones.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 POSITIONAL_BASE = 10000.0
@@ -107,7 +109,7 @@ def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
 
 def scale_factor(d_k: int, scale: bool) -> float:
     """√d_k when scaling is on, 1 when it is off."""
-    return float(np.sqrt(d_k)) if scale else 1.0
+    return math.sqrt(d_k) if scale else 1.0  # correctly rounded, as np.sqrt: the same float, without numpy's call
 
 
 def scale_scores(scores: np.ndarray, factor: float) -> np.ndarray:

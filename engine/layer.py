@@ -281,14 +281,18 @@ class TraceConfig:
                                    num_layers=self.num_layers, block=self.has_block, rope=self.rope,
                                    grouped=self.grouped, rope_base=self.rope_base))
 
+    # The values derived from the fields that every trace reads (several times each) are cached properties:
+    # the configuration is immutable, and the service builds one per distinct configuration
+    # (service.models), so they are computed once.
+
     # ------------------------------------------------------- constructed heads
 
-    @property
+    @cached_property
     def head_kinds(self) -> tuple[str, ...]:
         """Each head's kind: "seeded" unless ``head_weights`` constructs it."""
         return self.head_weights if self.head_weights is not None else (C.SEEDED,) * self.num_heads
 
-    @property
+    @cached_property
     def constructed(self) -> bool:
         """Whether any head is constructed (then x is laid out in subspaces: engine.constructed)."""
         return any(kind != C.SEEDED for kind in self.head_kinds)
@@ -297,37 +301,37 @@ class TraceConfig:
     def layout(self) -> C.Layout:
         return C.layout(self.d_model, self.head_kinds, (self.rope_pairing, self.rope_base) if self.rope else None)
 
-    @property
+    @cached_property
     def d_k(self) -> int:
         return self.d_model // self.num_heads
 
-    @property
+    @cached_property
     def scale_factor(self) -> float:
         return A.scale_factor(self.d_k, self.scale)
 
-    @property
+    @cached_property
     def mask(self) -> str:
         if not self.causal:
             return "none"
         return "causal" if self.window is None else "sliding_window"
 
-    @property
+    @cached_property
     def rope(self) -> bool:
         return self.positional_encoding == "rope"
 
     # ------------------------------------------------------- grouped-query attention
 
-    @property
+    @cached_property
     def kv_heads(self) -> int:
         """How many K/V heads there are: num_kv_heads, or num_heads when it is None."""
         return kv_heads(self.num_heads, self.num_kv_heads)
 
-    @property
+    @cached_property
     def kv_group_size(self) -> int:
         """How many query heads share each K/V head (1: multi-head, num_heads: multi-query)."""
         return self.num_heads // self.kv_heads
 
-    @property
+    @cached_property
     def grouped(self) -> bool:
         """Whether K/V heads are shared (GQA or MQA): fewer K/V heads than query heads."""
         return self.kv_heads != self.num_heads

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from typing import Any, Literal
 
 import numpy as np
@@ -115,13 +115,14 @@ class Trace:
     def n_tokens(self) -> int:
         return len(self.tokens)
 
-    # Computed on first use: diagnosis recomputes a trace per known bug and never reads them.
-    @cached_property
+    # Computed when read, not when the trace is made: diagnosis recomputes a trace per known bug and never reads
+    # them, and an answer reads each once (not cached: functools.cached_property's lock cost ~0.5 µs a read).
+    @property
     def entropy(self) -> np.ndarray:
         """Each weights row's entropy in nats, [head, query] ([layer, head, query] in a stack)."""
         return A.entropy(self._weights)
 
-    @cached_property
+    @property
     def max_weight(self) -> np.ndarray:
         """Each weights row's largest weight, [head, query] ([layer, head, query] in a stack)."""
         return A.max_weight(self._weights)

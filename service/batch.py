@@ -76,7 +76,7 @@ def batch_document(path: str, batch: BatchRequest, limits: Settings, model: type
             parsed.append(model.model_validate(item, context=ctx))
         except ValidationError as e:
             parsed.append(validation_problem(e))
-    total = sum(p._value_count for p in parsed if not isinstance(p, ProblemError))
+    total = sum(p.value_count for p in parsed if not isinstance(p, ProblemError))
     if total > limits.max_trace_values:
         raise ProblemError(422, "Invalid request",
                            f"the batch's traces would hold {total} numbers together, above the limit of "

@@ -110,7 +110,7 @@ def diagnosis_cost(spec: Any) -> int:
     bugs = len(applicable_bugs(stack, n, explicit_input=explicit))
     erf = n * stack.ff_width * stack.num_layers if stack.ffn_kind == "gelu" else 0  # [L, n, d_ff] through math.erf
     steps = len(layer_steps(stack, explicit_input=explicit))
-    values = int(getattr(spec, "_value_count", 0) or 0)
+    values = int(getattr(spec, "value_count", 0) or 0)
     return bugs * (-(-values // RERUN_NUMBERS_PER_UNIT) + ERF_UNITS * erf + STEP_UNITS * steps)
 
 
@@ -118,7 +118,7 @@ def cost(path: str, specs: Iterable[Any]) -> int:
     """The cost of answering these validated requests of one endpoint ("/trace" or "/check") together."""
     total, weights = 0, set()
     for spec in specs:
-        values = int(getattr(spec, "_value_count", 0) or 0)
+        values = int(getattr(spec, "value_count", 0) or 0)
         total += ITEM_COST + values * (CHECK_FACTOR if path == "/check" else 1)
         if path == "/check":
             total += diagnosis_cost(spec)
@@ -132,7 +132,7 @@ def cost(path: str, specs: Iterable[Any]) -> int:
 def page_cost(specs: Iterable[Any]) -> int:
     """The cost of /trace/html's page for these validated /trace requests (the trace, then its comparison)."""
     specs = list(specs)
-    return cost("/trace", specs) + sum(int(getattr(spec, "_value_count", 0) or 0) for spec in specs)
+    return cost("/trace", specs) + sum(int(getattr(spec, "value_count", 0) or 0) for spec in specs)
 
 
 def check_limit(limits: Any) -> int:

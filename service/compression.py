@@ -64,12 +64,28 @@ def affordable(encoding: str, size: int) -> bool:
     return size * COST_NS_PER_BYTE[encoding] * 1e-9 <= budget
 
 
-def choose_encoding(settings: Settings, accept_encoding_quality) -> str | None:
-    """The first configured encoding the client accepts (q > 0), or None."""
+def choose_encoding(settings: Settings) -> str | None:
+    """The first configured encoding this request's client accepts (q > 0), or None.
+
+    Without an Accept-Encoding header, None, as werkzeug's parse of a missing header (every coding at q=0)
+    would say, without parsing anything: most API clients send none."""
+    if not settings.compression or not request.environ.get("HTTP_ACCEPT_ENCODING"):
+        return None
+    quality = request.accept_encodings.quality
     for name in settings.compression:
-        if accept_encoding_quality(name) > 0:
+        if quality(name) > 0:
             return name
     return None
+
+
+def add_vary(resp: Response, name: str) -> None:
+    """Add ``name`` to the response's Vary header, as werkzeug's ``resp.vary.add(name)`` does, without parsing
+    the header into a set and writing the set back (6 µs of an S answer's ~300 µs, measured in process)."""
+    vary = resp.headers.get("Vary")
+    if not vary:
+        resp.headers["Vary"] = name
+    elif name.lower() not in (v.strip().lower() for v in vary.split(",")):
+        resp.headers["Vary"] = f"{vary}, {name}"
 
 
 def maybe_compress(resp: Response, settings: Settings) -> Response:
@@ -87,8 +103,8 @@ def maybe_compress(resp: Response, settings: Settings) -> Response:
     body = resp.get_data()
     if len(body) < settings.compress_min_bytes:
         return resp
-    resp.vary.add("Accept-Encoding")  # the answer depends on it, for every cache on the way
-    encoding = choose_encoding(settings, request.accept_encodings.quality)
+    add_vary(resp, "Accept-Encoding")  # the answer depends on it, for every cache on the way
+    encoding = choose_encoding(settings)
     if encoding is None or not affordable(encoding, len(body)):
         return resp
     packed = _ENCODERS[encoding](body)

@@ -26,7 +26,7 @@ import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
+from functools import lru_cache, partial
 from typing import Annotated, Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
@@ -432,31 +432,21 @@ class TraceSpec(BaseModel):
         with engine_rules():
             check_one_source(self.sentence, self.tokens)
             check_one_context(self.context_sentence, self.context_tokens)
-            head_dim(self.d_model, self.num_heads)
-            kv_heads(self.num_heads, self.num_kv_heads)
-            # A block, and what its preset sets outside it (llama's RoPE, gpt2's and llama's causal mask) for
-            # the fields the request leaves out.
-            block = {name: getattr(self, name) for name in BLOCK_FIELDS}
-            has_block = any(v is not None for v in block.values())
+            # What a block's preset sets outside it (llama's RoPE, gpt2's and llama's causal mask), for the
+            # fields the request leaves out.
             preset = preset_fields(self.block, self.model_fields_set)
-            causal = preset.get("causal", self.causal)
-            positional_encoding = preset.get("positional_encoding", self.positional_encoding)
-            # Every conflict between the variants' settings at once (then the configuration builds).
-            check_variants(d_model=self.d_model, num_heads=self.num_heads, causal=causal, window=self.window,
-                           positional_encoding=positional_encoding, cross=cross,
-                           input_given=self.input is not None, context_input_given=self.context_input is not None,
-                           decode=getattr(self, "decode", False), bug=getattr(self, "inject_bug", None),
-                           block=has_block, num_layers=self.num_layers, parameters_given=self.parameters is not None)
-            config = TraceConfig(d_model=self.d_model, num_heads=self.num_heads, seed=self.seed, scale=self.scale,
-                                 causal=causal, positional_encoding=positional_encoding,
-                                 max_tokens=settings.max_tokens, num_kv_heads=self.num_kv_heads,
-                                 window=self.window, rope_base=self.rope_base, rope_pairing=self.rope_pairing,
-                                 num_layers=self.num_layers, **block)
-            if self.head_weights is not None:  # constructed heads: their own x and weights (engine.constructed)
-                config = replace(config, head_weights=tuple(self.head_weights), sharpness=self.sharpness)
-                raise_all(constructed.trace_conflicts(
-                    constructed=config.constructed, input_given=self.input is not None,
-                    parameters_given=self.parameters is not None, cross=cross))
+            config = _checked_config(
+                d_model=self.d_model, num_heads=self.num_heads, seed=self.seed, scale=self.scale,
+                causal=preset.get("causal", self.causal),
+                positional_encoding=preset.get("positional_encoding", self.positional_encoding),
+                max_tokens=settings.max_tokens, num_kv_heads=self.num_kv_heads, window=self.window,
+                rope_base=self.rope_base, rope_pairing=self.rope_pairing, num_layers=self.num_layers,
+                block=self.block, norm=self.norm, norm_position=self.norm_position, ffn=self.ffn, d_ff=self.d_ff,
+                norm_eps=self.norm_eps, norm_weights=self.norm_weights,
+                head_weights=None if self.head_weights is None else tuple(self.head_weights),
+                sharpness=self.sharpness, cross=cross, input_given=self.input is not None,
+                context_input_given=self.context_input is not None, parameters_given=self.parameters is not None,
+                decode=getattr(self, "decode", False), bug=getattr(self, "inject_bug", None))
             # Count tokens now (the tokenizer stops at limit + 1), so the size of
             # the whole trace is known, and bounded, before any array exists.
             tokens = split_tokens(sentence=self.sentence, tokens=self.tokens, max_tokens=settings.max_tokens)
@@ -477,24 +467,33 @@ class TraceSpec(BaseModel):
                              n_context=m, decode_values=decoding)
             if config.has_block:  # and every layer's weights, generated before anything is computed
                 check_block_cost(count, config.n_parameters, settings.max_request_cost, num_layers=config.num_layers)
-        self._config, self._tokens, self._context, self._value_count = config, tokens, context, count
+        # One update of the private values: each assignment through pydantic's __setattr__ costs ~0.3 µs.
+        self.__pydantic_private__.update(_config=config, _tokens=tokens, _context=context, _value_count=count)
         return self
 
+    # Read from __pydantic_private__ itself: pydantic's __getattr__ for a private attribute costs ~1.2 µs
+    # (it probes the attribute for __get__ through an AttributeError), and a request reads these several times.
     @property
     def trace_config(self) -> TraceConfig:
         """The engine's configuration, built (and checked) by the engine during validation."""
-        assert self._config is not None, "validate the request first"
-        return self._config
+        config = self.__pydantic_private__["_config"]
+        assert config is not None, "validate the request first"
+        return config
 
     @property
     def split(self) -> list[Token]:
         """The tokens, split (and checked) once during validation."""
-        return self._tokens
+        return self.__pydantic_private__["_tokens"]
 
     @property
     def context_split(self) -> list[Token] | None:
         """Cross-attention's context tokens, split once during validation (None for self-attention)."""
-        return self._context
+        return self.__pydantic_private__["_context"]
+
+    @property
+    def value_count(self) -> int:
+        """How many numbers the trace holds (what max_trace_values bounds), counted once during validation."""
+        return self.__pydantic_private__["_value_count"]
 
     def run_trace(self, bug: str | None = None) -> engine.Trace:
         """The engine's trace of this validated request, with its explicit arrays if given.
@@ -509,6 +508,40 @@ class TraceSpec(BaseModel):
                                          num_heads=self.num_heads, num_kv_heads=self.num_kv_heads)
         return engine.trace(self.trace_config, split=self.split, input=self.input, parameters=params, bug=bug,
                             context_split=self.context_split, context_input=self.context_input)
+
+
+@lru_cache(maxsize=1024, typed=True)  # a handful of configurations recur: each checked and built once
+def _checked_config(*, d_model: int, num_heads: int, seed: int, scale: bool, causal: bool, positional_encoding: str,
+                    max_tokens: int, num_kv_heads: int | None, window: int | None, rope_base: float,
+                    rope_pairing: str, num_layers: int, block: str | None, norm: str | None,
+                    norm_position: str | None, ffn: str | None, d_ff: int | None, norm_eps: float | None,
+                    norm_weights: str | None, head_weights: tuple[str, ...] | None, sharpness: float, cross: bool,
+                    input_given: bool, context_input_given: bool, parameters_given: bool, decode: bool,
+                    bug: str | None) -> TraceConfig:
+    """A request's TraceConfig, its sizes and every conflict between its settings checked by the engine (an
+    EngineError: call it under ``engine_rules``), the token-independent part of ``TraceSpec._consistent``.
+
+    A function of the settings alone, so it is cached: a configuration that recurs is the very same
+    TraceConfig, whose derived values (d_k, the steps, the stage layout) are then computed once. ``typed``
+    keeps values of different types apart (true and 1, 1 and 1.0), as the answers echo them."""
+    head_dim(d_model, num_heads)
+    kv_heads(num_heads, num_kv_heads)
+    has_block = any(v is not None for v in (block, norm, norm_position, ffn, d_ff, norm_eps, norm_weights))
+    # Every conflict between the variants' settings at once (then the configuration builds).
+    check_variants(d_model=d_model, num_heads=num_heads, causal=causal, window=window,
+                   positional_encoding=positional_encoding, cross=cross, input_given=input_given,
+                   context_input_given=context_input_given, decode=decode, bug=bug, block=has_block,
+                   num_layers=num_layers, parameters_given=parameters_given)
+    config = TraceConfig(d_model=d_model, num_heads=num_heads, seed=seed, scale=scale, causal=causal,
+                         positional_encoding=positional_encoding, max_tokens=max_tokens, num_kv_heads=num_kv_heads,
+                         window=window, rope_base=rope_base, rope_pairing=rope_pairing, num_layers=num_layers,
+                         block=block, norm=norm, norm_position=norm_position, ffn=ffn, d_ff=d_ff, norm_eps=norm_eps,
+                         norm_weights=norm_weights)
+    if head_weights is not None:  # constructed heads: their own x and weights (engine.constructed)
+        config = replace(config, head_weights=head_weights, sharpness=sharpness)
+        raise_all(constructed.trace_conflicts(constructed=config.constructed, input_given=input_given,
+                                              parameters_given=parameters_given, cross=cross))
+    return config
 
 
 def settings_of(info: ValidationInfo) -> Settings:

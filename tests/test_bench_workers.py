@@ -39,3 +39,13 @@ def test_the_stock_classes_are_chosen_on_the_command_line_and_gevent_is_skipped_
     classes, notes = worker_bench.worker_classes()
     assert [c.key for c in classes] == ["project", "sync", "gthread"]
     assert any("gevent" in n and "skipped" in n for n in notes)
+
+
+def test_the_marginal_time_a_byte_is_the_slope_whatever_the_fixed_cost():
+    """Time = 400 µs + 1 ns a byte: the per-byte spread is the fixed cost's doing, and each added byte costs
+    1 ns from every size to the next (1,000 µs/MB)."""
+    sizes = {"n32": 600_000, "n64": 1_700_000, "n128": 5_400_000, "n256": 18_700_000}
+    per_byte = {n: (400e-6 + 1e-9 * sizes[f"n{n}"]) / sizes[f"n{n}"] for n in (32, 64, 128, 256)}
+    assert max(per_byte.values()) / min(per_byte.values()) > 1.5
+    assert worker_bench._marginal(per_byte, sizes) == \
+        "32→64: 1.00 ms/MB, 64→128: 1.00 ms/MB, 128→256: 1.00 ms/MB"

@@ -108,3 +108,30 @@ def test_response_cache_keeps_only_successes_and_stays_bounded(app_factory):
     assert 0 < cache.size <= 20_000 and len(cache) < 5  # the oldest were evicted
     big = client.post("/trace", json={"tokens": ["x"] * 64, "d_model": 64})  # > 256 KiB: not kept
     assert len(big.get_data()) > 256 * 1024 and big.get_data() not in cache._entries.values()
+
+
+@pytest.mark.parametrize("existing", [None, "", "Accept", "accept-encoding", "Accept, Origin", "Origin,Accept-Encoding",
+                                      "Cookie, ACCEPT-ENCODING , Origin"])
+def test_add_vary_does_what_werkzeug_does(existing):
+    """service.compression.add_vary (a string edit) gives the Vary header werkzeug's resp.vary.add gives."""
+    from flask import Response
+
+    from service.compression import add_vary
+
+    for name in ("Accept-Encoding", "Accept", "Origin"):
+        ours, theirs = Response(), Response()
+        if existing is not None:
+            ours.headers["Vary"] = theirs.headers["Vary"] = existing
+        add_vary(ours, name)
+        theirs.vary.add(name)
+        assert {v.strip().lower() for v in ours.headers["Vary"].split(",")} == \
+            {v.strip().lower() for v in theirs.headers["Vary"].split(",") if v.strip()}, (existing, name)
+        assert ours.headers.get_all("Vary") == [ours.headers["Vary"]]
+
+
+def test_no_accept_encoding_header_means_identity(client):
+    """Without Accept-Encoding the answer goes out as it is (the header is not parsed), still with Vary."""
+    for headers in ({}, {"Accept-Encoding": ""}):
+        resp = client.post("/trace", json=BIG, headers=headers)
+        assert "Content-Encoding" not in resp.headers and "Accept-Encoding" in resp.headers["Vary"]
+        assert resp.get_data() == client.post("/trace", json=BIG, headers={"Accept-Encoding": "identity"}).get_data()

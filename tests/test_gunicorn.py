@@ -108,6 +108,53 @@ def test_the_master_warns_when_started_without_the_malloc_tunables():
     assert server_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
 
 
+_FAULTS_PROBE = """
+import resource, sys
+import numpy as np
+from service.worker import MMAP_THRESHOLD, _tune_malloc
+if sys.argv[1] == "tuned":
+    _tune_malloc()
+else:  # the mmap threshold fixed alone, as the tuning once did
+    import ctypes
+    ctypes.CDLL("libc.so.6").mallopt(-3, MMAP_THRESHOLD)
+
+def answer():  # an answer of 600 kB made and freed, as a 32-token trace's JSON is
+    body = np.ones(600_000 // 8).tobytes()
+    del body
+
+for _ in range(5):
+    answer()
+start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(100):
+    answer()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start) / 100)
+"""
+
+
+def test_a_worker_keeps_the_heap_it_frees_between_answers():
+    """A worker's malloc tuning (service.worker._tune_malloc) keeps freed memory at the top of its heap up to
+    TRIM_THRESHOLD: an answer below the mmap threshold, freed after it is sent, is not given back to the
+    system only for the next answer to fault it in again (~150 pages of 4 KiB each time; run without the
+    huge-page tunable, so that each page is a fault the probe counts)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "GUNICORN_MALLOC_TUNING")}
+
+    def faults(mode: str) -> float:
+        out = subprocess.run([sys.executable, "-c", _FAULTS_PROBE, mode], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=60, check=True)
+        return float(out.stdout)
+
+    assert faults("tuned") < 5
+    # fixing only the mmap threshold (as _tune_malloc once did) fixed the trim threshold at 128 KiB: the same
+    # loop then faulted every page of every answer in again
+    assert faults("mmap-only") > 100
+
+
 def test_the_master_logs_that_warning_at_start():
     """gunicorn.conf.py's on_starting hook logs malloc_note (the config loaded in a process of its own,
     as gunicorn's master loads it; it patches gunicorn when loaded)."""

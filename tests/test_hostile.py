@@ -736,6 +736,59 @@ def test_access_log_stays_one_json_object_per_line_whatever_the_client_sends(gun
         assert marker in entry["user_agent"]
 
 
+def test_access_log_atoms_read_as_gunicorns_do():
+    """The access log computes each atom when the format reads it (service.gunicorn_support._LazyJsonAtoms):
+    every atom, gunicorn's whole list and header and environ lookups whatever their case, present or not,
+    reads exactly as gunicorn's own atoms JSON-escaped (_JsonAtoms over Logger.atoms) read."""
+    import base64
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from gunicorn.config import Config
+
+    from gunicorn.glogging import SafeAtoms
+
+    from service.gunicorn_support import JsonAccessLogger, _LazyJsonAtoms
+
+    class _JsonAtoms(SafeAtoms):  # gunicorn's atoms, read through SafeAtoms, then JSON-escaped
+        def __init__(self, atoms: dict) -> None:
+            dict.__init__(self, atoms)
+
+        def __getitem__(self, k: str) -> object:
+            value = super().__getitem__(k)
+            return json.dumps(value)[1:-1] if isinstance(value, str) else value
+
+    log = JsonAccessLogger(Config())
+    auth = "Basic " + base64.b64encode(b'stu"dent:pw').decode()
+    environs = [
+        {"REMOTE_ADDR": "10.0.0.7", "REQUEST_METHOD": "POST", "RAW_URI": "/trace?x=1", "SERVER_PROTOCOL": "HTTP/1.1",
+         "PATH_INFO": '/tr"ace\\n', "QUERY_STRING": "x=1", "HTTP_USER_AGENT": 'ua "q" \\ \n', "HTTP_REFERER": "r",
+         "HTTP_AUTHORIZATION": auth, "wsgi.url_scheme": "http", "Mixed_Case": "m"},
+        {"REQUEST_METHOD": "GET", "RAW_URI": "/", "SERVER_PROTOCOL": "HTTP/1.0", "HTTP_AUTHORIZATION": "Basic !!"},
+    ]
+    responses = [SimpleNamespace(status="200 OK", sent=17673, headers=[("X-Request-ID", "a"), ("Vary", "Accept"),
+                                                                       ("x-request-id", 'b"c')]),
+                 SimpleNamespace(status=404, headers=[])]  # no bytes sent yet, an int status
+    requests_ = [SimpleNamespace(headers=[("HOST", "h"), ("X-REQUEST-ID", "r1"), ("USER-AGENT", "u\n")]),
+                 [("HOST", "h")]]  # gunicorn accepts a bare list of headers too
+    keys = ["h", "l", "u", "t", "r", "s", "m", "U", "q", "H", "b", "B", "f", "a", "T", "D", "M", "L", "p", "z",
+            "{x-request-id}o", "{X-Request-Id}o", "{vary}o", "{missing}o", "{host}i", "{user-agent}i", "{nope}i",
+            "{remote_addr}e", "{mixed_case}e", "{wsgi.url_scheme}e", "{missing}e", "{host}x", "{"]
+    for environ in environs:
+        for resp in responses:
+            for req in requests_:
+                for rt in (timedelta(microseconds=650), timedelta(seconds=2, microseconds=1_500)):
+                    theirs = _JsonAtoms(log.atoms(resp, req, environ, rt))
+                    ours = _LazyJsonAtoms(log, resp, req, environ, rt)
+                    for k in keys:
+                        if k == "t":  # the time: the same format, read a moment apart
+                            assert len(ours[k]) == len(theirs[k])
+                            continue
+                        assert ours[k] == theirs[k], (k, environ.get("PATH_INFO"), resp.status)
+    line = log.cfg.access_log_format  # gunicorn's default format: both give the same line
+    assert line % ours == line % theirs
+
+
 @pytest.mark.integration
 def test_server_level_rejections_carry_the_security_headers(gunicorn_server):
     """gunicorn answers 400/414/431 itself, before the app: those responses

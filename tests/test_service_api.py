@@ -10,6 +10,7 @@ import unicodedata
 
 import numpy as np
 import pytest
+from flask import request
 
 import engine
 from engine import TraceConfig
@@ -356,6 +357,50 @@ def test_security_headers_and_request_id(client):
     assert generated != "bad id" and len(generated) == 32
     err = client.get("/nope")
     assert err.headers["X-Request-ID"] and err.headers["X-Content-Type-Options"] == "nosniff"
+
+
+@pytest.mark.parametrize("origins", [("*",), ("https://class.example",),
+                                     ("https://class.example", "https://lab.example")])
+def test_cors_headers_are_flask_cors_own_answer(app_factory, origins):
+    """The app copies flask-cors's answer where it is always the same (computed once, at start) and asks
+    flask-cors otherwise: every request of the matrix gets exactly the CORS headers that flask-cors alone,
+    configured as the service configures it, gives a Flask app answering the same statuses."""
+    from flask import Flask
+    from flask_cors import CORS
+
+    from service import CORS_HEADERS, CORS_METHODS
+
+    ref = Flask("cors_reference")
+    CORS(ref, origins=list(origins), supports_credentials=False, send_wildcard=origins == ("*",),
+         methods=list(CORS_METHODS), allow_headers=list(CORS_HEADERS), expose_headers=["X-Request-ID"], max_age=600)
+    ref.add_url_rule("/health", "health", lambda: {"status": "ok"})
+    ref.add_url_rule("/trace", "trace", lambda: ({"x": 1}, 422 if "bad" in request.args else 200),
+                     methods=["POST"])
+    ours = app_factory(cors_origins=origins).test_client()
+    theirs = ref.test_client()
+
+    def cors_headers(resp) -> list[tuple[str, str]]:
+        return [(k, v) for k, v in resp.headers.items() if k.startswith("Access-Control-")]
+
+    def vary(resp) -> set[str]:
+        return {v.strip() for value in resp.headers.get_all("Vary") for v in value.split(",")}
+
+    requests_ = [("GET", "/health", {}), ("POST", "/trace", {}), ("POST", "/trace?bad=1", {}), ("GET", "/nope", {}),
+                 ("OPTIONS", "/trace", {"Access-Control-Request-Method": "POST",
+                                        "Access-Control-Request-Headers": "content-type"})]
+    origin_headers = [{}, {"Origin": "https://class.example"}, {"Origin": "https://lab.example"},
+                      {"Origin": "https://evil.example"},
+                      {"Origin": "https://class.example", "Access-Control-Request-Private-Network": "true"}]
+    for method, path, extra in requests_:
+        for origin in origin_headers:
+            headers = {**extra, **origin}
+            body = {"sentence": "a"} if "bad" not in path else {"sentence": "a", "d_model": 8, "num_heads": 3}
+            kw = {"json": body} if method == "POST" else {}
+            a = ours.open(path, method=method, headers=headers, **kw)
+            b = theirs.open(path, method=method, headers=headers, **kw)
+            assert a.status_code == b.status_code or path == "/trace" and method == "OPTIONS", (method, path, headers)
+            assert cors_headers(a) == cors_headers(b), (method, path, headers)
+            assert vary(b) <= vary(a), (method, path, headers)
 
 
 def test_cors_allows_origins_but_never_credentials(client, app_factory):

@@ -8,6 +8,7 @@ are modules of the tools package that import each other, and ``scripts/<name>`` 
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -130,7 +131,7 @@ def test_each_script_is_a_thin_wrapper_around_its_module():
     # every tool has its command, and every command its module
     assert wrapped == _tools_modules()
     assert {"loadtest", "attack", "kill_burst", "measure_check", "measure_limits", "measure_memory",
-            "sidecar_nginx_conf"} <= set(wrapped)
+            "sidecar_nginx_conf", "soak_memory"} <= set(wrapped)
 
 
 @pytest.mark.parametrize("module", _tools_modules())
@@ -190,3 +191,110 @@ def test_the_benchmark_starts_its_floor_with_gunicorns_defaults(tmp_path):
     finally:
         srv.stop()
     assert srv.proc.returncode == 0 and not log.exists()
+
+
+# ---------------------------------------------------------------- measure-check's stacks
+
+
+def _check_cost(body: dict) -> int | None:
+    """What the service counts for this stack's /check (None: its trace is refused already)."""
+    from service import budget
+    from service.routes.trace import TraceRequest
+
+    try:
+        return budget.cost("/check", [TraceRequest.model_validate(body)])
+    except ValueError:
+        return None
+
+
+def test_measure_checks_stacks_are_the_largest_the_budget_allows():
+    """Each checked stack is within the /check budget and one more layer (or d_ff unit) is not; each refused
+    stack is traceable, the deepest the trace allows, and over the budget."""
+    from service import budget
+    from service.settings import Settings
+    from tools.measure_check import scenarios, stack_requests
+
+    limit = budget.check_limit(Settings())
+    shapes = {}
+    stacks = stack_requests()
+    assert {name for name, *_ in stacks} <= {name for name, *_ in scenarios()}  # each selectable with --only
+    for name, request, what in stacks:
+        grown = "d_ff" if name == "stack-check-erf" else "num_layers"
+        shapes[name] = request[grown]
+        more = _check_cost({**request, grown: request[grown] + 1})
+        if "refused" in name:
+            assert _check_cost(request) > limit and more is None, name  # one layer more: not even traceable
+            assert "(a 422)" in what
+        else:
+            assert _check_cost(request) <= limit < (more or limit + 1), name
+    # docs/performance.md's shapes at the default limits
+    assert shapes == {"stack-check-gpt2": 5, "stack-check-deep": 40, "stack-check-steps": 73, "stack-check-erf": 3078,
+                      "stack-check-refused-gpt2": 8, "stack-check-refused-deep": 96, "stack-check-refused-erf": 3}
+
+
+def test_measure_check_runs_a_stack_and_its_refusal_in_a_fresh_process(tmp_path, capsys):
+    from tools.measure_check import main
+
+    out = tmp_path / "check.json"
+    assert main(["--no-gunicorn", "--only", "stack-check-steps", "stack-check-refused-deep", "--json", str(out)]) == 0
+    results = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(results) == {"stack-check-steps", "stack-check-refused-deep"}
+    checked, refused = results["stack-check-steps"]["in_process"], results["stack-check-refused-deep"]["in_process"]
+    assert checked["status"] == 200 and checked["summary"].startswith("Stage 'weights'")  # 1 % off: the first wrong
+    assert refused["status"] == 422 and "checking this stack of 96 block(s) would cost" in refused["summary"]
+    for p in (checked, refused):
+        assert 0 < p["cpu_s"] < 30 and 0 < p["idle_mib"] <= p["peak_mib"]
+    assert "stack-check-steps" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--no-gunicorn", "--only", "stack-check-nope"])  # a misspelt name is an error, not an empty run
+
+
+# ---------------------------------------------------------------- soak-memory
+
+
+def test_soak_memorys_table_takes_the_docs_columns():
+    from tools.soak_memory import table
+
+    readings = [{"requests": k * 1000, "workers": {"7": {"rss_mib": 100.0 + k, "pss_mib": 90.4 + k}}}
+                for k in range(1, 41)]
+    lines = table(readings, ["7"])
+    assert lines[0] == "| requests | 1,000 | 2,000 | 5,000 | 8,000 | 10,000 | 20,000 | 30,000 | 40,000 |"
+    assert lines[1] == "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    assert lines[2] == "| RSS (MiB) | 101 | 102 | 105 | 108 | 110 | 120 | 130 | 140 |"
+    assert lines[3] == "| PSS (MiB) | 91 | 92 | 95 | 98 | 100 | 110 | 120 | 130 |"
+    # a short run shows every reading, a worker per row pair when there are several
+    two = [{"requests": 100, "workers": {"7": {"rss_mib": 1.0, "pss_mib": 2.0}, "8": {"rss_mib": 3.0, "pss_mib": 4.0}}}]
+    assert table(two, ["7", "8"])[2:] == ["| worker 1 RSS (MiB) | 1 |", "| worker 1 PSS (MiB) | 2 |",
+                                          "| worker 2 RSS (MiB) | 3 |", "| worker 2 PSS (MiB) | 4 |"]
+
+
+def test_soak_memorys_requests_carry_their_own_headers():
+    from tools.soak_memory import Connection, SoakReq
+
+    r = SoakReq("m-br", "POST", "/trace", b"{}", "application/json", True, 1, (("Accept-Encoding", "br"),))
+    raw = Connection.request_bytes(r, "id-1")
+    assert raw == (b"POST /trace HTTP/1.1\r\nAccept-Encoding: br\r\nHost: 127.0.0.1\r\nX-Request-ID: id-1\r\n"
+                   b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+
+
+@pytest.mark.integration
+def test_soak_memory_reads_a_workers_memory_as_the_requests_go(tmp_path, capsys):
+    from tools.soak_memory import main
+
+    out = tmp_path / "soak.json"
+    assert main(["--requests", "300", "--every", "100", "--largest-share", "0", "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["passed"] and rep["problems"] == []
+    assert rep["command"]["env"]["GUNICORN_MAX_REQUESTS"] == "0"  # recycling off
+    assert sum(n for by in rep["requests"].values() for n in by.values()) == 300
+    assert [r["requests"] for r in rep["readings"]] == [100, 200, 300]
+    (pid,) = rep["worker_peak_mib"]  # one worker, never replaced
+    idle = rep["idle"][pid]["rss_mib"]
+    for r in rep["readings"]:
+        w = r["workers"][pid]
+        # PSS is read just after RSS, while the other client's request runs: only the peak bounds both
+        assert idle < w["rss_mib"] <= rep["worker_peak_mib"][pid] and 0 < w["pss_mib"] <= rep["worker_peak_mib"][pid]
+    # the mix reached the worker: errors answered 4xx, the rest 2xx, several kinds of each
+    assert {"check-s", "html-s", "m-npz", "batch", "400-malformed"} <= set(rep["requests"])
+    printed = capsys.readouterr().out
+    assert "| requests | 100 | 200 | 300 |" in printed and "| RSS (MiB) |" in printed and "PASS" in printed

@@ -23,7 +23,14 @@ masked entries filled with -1e9 and every value float32-rounded; a
 /check/batch holding one; every stage of the largest trace the limits allow
 (d_model 512, 240 tokens, 8 heads: 47 MiB as JSON, so sent as an npz body,
 what Client.check does), correct and with the weights 1 % off, and the same
-float32; then hostile bodies with as many JSON
+float32; a stack's /check at the largest the budget allows
+(service/budget.py: its trace, the comparison and the diagnosis's reruns
+within the largest one-layer /check's cost), every stage as npz with the
+weights 1 % off so that every known mistake is tried: GPT-2's proportions at
+d_model 128, many small layers (d_model 8), the most steps (d_model 2 on one
+token) and the widest exact-GELU layer; the deepest stacks the trace size
+allows, refused before any work (422 check_too_costly, the time to the
+refusal); then hostile bodies with as many JSON
 values as max_check_json_values (and max_check_body_bytes) allow: empty lists,
 zeros, distinct floats, one- and two-level rows, strings and objects in a
 submitted stage, and one body just over the value limit.
@@ -46,6 +53,19 @@ LARGEST = {"tokens": [f"w{i}" for i in range(64)], "d_model": 512, "num_heads": 
 LARGEST_TRACE = {"tokens": [f"w{i}" for i in range(240)], "d_model": 512, "num_heads": 8, "seed": 1}
 NPZ = "application/x-npz"
 
+
+def _tokens(n: int) -> list[str]:
+    return [f"w{i}" for i in range(n)]
+
+
+#: the stacks whose /check costs most for their numbers (service/budget.py diagnosis_cost): GPT-2's proportions
+#: at the widest d_model its stack fits at, many small layers (Python's overhead a step), the most steps (one
+#: token, d_model 2) and the exact GELU (math.erf one element at a time, its width set by d_ff)
+STACK_GPT2 = {"tokens": _tokens(64), "block": "gpt2", "d_model": 128, "num_heads": 2, "seed": 1}
+STACK_DEEP = {"tokens": _tokens(16), "block": "gpt2", "d_model": 8, "num_heads": 2, "seed": 1}
+STACK_STEPS = {"tokens": _tokens(1), "block": "gpt2", "d_model": 2, "num_heads": 2, "seed": 1}
+STACK_ERF = {"tokens": _tokens(64), "ffn": "gelu", "norm_position": "pre", "d_model": 64, "num_heads": 1, "seed": 1}
+
 _CHILD = r"""
 import json, os, sys, time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -61,16 +81,17 @@ def vm(key):  # this process's own figures (ru_maxrss would include the parent's
             return int(line.split()[1])
 
 idle = vm("VmRSS")
-start = time.perf_counter()
+start, start_cpu = time.perf_counter(), time.process_time()
 resp = client.post(path, data=body, content_type=sys.argv[2])
 data = resp.get_data()
-wall = time.perf_counter() - start
+wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
 doc = json.loads(data)
 summary = doc.get("message") or doc.get("detail") or ""
 if "results" in doc:
     summary = "; ".join(str(r["status"]) + (" passed" if r["result"] and r["result"]["passed"] else "")
                         for r in doc["results"])
-print(json.dumps({"status": resp.status_code, "wall_s": round(wall, 3), "response_bytes": len(data),
+print(json.dumps({"status": resp.status_code, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+                  "response_bytes": len(data),
                   "idle_mib": round(idle / 1024, 1), "peak_mib": round(vm("VmHWM") / 1024, 1),
                   "summary": summary[:160]}))
 """
@@ -108,6 +129,69 @@ def largest_npz(*, wrong: str | None = None, float32: bool = False) -> bytes:
     return encode_npz_check(largest_submission(request=LARGEST_TRACE, wrong=wrong, float32=float32))
 
 
+def stack_fits(body: dict, path: str = "/check") -> bool:
+    """The stack is valid and within the limits: its trace's size and weights, and for /check its cost with the
+    diagnosis (service/budget.py ``check_limit``), as the service counts them before any work."""
+    from service import budget
+    from service.routes.trace import TraceRequest
+    from service.settings import Settings
+
+    try:
+        spec = TraceRequest.model_validate(body)
+    except ValueError:  # refused: too many numbers or weights
+        return False
+    return path != "/check" or budget.cost("/check", [spec]) <= budget.check_limit(Settings())
+
+
+def largest_stack(body: dict, field: str = "num_layers", path: str = "/check", most: int = 96) -> dict:
+    """`body` with `field` (num_layers or d_ff) at the most, counted up from 1, that `path` allows."""
+    best = 0
+    for value in range(1, most + 1):
+        if not stack_fits({**body, field: value}, path):
+            break
+        best = value
+    if not best:
+        raise ValueError(f"no {field} of {body} fits {path}")
+    return {**body, field: best}
+
+
+def stack_npz(request: dict) -> bytes:
+    """Every stage of the stack as the npz body Client.check sends, weights 1 % off: every known mistake is tried."""
+    from attention_trace.client import encode_npz_check
+
+    return encode_npz_check(largest_submission(request=request, wrong="weights"))
+
+
+def stack_requests() -> list[tuple[str, dict, str]]:
+    """(name, request, what): a stack's /check at the largest the budget allows, and the deepest stacks the
+    trace size allows, which the budget refuses."""
+    out = []
+    for name, request, what in [
+        ("stack-check-gpt2", largest_stack(STACK_GPT2), "gpt2 at d_model 128, 2 heads, 64 tokens"),
+        ("stack-check-deep", largest_stack(STACK_DEEP), "gpt2 at d_model 8, 2 heads, 16 tokens"),
+        ("stack-check-steps", largest_stack(STACK_STEPS), "gpt2 at d_model 2, 2 heads, one token"),
+        ("stack-check-erf", largest_stack({**STACK_ERF, "num_layers": 1}, "d_ff", most=8192),
+         "exact GELU (pre-norm), d_model 64, 1 head, 64 tokens"),
+        ("stack-check-refused-gpt2", largest_stack(STACK_GPT2, path="/trace"),
+         "gpt2 at d_model 128, 2 heads, 64 tokens"),
+        ("stack-check-refused-deep", largest_stack(STACK_DEEP, path="/trace"), "gpt2 at d_model 8, 2 heads, 16 tokens"),
+        ("stack-check-refused-erf", largest_stack({**STACK_ERF, "d_ff": 4096}, path="/trace"),
+         "exact GELU (pre-norm), d_model 64, 1 head, 64 tokens"),
+    ]:
+        shape = f"{request['num_layers']} layer(s)" + (f", d_ff {request['d_ff']}" if "d_ff" in request else "")
+        what = (f"{what}, {shape}: " + ("the deepest the trace size allows, over the /check budget (a 422)"
+                                         if "refused" in name else "the largest the /check budget allows")
+                + "; every stage as npz, weights 1 % off")
+        out.append((name, request, what))
+    return out
+
+
+def stack_scenarios():
+    """stack_requests() as scenarios: /check of every stage as npz, weights 1 % off."""
+    return [(name, "/check", lambda request=request: stack_npz(request), what)
+            for name, request, what in stack_requests()]
+
+
 def scenarios():
     """(name, path, a function making the body, what it shows): bodies are made one at a time."""
     from attention_trace.client import encode_json
@@ -138,6 +222,7 @@ def scenarios():
          "the same, weights 1 % off: every known bug is tried and the hints run"),
         ("check-largest-trace-npz-float32", "/check", lambda: largest_npz(float32=True),
          "the same, every value float32-rounded"),
+        *stack_scenarios(),
     ]
 
     head, tail = b'{"sentence":"a","submission":{"weights":[', b"]}}"
@@ -182,7 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"limits: max_check_body_bytes={s.max_check_body_bytes}, max_check_json_values="
           f"{s.max_check_json_values}, max_body_bytes={s.max_body_bytes}, max_trace_values={s.max_trace_values}")
     results = []
-    for name, path, make_body, what in scenarios():
+    every = scenarios()
+    unknown = sorted(set(args.only or ()) - {name for name, *_ in every})
+    if unknown:
+        ap.error(f"no scenario {', '.join(unknown)}; the scenarios: {', '.join(name for name, *_ in every)}")
+    for name, path, make_body, what in every:
         if args.only and name not in args.only:
             continue
         body = make_body()
@@ -196,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
         p = r["in_process"]
         line = (f"{name:30s} {len(body) / 2**20:5.2f} MiB  in-process {p['status']} {p['wall_s']:6.3f} s "
+                f"(CPU {p['cpu_s']:6.3f} s) "
                 f"peak {p['peak_mib']:6.1f} MiB (+{p['peak_mib'] - p['idle_mib']:.1f})")
         if "gunicorn" in r:
             g = r["gunicorn"]

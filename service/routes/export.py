@@ -84,7 +84,7 @@ class ExportRequest(TraceRequest):
 
     @property
     def export_value_count(self) -> int:
-        """How many numbers the export holds (the trace's own are ``_value_count``)."""
+        """How many numbers the export holds (the trace's own are ``value_count``)."""
         n_context = None if self.context_split is None else len(self.context_split)
         return export_value_count(self.format, self.trace_config, len(self.split), n_context)
 

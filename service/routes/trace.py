@@ -272,7 +272,7 @@ def injected_bug_document(name: str) -> dict[str, str]:
 
 def render_trace(req: TraceRequest) -> bytes:
     """The exact bytes /trace answers for a validated request."""
-    return serialize.dumps(trace_document(req), numbers=req._value_count or None)  # counted when validated
+    return serialize.dumps(trace_document(req), numbers=req.value_count or None)  # counted when validated
 
 
 def render_trace_npz(req: TraceRequest) -> bytes:
@@ -303,7 +303,7 @@ def post_trace_npz(raw: bytes) -> Response:
         if cache is not None:
             cache.put(key, body, cost=compression.estimate_s(budget.cost("/trace", [req])))
     resp = current_app.response_class(body, mimetype=npz.MEDIA_TYPE)
-    resp.vary.add("Accept")
+    compression.add_vary(resp, "Accept")
     return resp
 
 
@@ -313,7 +313,7 @@ def post_trace() -> Response:
     if wants_npz():
         return post_trace_npz(raw)
     resp = post_trace_json(raw)
-    resp.vary.add("Accept")  # the same URL answers npz to a client that asks for it
+    compression.add_vary(resp, "Accept")  # the same URL answers npz to a client that asks for it
     return resp
 
 
@@ -325,12 +325,12 @@ def post_trace_json(raw: bytes) -> Response:
         return current_app.response_class(render_trace(req), mimetype="application/json")
     # The cache keeps answers as sent: identity, and compressed (service/compression.py).
     g.response_cache_key = raw
-    encoding = compression.choose_encoding(settings(), request.accept_encodings.quality)
+    encoding = compression.choose_encoding(settings())
     packed = cache.get(compression.encoded_key(encoding, raw)) if encoding else None
     if packed is not None:
         resp = current_app.response_class(packed, mimetype="application/json")
         resp.headers["Content-Encoding"] = encoding
-        resp.vary.add("Accept-Encoding")
+        compression.add_vary(resp, "Accept-Encoding")
         return resp
     hit = cache.get_with_cost(raw)
     if hit is not None:
@@ -353,7 +353,7 @@ def post_trace_batch() -> Response:
     else:  # each item's answer as /trace's pre-encoded bytes, embedded as they are
         resp = json_response(batch.batch_document(request.path, items, settings(), TraceRequest,
                                                   lambda req: orjson.Fragment(render_trace(req))))
-    resp.vary.add("Accept")
+    compression.add_vary(resp, "Accept")
     return resp
 
 
