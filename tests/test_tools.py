@@ -298,3 +298,52 @@ def test_soak_memory_reads_a_workers_memory_as_the_requests_go(tmp_path, capsys)
     assert {"check-s", "html-s", "m-npz", "batch", "400-malformed"} <= set(rep["requests"])
     printed = capsys.readouterr().out
     assert "| requests | 100 | 200 | 300 |" in printed and "| RSS (MiB) |" in printed and "PASS" in printed
+
+
+def test_the_attack_holds_its_connections_from_several_source_addresses():
+    """scripts/attack --addresses K: the server sees the held connections come from K loopback addresses in
+    turn (per-address limits, nginx's among them, count each apart); a target off loopback is refused."""
+    import socket
+    import threading
+
+    from tools import attack
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    server.settimeout(0.2)
+    peers: list[str] = []
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, (addr, _) = server.accept()
+            except TimeoutError:
+                continue
+            peers.append(addr)
+            accepted.append(conn)
+
+    t = threading.Thread(target=accept)
+    t.start()
+    try:
+        stats = {"opened": 0, "connect_failed": 0, "closed_by_server": 0}
+        sources = attack.source_addresses("127.0.0.1", 3)
+        attack.hold_connections("idle", "127.0.0.1", server.getsockname()[1], 6, time.monotonic() + 1.0, stats,
+                                sources)
+        deadline = time.monotonic() + 10
+        while len(peers) < 6 and time.monotonic() < deadline:  # the accepting thread may lag the connects
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        t.join(5)
+        for c in accepted:
+            c.close()
+        server.close()
+    assert sources == ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+    assert stats == {"opened": 6, "connect_failed": 0, "closed_by_server": 0}
+    assert sorted(peers) == ["127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3", "127.0.0.4", "127.0.0.4"]
+    assert attack.source_addresses("127.0.0.1", 1) == (None,)  # one address: the kernel's choice, as before
+    with pytest.raises(SystemExit, match="loopback"):
+        attack.source_addresses("192.0.2.1", 4)

@@ -1,13 +1,17 @@
 """Slow-client and amplification attacks with a well-behaved client watching.
 
     scripts/attack [--url http://127.0.0.1:PORT] [--attack NAME ...] [--duration 20]
-                   [--connections N] [--workers 2] [--env K=V ...] [--json out.json]
+                   [--connections N] [--addresses K] [--workers 2] [--env K=V ...]
+                   [--json out.json]
     python -m tools.attack ...    # the same, from the repository root
 
 Without --url, starts gunicorn with the committed gunicorn.conf.py on a free
 127.0.0.1 port (--workers, --env) and stops it by PID at the end. With --url,
 attacks that address, which must be on this machine (127.0.0.0/8, or a
 network namespace of one's own): the script refuses any other host.
+With --addresses K (a loopback target only), the connections an attack holds
+come from K source addresses in turn, 127.0.0.2 … 127.0.0.K+1, as from
+several clients: per-address limits count each apart.
 
 While each attack runs, a probe does what a well-behaved client does: a
 GET /health and a small POST /trace, one after the other, every 200 ms, each
@@ -39,8 +43,9 @@ The framing attacks (framing, buffering, hang-ups, the page):
               ~32 KiB/s (above the minimum body rate), re-opened when answered
   hangup      N connections sending, back to back, the largest /trace and
               closing at once without reading (each used to be computed)
-  html        N connections sending, back to back, the issue's 313-byte
-              /trace/html request (256 "!", d_model 512, 4 heads, causal)
+  html        N connections sending, back to back, a 313-byte /trace/html
+              request for a 40 MB page (256 "!", d_model 512, 4 heads,
+              causal), refused by the cost budget
 
 When it starts gunicorn itself, it also reports the workers' largest RSS
 during each attack.
@@ -53,6 +58,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import ipaddress
+import itertools
 import json
 import os
 import random
@@ -73,10 +79,10 @@ DEFAULT_CONNECTIONS = {"idle": 2, "slowloris": 2, "slow-body": 2, "slow-read": 2
                        "neg-chunk": 3, "huge-chunk": 1, "upload-flood": 60, "hangup": 20, "html": 2}
 #: the attacks that hold connections (the others send requests back to back)
 HOLDING = ("idle", "slowloris", "slow-body", "slow-read", "neg-chunk", "huge-chunk", "upload-flood")
-#: the issue's /trace/html request
+#: 313 bytes asking for a 40 MB page: the cost budget refuses it (422 page_too_costly)
 HTML_REQUEST = {"sentence": "!" * 256, "d_model": 512, "num_heads": 4, "causal": True}
 CAT = b'{"sentence":"the cat sat","d_model":24,"num_heads":4}'
-#: the issue's 19.5 MB trace: 128 tokens at d_model 512
+#: a 19.5 MB trace: 128 tokens at d_model 512
 L_TRACE = {"tokens": [f"w{i}" for i in range(128)], "d_model": 512, "num_heads": 8}
 
 
@@ -164,11 +170,23 @@ def _p50(values: list[float]) -> float | None:
 # ------------------------------------------------------------------ the attacks
 
 
-def _connect(host: str, port: int, rcvbuf: int | None = None) -> socket.socket | None:
+def source_addresses(host: str, k: int) -> tuple[str | None, ...]:
+    """The source addresses to take in turn: ``k`` of 127.0.0.2 … for a loopback target (all of 127.0.0.0/8
+    is this machine's), or the kernel's choice alone."""
+    if k <= 1:
+        return (None,)
+    if not ipaddress.ip_address(socket.gethostbyname(host)).is_loopback:
+        raise SystemExit("attack: --addresses needs a loopback target (127.0.0.0/8)")
+    return tuple(f"127.0.0.{2 + i}" for i in range(k))
+
+
+def _connect(host: str, port: int, rcvbuf: int | None = None, source: str | None = None) -> socket.socket | None:
     try:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if rcvbuf:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        if source is not None:
+            s.bind((source, 0))
         s.settimeout(5)
         s.connect((host, port))
         s.setblocking(False)
@@ -184,13 +202,16 @@ def _head(host: str, path: str, extra: str = "") -> bytes:
 STREAM = b"a" * 65536
 
 
-def hold_connections(kind: str, host: str, port: int, n: int, deadline: float, stats: dict) -> None:
-    """idle / slowloris / slow-body / slow-read: N sockets, re-opened when closed, until the deadline."""
+def hold_connections(kind: str, host: str, port: int, n: int, deadline: float, stats: dict,
+                     sources: tuple[str | None, ...] = (None,)) -> None:
+    """idle / slowloris / slow-body / slow-read (and the framing kinds that hold): N sockets, re-opened when
+    closed, until the deadline; each from the next of ``sources`` in turn."""
     sel = selectors.DefaultSelector()
     socks: dict[socket.socket, dict] = {}
+    turn = itertools.cycle(sources)
 
     def open_one() -> None:
-        s = _connect(host, port, rcvbuf=4096 if kind == "slow-read" else None)
+        s = _connect(host, port, rcvbuf=4096 if kind == "slow-read" else None, source=next(turn))
         stats["opened"] += 1
         if s is None:
             stats["connect_failed"] += 1
@@ -348,15 +369,16 @@ class MemoryWatch:
 
 
 def run_attack(kind: str, host: str, port: int, n: int, duration: float, settle: float = 3.0,
-               master: int | None = None) -> dict:
+               master: int | None = None, addresses: int = 1) -> dict:
     with MemoryWatch(master) as memory:
-        out = _run_attack(kind, host, port, n, duration, settle)
+        out = _run_attack(kind, host, port, n, duration, settle, source_addresses(host, addresses))
     if master is not None:
         out["worker_rss_max_mib"] = round(memory.peak / 2**20, 1)
     return out
 
 
-def _run_attack(kind: str, host: str, port: int, n: int, duration: float, settle: float) -> dict:
+def _run_attack(kind: str, host: str, port: int, n: int, duration: float, settle: float,
+                sources: tuple[str | None, ...]) -> dict:
     stats = {"opened": 0, "connect_failed": 0, "closed_by_server": 0}
     probe = Probe(host, port)
     probe.start()
@@ -368,7 +390,8 @@ def _run_attack(kind: str, host: str, port: int, n: int, duration: float, settle
         threads = [threading.Thread(target=hammer, args=(kind, host, port, deadline, stats, lock), daemon=True)
                    for _ in range(n)]
     else:
-        threads = [threading.Thread(target=hold_connections, args=(kind, host, port, n, deadline, stats), daemon=True)]
+        threads = [threading.Thread(target=hold_connections, args=(kind, host, port, n, deadline, stats, sources),
+                                    daemon=True)]
     for t in threads:
         t.start()
     for t in threads:
@@ -376,7 +399,8 @@ def _run_attack(kind: str, host: str, port: int, n: int, duration: float, settle
     t1 = time.monotonic()
     time.sleep(settle)  # let the probe see the recovery
     probe.finish()
-    out = {"attack": kind, "connections": n, "duration_s": duration, **probe.summary(t0, t1 + settle)}
+    out = {"attack": kind, "connections": n, "duration_s": duration,
+           "source_addresses": len(sources) if kind in HOLDING else 1, **probe.summary(t0, t1 + settle)}
     lat = stats.pop("latency_s", None)
     if lat:
         out["attacker_requests"] = len(lat)
@@ -390,13 +414,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--url", help="attack this server (loopback only) instead of starting gunicorn")
     ap.add_argument("--attack", nargs="*", default=list(ATTACKS), choices=ATTACKS)
     ap.add_argument("--duration", type=float, default=20.0)
-    ap.add_argument("--connections", type=int, help="per attack (default: the issue's counts)")
+    ap.add_argument("--connections", type=int, help="per attack (default: DEFAULT_CONNECTIONS)")
+    ap.add_argument("--addresses", type=int, default=1,
+                    help="the held connections from this many loopback source addresses in turn (127.0.0.2 …)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--env", action="append", default=[], help="K=V for the gunicorn started here")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if args.duration > 120 or (args.connections or 0) > 500:
         raise SystemExit("attack: at most 120 s and 500 connections per attack")
+    if not 1 <= args.addresses <= 250:
+        raise SystemExit("attack: --addresses takes 1 to 250")
 
     server = None
     if args.url:
@@ -411,10 +439,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for kind in args.attack:
             n = args.connections or DEFAULT_CONNECTIONS[kind]
-            r = run_attack(kind, host, port, n, args.duration, master=server.proc.pid if server is not None else None)
+            r = run_attack(kind, host, port, n, args.duration, master=server.proc.pid if server is not None else None,
+                           addresses=args.addresses)
             results.append(r)
             rss = f", worker RSS max {r['worker_rss_max_mib']} MiB" if "worker_rss_max_mib" in r else ""
-            print(f"{kind:12s} x{n:<3d} {args.duration:g} s: /health max {r['health_max_s']} s "
+            src = f" from {r['source_addresses']} addresses" if r["source_addresses"] > 1 else ""
+            print(f"{kind:12s} x{n:<3d}{src} {args.duration:g} s: /health max {r['health_max_s']} s "
                   f"(p50 {r['health_p50_s']} s), /trace max {r['trace_max_s']} s, probe failures {r['failed']}"
                   f"/{r['probes']} (429: {r['limited_429']}), outage {r['outage_s']} s{rss}; "
                   f"attacker {r['attacker']}", flush=True)
