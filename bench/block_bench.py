@@ -32,7 +32,7 @@ from engine.params import set_cache_bytes
 from . import torch_compare
 from .common import Table, fmt_ratio, fmt_time, interleaved
 
-#: the issue's target: the engine's trace within this factor of torch's forward with hooks
+#: the target: the engine's trace within this factor of torch's forward with hooks
 TARGET = 1.5
 
 

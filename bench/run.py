@@ -237,7 +237,7 @@ def run_http(show: Any, args: Any, results: dict[str, Any], gen: Any, fixture: A
     from . import http_bench
 
     q = args.quick
-    # The response cache off: the issue measures the work (a grader's /check and every new sentence miss it).
+    # The response cache off: this measures the work (a grader's /check and every new sentence miss it).
     server = http_bench.Server(fixture.dir, env={"ATTENTION_TRACE_RESPONSE_CACHE_BYTES": "0"})
     try:
         notes = http_bench.check_server(server, fixture, http_wl)

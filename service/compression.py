@@ -14,7 +14,7 @@ equal bytes.
 **Compression never more than doubles a request's CPU.** brotli at quality 1
 costs ~6.2 ns a byte of trace JSON, which is more than producing the JSON did
 for the largest traces (~105 ms of CPU for 40 MB, then 254 ms to compress
-it: the issue measured 270 ms → 643 ms). So a body is compressed only if its
+it: 270 ms → 643 ms of CPU for the request, measured). So a body is compressed only if its
 estimated compression CPU (``COST_NS_PER_BYTE``, measured, with a margin) is
 at most what the request itself is estimated to cost: its work units
 (service/budget.py: numbers computed, weights generated, a fixed part) at

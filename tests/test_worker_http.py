@@ -3,8 +3,8 @@
 service/worker.py reads requests on its event loop and leaves every framing
 decision to gunicorn's own parser and readers (the request head to
 gunicorn.http.message.Request, a chunked body to gunicorn.http.body.ChunkedReader
-fed as bytes arrive). Each test here is one finding of the issue and failed
-before its fix.
+fed as bytes arrive). Each test here is a defect an operator's probe found in
+the worker's earlier, hand-written framing, and failed before its fix.
 """
 
 from __future__ import annotations
