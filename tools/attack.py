@@ -71,7 +71,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from tools import measure_limits
-from tools.server import Gunicorn, shown
+from tools.measure_memory import status_kib
+from tools.server import Gunicorn, child_pids, shown
 
 ATTACKS = ("idle", "slowloris", "slow-body", "slow-read", "batch-amp", "largest-br", "neg-chunk", "huge-chunk",
            "upload-flood", "hangup", "html")
@@ -347,14 +348,8 @@ class MemoryWatch:
 
     def _run(self) -> None:
         while not self.stop.is_set():
-            try:
-                kids = Path(f"/proc/{self.master}/task/{self.master}/children").read_text().split()
-                for pid in kids:
-                    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                        if line.startswith("VmRSS:"):
-                            self.peak = max(self.peak, int(line.split()[1]) * 1024)
-            except OSError:
-                pass
+            for pid in child_pids(self.master):
+                self.peak = max(self.peak, status_kib(pid).get("VmRSS", 0) * 1024)
             self.stop.wait(0.05)
 
     def __enter__(self) -> MemoryWatch:

@@ -43,15 +43,11 @@ from tools.server import Gunicorn, shown
 
 
 def status_kib(pid: int) -> dict[str, int]:
-    out = {}
+    """VmRSS and VmHWM of a process, in KiB (measure_limits.vm); nothing for a process that is gone."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out[key] = int(value.split()[0])
+        return measure_limits.vm(pid)
     except OSError:
-        pass
-    return out
+        return {}
 
 
 def check_body(seed: int) -> bytes:
