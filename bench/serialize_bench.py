@@ -75,7 +75,7 @@ def stack_numbers(w: Workload, settings: Settings | None = None) -> int | None:
     from pydantic import ValidationError
 
     try:
-        return service_path.validate(w.body_bytes, settings or Settings())._value_count
+        return service_path.validate(w.body_bytes, settings or Settings()).value_count
     except ValidationError:
         return None
 
