@@ -294,3 +294,20 @@ def test_the_recipe_of_any_configuration_prints(capsys):
     assert "✗ masked_scores, excluded" in capsys.readouterr().out
     assert recipe.main(["--bug", "no_scale", "--no-scale"]) == 2
     assert "changes no number" in capsys.readouterr().err
+
+
+def test_a_stage_made_on_the_fast_path_is_the_dataclasss_own():
+    """engine.tracing._stage fills a Stage without its frozen __init__ (one per stage of every trace): it gives
+    every field of the dataclass, and the object equals Stage(...) made the ordinary way. A field added to Stage
+    and not to _stage fails here, not as a missing attribute in an answer."""
+    import dataclasses
+
+    from engine.tracing import STAGE_INFO, Stage, _stage
+
+    values, mask = np.arange(6.0).reshape(2, 3), np.eye(2, 3, dtype=bool)
+    args = (STAGE_INFO["scores"], "Q·Kᵀ", values, mask, ("head", "query"), ("tokens", None))
+    fast, ordinary = _stage(*args), Stage(*args)
+    assert set(vars(fast)) == {f.name for f in dataclasses.fields(Stage)}
+    assert fast == ordinary and type(fast) is Stage and fast.shape == (2, 3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.formula = "x"
