@@ -39,6 +39,7 @@ submitted stage, and one body just over the value limit.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import subprocess
@@ -144,12 +145,11 @@ def stack_fits(body: dict, path: str = "/check") -> bool:
 
 
 def largest_stack(body: dict, field: str = "num_layers", path: str = "/check", most: int = 96) -> dict:
-    """`body` with `field` (num_layers or d_ff) at the most, counted up from 1, that `path` allows."""
-    best = 0
-    for value in range(1, most + 1):
-        if not stack_fits({**body, field: value}, path):
-            break
-        best = value
+    """`body` with `field` (num_layers or d_ff) at the most, from 1 to `most`, that `path` allows. A stack's size
+    and cost only grow with either field, so the values that fit come first: bisected (~12 validations where
+    counting up made up to 3,000, ~1 s)."""
+    values = range(1, most + 1)
+    best = bisect.bisect_left(values, True, key=lambda value: not stack_fits({**body, field: value}, path))
     if not best:
         raise ValueError(f"no {field} of {body} fits {path}")
     return {**body, field: best}
