@@ -358,7 +358,14 @@ def test_not_root_degrades_and_says_how(student_runtime):
                                           "    return [2.0]\n")
         os.chmod(sub, 0o755)
         os.chmod(sub / "attention.py", 0o644)
-        script = NOT_ROOT.format(site=str(student_runtime.site_packages), examples=str(ROOT),
+        # The grader's own code, where the grader's user can read it: the checkout may sit under a directory
+        # only root can enter (mktemp -d makes one 0700), and this grader is not root.
+        code = base / "code"
+        shutil.copytree(ROOT / "grader", code / "grader", ignore=shutil.ignore_patterns("students", "__pycache__"))
+        os.chmod(code, 0o755)
+        for path in (code / "grader", *(code / "grader").rglob("*")):
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+        script = NOT_ROOT.format(site=str(student_runtime.site_packages), examples=str(code),
                                  root=str(student_runtime.root), sub=str(sub), hide=str(ROOT), base=str(base))
         run_ = subprocess.run([str(student_runtime.python), "-I", "-S", "-c", script], user=65534, group=65534,
                               extra_groups=[], env=student_runtime.env(), cwd="/", capture_output=True, text=True,
