@@ -257,7 +257,11 @@ def test_an_answer_cached_from_an_earlier_call_earns_nothing(tmp_path):
 
 
 def test_running_out_of_the_total_time_says_so(tmp_path):
-    """slow_calls spends 1.5 s in each call: within the 4 s per call, but not within 5 s for them all."""
+    """slow_calls spends 3 s in each call: within the 4 s per call, but not within 5 s for them all.
+
+    The 5 s run out in the middle of the second call whatever the student's process takes to start, up to 2 s.
+    With 1.5 s calls they ran out just as the third call ended (a start of ~0.5 s): its answer then came in
+    time and the budget ran out between two calls, where no call was stopped to say so."""
     r = core.grade(student_dir(tmp_path, UNLISTED / "slow_calls.py"), course_with(call_seconds=4, total_seconds=5))
     assert "when the time for the whole submission ran out: 5 s for every call together" in r.message, r.message
     assert "s per call ran out" not in r.message

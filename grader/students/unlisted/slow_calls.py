@@ -1,5 +1,5 @@
-"""A correct submission whose every call takes a second and a half: each call is well within the time limit per
-call, but together they exceed a short total budget. What stops it must say that the total ran out."""
+"""A correct submission whose every call takes three seconds: each call is well within the time limit per call,
+but together they exceed a short total budget. What stops it must say that the total ran out."""
 
 import time
 
@@ -7,7 +7,7 @@ import numpy as np
 
 
 def _slow():
-    time.sleep(1.5)
+    time.sleep(3.0)
 
 
 def add_positional_encoding(embeddings):
