@@ -850,6 +850,7 @@ class Grader:
         failed = [x for x in res.tests if not x.passed]
         lines = [f"Score {res.score:g}/{res.max_score:g}. {len(res.tests) - len(failed)} of {len(res.tests)} tests "
                  "passed." + (f" Failed: {', '.join(x.name for x in failed)}." if failed else "")]
+        said_total = False  # a line above already says that the whole submission's time ran out
         for k, r in runs.items():
             if r.start.status not in ("ready", "not_run"):
                 why = start_detail(r.start, self.course.file)
@@ -859,11 +860,18 @@ class Grader:
             if stops:
                 o = stops[0]
                 if k.startswith("visible"):
+                    said_total = said_total or o.out_of_total
                     text = o.detail.removeprefix("your code ")
                     lines.append(f"Your code was stopped: {text}" + ("" if text.endswith(("?", ".")) else "."))
                 else:
                     lines.append("Your code was also stopped during the hidden or unpublished tests "
                                  f"({len(stops)} time{'s' * (len(stops) > 1)}).")
+        # The budget can also run out between two calls: then no call was stopped, and the rest never started.
+        if not said_total and any(o.out_of_total for r in runs.values() for o in r.outcomes.values()):
+            limits = self.course.limits
+            lines.append(f"The time for the whole submission ran out: {limits.total_seconds:g} s for every call "
+                         f"together (each call may take {limits.call_seconds:g} s, but all of them share this). "
+                         "The calls after that were not run; each test's message says whether it was.")
         if any(c.seed is None for c in self.course.configurations.values()):
             lines.append("Each configuration's seed is drawn afresh for every submission; a visible test's message "
                          "names its seeds, so you can reproduce it with attention-trace (same tokens, d_model, "

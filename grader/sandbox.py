@@ -107,6 +107,7 @@ class Outcome:
     detail: str = ""  # what happened, for the student (no numbers)
     functions: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    out_of_total: bool = False  # stopped, or never started, because the whole submission's time ran out
 
     @property
     def fatal(self) -> bool:
@@ -450,7 +451,8 @@ class StudentProcess:
                     return Outcome("timeout", detail=f"it was still {doing} when the time for the whole submission "
                                                      f"ran out: {self.limits.total_seconds:g} s for every call "
                                                      "together (each call may take "
-                                                     f"{self.limits.call_seconds:g} s, but all of them share this)")
+                                                     f"{self.limits.call_seconds:g} s, but all of them share this)",
+                                   out_of_total=True)
                 return Outcome("timeout", detail=f"it was still {doing} when the time limit of "
                                                  f"{self.limits.call_seconds:g} s per call ran out")
             fds = [fd for fd in (self.ctrl_out, self.out_r, self.pidfd) if fd is not None and fd in self._fds]
@@ -736,7 +738,7 @@ def run_calls(calls: list[Call], *, runtime: runtime_mod.Runtime, submission: Pa
             for c in pending:
                 outcomes[c.key] = Outcome("not_run", detail="not run: the time for the whole submission "
                                                             f"({limits.total_seconds:g} s, every call together) "
-                                                            "ran out")
+                                                            "ran out", out_of_total=True)
             break
         proc = StudentProcess(runtime, submission, filename, limits, hide, run_base, net_namespace)
         processes += 1

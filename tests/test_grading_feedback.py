@@ -27,6 +27,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -267,6 +268,30 @@ def test_running_out_of_the_total_time_says_so(tmp_path):
     assert "s per call ran out" not in r.message
     texts = "\n".join(t.message for t in r.tests)
     assert "not run: the time for the whole submission (5 s, every call together) ran out" in texts
+
+
+def test_running_out_of_the_total_time_between_two_calls_says_so(tmp_path, monkeypatch):
+    """The budget can also run out while no call is running: then no call is stopped to say so, and the
+    summary must say it itself. The first sandboxed process's calls run in full; the grader then waits out the
+    budget before the next, whose calls are never started."""
+    real_run = core.Grader.run
+    ran: list[tuple[float, float]] = []  # (when each run ended, the deadline)
+
+    def run_then_wait(self, calls, hide, runtime, deadline, broken):
+        if ran:  # every run after the first starts when the budget is spent
+            time.sleep(max(0.0, deadline - time.monotonic()) + 0.05)
+        r = real_run(self, calls, hide, runtime, deadline, broken)
+        ran.append((time.monotonic(), deadline))
+        return r
+
+    monkeypatch.setattr(core.Grader, "run", run_then_wait)
+    r = core.grade(student_dir(tmp_path, STUDENTS / "correct.py"), course_with(call_seconds=4, total_seconds=15))
+    assert len(ran) >= 2 and ran[0][0] < ran[0][1], "the first process's calls must end inside the budget"
+    assert "The time for the whole submission ran out: 15 s for every call together" in r.message, r.message
+    assert "Your code was stopped" not in r.message and "also stopped" not in r.message, r.message
+    texts = "\n".join(t.message for t in r.tests)
+    assert "not run: the time for the whole submission (15 s, every call together) ran out" in texts
+    assert any(t.passed for t in r.tests) and not all(t.passed for t in r.tests)
 
 
 # ------------------------------------------------------------------ seeds from the student and a secret
