@@ -41,6 +41,10 @@ def _escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
+#: leaves that hold no array (a list of only these is copied as it is)
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
 def split(doc: Any) -> tuple[Any, dict[str, np.ndarray]]:
     """The document with each ndarray replaced by ``{"npz": key}``, and the arrays by key."""
     arrays: dict[str, np.ndarray] = {}
@@ -52,6 +56,8 @@ def split(doc: Any) -> tuple[Any, dict[str, np.ndarray]]:
         if isinstance(node, dict):
             return {k: walk(v, f"{path}/{_escape(k)}" if path else _escape(k)) for k, v in node.items()}
         if isinstance(node, list):
+            if all(type(v) in _PLAIN for v in node):  # axes, shapes, token texts: nothing to replace inside
+                return list(node)
             return [walk(v, f"{path}/{i}" if path else str(i)) for i, v in enumerate(node)]
         return node
 
@@ -71,8 +77,12 @@ def dumps(doc: Any) -> bytes:
         info.external_attr = 0o600 << 16  # -rw-------, as writestr gives a file
         zf.writestr(info, orjson.dumps(meta))
         for key, a in arrays.items():
+            a = np.ascontiguousarray(a)
             with zf.open(key + ".npy", "w", force_zip64=True) as f:
-                np.lib.format.write_array(f, np.ascontiguousarray(a), allow_pickle=False)
+                # np.lib.format.write_array's bytes: its version 1.0 header (what it picks for every header
+                # under 64 KiB), then the data, here straight from the array's memory rather than a copy
+                np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(a))
+                f.write(memoryview(a).cast("B"))
     return buf.getvalue()
 
 
