@@ -11,6 +11,7 @@ answers. The last section checks security hygiene on every status.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import socket
@@ -787,6 +788,72 @@ def test_access_log_atoms_read_as_gunicorns_do():
                         assert ours[k] == theirs[k], (k, environ.get("PATH_INFO"), resp.status)
     line = log.cfg.access_log_format  # gunicorn's default format: both give the same line
     assert line % ours == line % theirs
+
+
+def test_access_log_lines_written_directly_are_loggings_own(tmp_path, monkeypatch, request):
+    """With gunicorn's own set-up for ``accesslog`` (a file or stdout handler writing the message alone), the
+    access log writes each line to the handler's stream itself (service.gunicorn_support._plain_handler); the
+    line is the one ``logging`` writes, and any other set-up (a filter, a level, a second handler) still goes
+    through ``logging`` and is obeyed."""
+    import logging
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from gunicorn.config import Config
+
+    from service.gunicorn_support import JsonAccessLogger, _plain_handler
+
+    path = tmp_path / "access.log"
+    cfg = Config()
+    cfg.set("accesslog", str(path))
+    cfg.set("access_log_format", '{"path":"%(U)s","status":%(s)s,"bytes":%(B)s,"ua":"%(a)s","id":"%({x-id}o)s"}')
+    log = JsonAccessLogger(cfg)
+    # The logger is the process's "gunicorn.access": only this set-up's handler here while the test runs (other
+    # tests' captures may be attached), and none of this test's afterwards.
+    ours = [h for h in log.access_log.handlers if getattr(h, "_gunicorn", False)]
+    for h in ours:
+        log.access_log.removeHandler(h)
+    monkeypatch.setattr(log.access_log, "handlers", ours)
+    request.addfinalizer(lambda: [h.close() for h in ours])
+    environ = {"REQUEST_METHOD": "POST", "RAW_URI": "/trace", "SERVER_PROTOCOL": "HTTP/1.1", "PATH_INFO": '/tr"ace',
+               "HTTP_USER_AGENT": "ua \n"}
+    resp = SimpleNamespace(status="200 OK", sent=17673, headers=[("X-Id", "a")])
+    req = SimpleNamespace(headers=[])
+    rt = timedelta(microseconds=650)
+    handler = _plain_handler(log.access_log)
+    assert isinstance(handler, logging.FileHandler)  # gunicorn's set-up: written directly
+
+    def lines() -> list[str]:
+        log.access_log.handlers[0].flush()
+        return path.read_text().splitlines()
+
+    log.access(resp, req, environ, rt)
+    direct = lines()
+    assert len(direct) == 1 and json.loads(direct[0]) == {"path": '/tr"ace', "status": 200, "bytes": 17673,
+                                                          "ua": "ua \n", "id": "a"}
+    passed = logging.Filter()  # lets everything through, but is a filter: logging writes the line
+    handler.addFilter(passed)
+    assert _plain_handler(log.access_log) is None
+    log.access(resp, req, environ, rt)
+    assert lines() == direct * 2  # logging's own line is the same
+    handler.removeFilter(passed)
+
+    dropped = SimpleNamespace(filter=lambda record: False)
+    log.access_log.addFilter(dropped)  # a filter that drops every line is obeyed
+    log.access(resp, req, environ, rt)
+    log.access_log.removeFilter(dropped)
+    log.access_log.setLevel(logging.WARNING)  # so is a level above INFO
+    log.access(resp, req, environ, rt)
+    log.access_log.setLevel(logging.INFO)
+    assert lines() == direct * 2
+    second = logging.StreamHandler(io.StringIO())  # a second handler: both get the line, through logging
+    second.setFormatter(logging.Formatter("%(message)s"))
+    log.access_log.addHandler(second)
+    log.access(resp, req, environ, rt)
+    assert lines() == direct * 3 and second.stream.getvalue().splitlines() == direct
+    log.access_log.removeHandler(second)
+    log.access(resp, req, environ, rt)
+    assert lines() == direct * 4 and _plain_handler(log.access_log) is handler
 
 
 @pytest.mark.integration
