@@ -347,3 +347,29 @@ def test_the_attack_holds_its_connections_from_several_source_addresses():
     assert attack.source_addresses("127.0.0.1", 1) == (None,)  # one address: the kernel's choice, as before
     with pytest.raises(SystemExit, match="loopback"):
         attack.source_addresses("192.0.2.1", 4)
+
+
+def test_child_pids_reads_the_children_lists_as_the_process_table_does():
+    """tools.server.child_pids reads each thread's children list; it names the same children as a scan of every
+    process's stat (the fallback), live ones alone by default, and the unreaped too with live=False."""
+    import os
+    import subprocess
+
+    from tools import server
+
+    live = subprocess.Popen(["sleep", "30"])
+    exited = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 10
+        while server._state(exited.pid) != "Z" and time.monotonic() < deadline:  # exited, not yet reaped
+            time.sleep(0.02)
+        me = os.getpid()  # this process may have other children too (servers the suite's fixtures started)
+        children, every = server.child_pids(me), server.child_pids(me, live=False)
+        assert children == server._scanned_child_pids(me, True) and live.pid in children
+        assert exited.pid not in children
+        assert every == server._scanned_child_pids(me, False) and {live.pid, exited.pid} <= set(every)
+    finally:
+        live.kill()
+        live.wait()
+        exited.wait()
+    assert server.child_pids(live.pid) == [] and server.child_pids(2**22 + 1) == []  # none, and gone

@@ -41,7 +41,33 @@ def free_port() -> int:
 
 
 def child_pids(pid: int, live: bool = True) -> list[int]:
-    """The children of a process, from /proc; with ``live``, not the exited ones still waiting to be reaped."""
+    """The children of a process, from /proc; with ``live``, not the exited ones still waiting to be reaped.
+
+    Read from each of its threads' ``children`` list (~0.02 ms; watchers call this every 50 ms while a
+    server is measured); without those lists (a kernel built without them), from every process's stat
+    (~1.5 ms with 65 processes)."""
+    try:
+        kids = sorted({int(k) for task in Path(f"/proc/{pid}/task").iterdir()
+                       for k in (task / "children").read_text().split()})
+    except FileNotFoundError:
+        if not Path(f"/proc/{pid}").exists():
+            return []  # the process is gone
+        return _scanned_child_pids(pid, live)  # no children lists, or a thread ended while they were read
+    if not live:
+        return kids
+    return [k for k in kids if _state(k) not in ("Z", "X", None)]
+
+
+def _state(pid: int) -> str | None:
+    """A process's state letter from /proc (None when it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]  # after "pid (comm)"
+    except (OSError, IndexError):
+        return None
+
+
+def _scanned_child_pids(pid: int, live: bool) -> list[int]:
+    """child_pids from every process's stat."""
     pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
