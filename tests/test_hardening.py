@@ -128,9 +128,9 @@ def test_trace_html_is_inside_the_request_cost_budget(plain):
     costs no more CPU than the budget allows. App-level: it holds under any worker class."""
     from service import budget, compression
 
-    issue = {"sentence": "!" * 256, "d_model": 512, "num_heads": 4, "causal": True}
+    costly_page = {"sentence": "!" * 256, "d_model": 512, "num_heads": 4, "causal": True}
     start = time.thread_time()
-    resp = plain.post("/trace/html", data=orjson.dumps(issue), content_type=JSON)
+    resp = plain.post("/trace/html", data=orjson.dumps(costly_page), content_type=JSON)
     assert time.thread_time() - start < 0.05
     assert resp.status_code == 422 and resp.mimetype == PROBLEM
     assert resp.get_json()["errors"][0]["type"] == "page_too_costly"

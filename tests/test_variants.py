@@ -1,4 +1,4 @@
-"""The attention variants (issue 15): RoPE, GQA/MQA, the sliding window, cross-attention, KV-cache decoding.
+"""The attention variants: RoPE, GQA/MQA, the sliding window, cross-attention, KV-cache decoding.
 
 Each variant is configuration that chooses steps (engine/layer.py). These tests hold:
 
