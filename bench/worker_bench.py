@@ -13,12 +13,19 @@ One run starts, side by side on 127.0.0.1 (each stopped by its PID):
 * the floor: ``bench/floor_app.py``, a plain Flask app with none of the
   service, under ``gunicorn -k sync -w 2`` with gunicorn's defaults, answering
   a prepared body the size of an uncached S answer. Nothing the service or its
-  worker does changes this floor.
+  worker does changes this floor;
+* for reference, the trace's own floor: ``bench/compute_floor_app.py`` under the
+  same server, a plain Flask app that validates each request with the service's
+  model and answers ``render_trace``'s bytes (/trace's), nothing else. Against
+  the plain floor it is the most the S uncached ratio can reach under Flask
+  with this engine; the project's server against it is what the service's app
+  and worker add.
 
-Then, in interleaved rounds (A, B, C, D, E, F in one round, F … A in the next,
-and so on), wrk drives each for the same time with the same connections:
-/trace S on each worker class (the side-by-side table), and S uncached (a new
-sentence every request) on the project's server next to the floor.
+Then, in interleaved rounds (A, B, … G in one round, G … A in the next, and so
+on), wrk drives each for the same time with the same connections: /trace S on
+each worker class (the side-by-side table), and S uncached (a new sentence
+every request) on the project's server next to the floor and the trace's own
+floor.
 
 After that, one connection at a time on the project's server, again in
 interleaved rounds: L as JSON, L as ``application/x-npz``, and the 32 … 256
@@ -165,6 +172,8 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
             servers[c.key] = Server(d, env=SERVER_ENV, label=c.label, args=list(c.args))
         servers["floor"] = Server(d, label="plain Flask floor", args=["-k", "sync", "-w", "2"],
                                   app="bench.floor_app:app", plain=True)
+        servers["compute"] = Server(d, label="the trace's own floor", args=["-k", "sync", "-w", "2"],
+                                    app="bench.compute_floor_app:app", plain=True)
         project = servers["project"]
 
         # ---- before any load: every server answers, with the same bytes
@@ -179,6 +188,11 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
         status, _, got = _post(servers["floor"].url + "/floor/Sstar", s_star.body_bytes)
         if status != 200 or got != floor_body:
             raise RuntimeError(f"the floor answered {status} with {len(got):,} bytes, not the prepared "
+                               f"{len(floor_body):,}")
+        first_star = s_star.body_bytes.replace(b"__N__", b"0")
+        status, _, got = _post(servers["compute"].url + "/trace", first_star)
+        if status != 200 or got != floor_body:
+            raise RuntimeError(f"the trace's own floor answered {status} with {len(got):,} bytes, not /trace's "
                                f"{len(floor_body):,}")
         sizes: dict[str, int] = {}
         for name in ["L", *(f"n{w.n_tokens}" for w in series)]:
@@ -195,7 +209,8 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
         cells: list[tuple[str, Server, str, Path]] = [(c.key, servers[c.key], "/trace", req("S.req"))
                                                       for c in classes]
         cells += [("S*", project, "/trace", req("Sstar.req")),
-                  ("floor", servers["floor"], "/floor/Sstar", req("Sstar.req"))]
+                  ("floor", servers["floor"], "/floor/Sstar", req("Sstar.req")),
+                  ("compute", servers["compute"], "/trace", req("Sstar.req"))]
         load: dict[str, list[Run]] = {k: [] for k, *_ in cells}
         for r in range(rounds):
             for key, srv, path, body in (cells if r % 2 == 0 else cells[::-1]):
@@ -293,8 +308,15 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
         "per_byte_spread": max(per_byte.values()) / best if best and len(per_byte) == len(series) else None,
         "L_npz_vs_json": npz_srv / l_srv if npz_srv and l_srv else None,
     }
+    # for reference, not a target: the trace's own floor (bench/compute_floor_app.py) against the plain floor
+    # (the most the S uncached ratio can reach under Flask with this engine), and the project's server against it
+    compute_vs_floor = rps_ratio(load["compute"], load["floor"])
+    project_vs_compute = rps_ratio(load["S*"], load["compute"])
     out.update({
-        "S*": summ["S*"], "floor": summ["floor"], "ratios": ratios,
+        "S*": summ["S*"], "floor": summ["floor"], "compute_floor": summ["compute"], "ratios": ratios,
+        "compute_floor_vs_plain_floor": compute_vs_floor, "S_uncached_vs_compute_floor": project_vs_compute,
+        "round_compute_floor_vs_plain_floor": [a.rps / b.rps for a, b in
+                                               zip(load["compute"], load["floor"], strict=True) if b.rps],
         "round_S_uncached_vs_plain_floor": [a.rps / b.rps for a, b in zip(load["S*"], load["floor"], strict=True)
                                             if b.rps],
         "L": {"server_s": l_srv, "npz_server_s": npz_srv, "encode_wall_s": enc_wall, "encode_cpu_s": enc_cpu,
@@ -328,11 +350,22 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
                ["ratio", "measured", "from", "target", "met?"])
     for key, (what, _, _) in TARGETS.items():
         t2.add(what, fmt_ratio(ratios[key]), how[key], limit_text(key), verdict(key, ratios[key]))
-    s_err = summ["S*"]["errors"] + summ["floor"]["errors"] + sum(r.errors for v in seq.values() for r in v)
+    r0 = out["round_compute_floor_vs_plain_floor"]
+    t2.add("(for reference) S uncached from the trace's own floor, req/s ÷ the plain floor: the most ratio 1 can "
+           "reach under Flask with this engine", fmt_ratio(compute_vs_floor),
+           f"{summ['compute']['rps']:,.0f} vs {summ['floor']['rps']:,.0f} req/s"
+           + (f"; rounds {min(r0):.2f}–{max(r0):.2f}" if r0 else ""), "", "")
+    t2.add("(for reference) S uncached, the project's server ÷ the trace's own floor: what the service's app and "
+           "worker cost on top of the trace", fmt_ratio(project_vs_compute),
+           f"{summ['S*']['rps']:,.0f} vs {summ['compute']['rps']:,.0f} req/s", "", "")
+    s_err = summ["S*"]["errors"] + summ["floor"]["errors"] + summ["compute"]["errors"] \
+        + sum(r.errors for v in seq.values() for r in v)
     t2.notes.append(f"1: {conns} connections, the {rounds} rounds above; S uncached is \"the cat sat<N>\" with a new "
                     "N every request on the project's server (its answers differ by a few bytes); the floor is "
                     "bench/floor_app.py under `gunicorn -k sync -w 2` with gunicorn's defaults, answering the first "
-                    "of them as prepared bytes")
+                    "of them as prepared bytes; the trace's own floor is bench/compute_floor_app.py under the same "
+                    "server: it validates each request with the service's model and answers render_trace's bytes "
+                    "(/trace's), with none of the service's app or worker")
     t2.notes.append(f"2–4: one connection, {seq_rounds} interleaved round(s) of {duration_s:g} s per item on the "
                     "project's server; server time = the median of gunicorn's access-log duration_us (from the "
                     "request head parsed to the answer rendered into the worker's memory, before its event loop "
