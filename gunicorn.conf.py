@@ -16,6 +16,9 @@ Environment:
   GUNICORN_MAX_BUFFERED  bytes of request bodies and answers a worker holds
                       (default 64 MiB): a body over 64 KiB waits, unread, for room
                       (503 after 15 s); over it, the most stalled reader is cut off
+  GUNICORN_INLINE_MS  a request the app expects to cost at most this many ms of
+                      CPU is answered on the worker's event-loop thread when its
+                      compute thread is idle (default 5; 0 = never)
   GUNICORN_MAX_REQUESTS  requests after which a worker is replaced (default 20000,
                       plus up to 10 % jitter; 0 = never): a backstop against heap growth
   LOG_LEVEL           gunicorn error-log level (default info)
@@ -115,6 +118,7 @@ configure(
     max_queue=int(os.environ.get("GUNICORN_MAX_QUEUE", "16")),
     keepalive_requests=int(os.environ.get("GUNICORN_KEEPALIVE_REQUESTS", "100")),
     max_buffered=int(os.environ.get("GUNICORN_MAX_BUFFERED", str(64 * 1024 * 1024))),
+    inline_max=float(os.environ.get("GUNICORN_INLINE_MS", "5")) / 1000,
     # the worker refuses a larger Content-Length unread (the app answers 413)
     max_body_bytes=Settings.from_env().max_body_bytes,
     max_check_body_bytes=Settings.from_env().max_check_body_bytes,  # /check and /check/batch

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from flask import Response, current_app, request
+from flask import Response, current_app, has_request_context, request
 from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
@@ -22,6 +22,11 @@ from .settings import Settings
 M = TypeVar("M", bound=BaseModel)
 
 _JSON_TYPES = ("application/json",)
+
+#: environ key of a body the app has validated already: (model class, body, model). The app's ``request_cost``
+#: (service/__init__.py) validates a small /trace body to estimate its cost, and service/worker.py passes what it
+#: found on with the request, so that ``parse_body`` does not validate the same bytes twice.
+VALIDATED = "attention_trace.validated"
 
 
 def settings() -> Settings:
@@ -97,6 +102,9 @@ def parse_body(model: type[M], body: bytes | None = None) -> M:
     """Validate the JSON body (read here unless given) with pydantic."""
     if body is None:
         body = read_json_body()
+    known = request.environ.get(VALIDATED) if has_request_context() else None  # (also used outside a request)
+    if known is not None and known[0] is model and known[1] == body:
+        return known[2]
     try:
         return model.model_validate_json(body, context={"settings": settings()})
     except ValidationError as e:

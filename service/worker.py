@@ -38,7 +38,12 @@ threads only on requests that have fully arrived:
   ``max_queue`` deep and ``queue_timeout`` seconds old, else an immediate 503
   with Retry-After (a proxy retries it on another replica). A queued request
   whose client hangs up leaves the queue uncomputed, and a lane checks the
-  socket again before it computes (logged 499, as nginx does);
+  socket again before it computes (logged 499, as nginx does). A small
+  request the application says is cheap (its ``request_cost``: the CPU it
+  expects from the body alone, at most ``inline_max``, 5 ms) is answered on
+  the event loop's own thread when the work thread is idle and nothing is
+  queued: the hand-off to the work thread and back cost more than an S trace's
+  own rendering, and the loop is held no longer than one such request;
 - **writing**: the response is rendered into memory and sent as the client
   reads it; a client that reads nothing for ``send_timeout`` seconds is cut
   off;
@@ -108,6 +113,9 @@ MAX_HEAD = 64 * 1024
 #: a body no larger than this is always read, whatever the worker holds (small requests are never starved
 #: by large slow ones); a larger one first reserves its size in max_buffered (BufferedWorker._reserve)
 SMALL_BODY = 64 * 1024
+#: the largest body the application is asked to cost on the event loop (BufferedWorker._cheap): asking parses it
+#: there, so the body's size bounds what asking costs (a /trace body of 256 tokens is ~1.3 KB)
+INLINE_BODY_MAX = 2048
 SEND_CHUNK = 256 * 1024
 #: a connection younger than this is never dropped to make room (its request may still be on the way)
 SHED_AGE = 0.5
@@ -164,6 +172,9 @@ class Limits:
     max_queue: int = 16
     max_fast_queue: int = 64
     max_buffered: int = 64 * 1024 * 1024
+    #: a request the application expects to cost at most this many seconds of CPU is answered on the event loop's
+    #: thread when the work thread is idle (BufferedWorker._cheap); 0: every request goes to its lane
+    inline_max: float = 0.005
     # The service's own limits (gunicorn.conf.py passes the configured ones).
     max_body_bytes: int = Settings.max_body_bytes
     #: /check and /check/batch take larger bodies
@@ -240,7 +251,7 @@ class Conn:
     __slots__ = ("sock", "fd", "addr", "server", "state", "source", "head", "chunked", "accepted", "phase_start",
                  "last_progress", "received", "body_start", "reserved", "paused_at", "resume_deadline", "expects", "req",
                  "parser", "need", "deadline", "out", "out_pos", "out_left", "out_size", "keep", "close_after",
-                 "request_start", "lane", "queued_at", "events", "linger_until", "served")
+                 "request_start", "lane", "queued_at", "events", "linger_until", "served", "environ")
 
     def __init__(self, sock: socket.socket, addr: Any, server: Any, now: float) -> None:
         self.sock = sock
@@ -280,6 +291,7 @@ class Conn:
         self.lane = None
         self.queued_at = 0.0
         self.linger_until = 0.0
+        self.environ: dict[str, Any] | None = None  # what the app's request_cost adds to this request's environ
 
     @property
     def buffered(self) -> int:
@@ -773,9 +785,48 @@ class BufferedWorker(base.Worker):
         # Nothing more is read until it is answered; the socket is only watched for the client hanging up
         # (_check_gone): then the request leaves the queue uncomputed.
         self._watch(conn, selectors.EVENT_READ)
+        if not fast and not q and self.running["work"] is None and self._cheap(conn):
+            self._serve_inline(conn)
+            return
         with self.lock:
             q.append(conn)
             self.cond[lane].notify()
+
+    def _cheap(self, conn: Conn) -> bool:
+        """Whether the application expects this request to cost at most ``inline_max`` of CPU.
+
+        It is asked (the WSGI callable's optional ``request_cost(method, path, body)``: seconds and environ
+        entries, or None) only about a whole body of at most INLINE_BODY_MAX bytes framed by Content-Length, so
+        asking costs little on the event loop. What it adds to the environ (service: the validated request,
+        so the app does not validate it twice) goes with the request to whichever thread answers it."""
+        request_cost = getattr(self.wsgi, "request_cost", None)
+        reader = conn.req.body.reader if conn.req.body is not None else None
+        if request_cost is None or LIMITS.inline_max <= 0 or conn.chunked is not None \
+                or not isinstance(reader, LengthReader) or reader.length > INLINE_BODY_MAX:
+            return False
+        body = bytes(conn.source.buf[conn.need - reader.length:conn.need])  # the head's bytes come first
+        try:
+            answer = request_cost(conn.req.method, conn.req.path, body)
+        except Exception:  # an app's estimate must not fail its request: it goes to its lane
+            self.log.exception("request_cost failed; the request goes to the work thread")
+            return False
+        if answer is None:
+            return False
+        seconds, conn.environ = answer
+        return seconds <= LIMITS.inline_max
+
+    def _serve_inline(self, conn: Conn) -> None:
+        """Answer a cheap request here, on the event loop's thread, as a lane would (its result is sent by
+        _completions, after this loop pass)."""
+        self.running["work"] = (conn, time.monotonic())  # as a lane: what the heartbeat and _busy see
+        try:
+            result = self._serve(conn)
+        except Exception as e:  # noqa: BLE001 (as in a lane: answer 500 and go on; SystemExit, from gunicorn's
+            # quit and abort signals, stops the worker as it would without this request)
+            result = ("error", e)
+        finally:
+            self.running["work"] = None
+        self.done.put((conn, result))
 
     def _lane(self, name: str) -> None:
         q = self.fast_q if name == "fast" else self.work_q
@@ -811,6 +862,8 @@ class BufferedWorker(base.Worker):
         out = OutBuffer()
         resp, environ = wsgi.create(req, out, conn.addr, conn.server, self.cfg)
         environ["wsgi.multithread"] = True
+        if conn.environ:
+            environ.update(conn.environ)
         with self.nr_lock:
             self.nr += 1
             if self.nr >= self.max_requests and self.alive and \
