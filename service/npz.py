@@ -21,6 +21,7 @@ equal bit for bit (tests/test_npz.py). The Python client reads it back with
 
 from __future__ import annotations
 
+import bisect
 import io
 import math
 import struct
@@ -64,10 +65,55 @@ def split(doc: Any) -> tuple[Any, dict[str, np.ndarray]]:
     return walk(doc, ""), arrays
 
 
+class _Parts(io.RawIOBase):
+    """A file that keeps what is written to it as a list of bytes, never joined: zipfile writes an archive into
+    it, and the answer goes out part by part. zipfile seeks back only to write a member's local header again
+    (with its CRC and sizes) over the first one, of the same length: that is the one overwrite allowed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[bytes] = []
+        self._starts: list[int] = []
+        self._pos = self._size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        self._pos = pos if whence == io.SEEK_SET else (self._size + pos if whence == io.SEEK_END else self._pos + pos)
+        return self._pos
+
+    def write(self, data: Any) -> int:
+        part = bytes(data)  # one copy, as into a BytesIO, but never grown nor joined
+        n = len(part)
+        if self._pos == self._size:
+            self.parts.append(part)
+            self._starts.append(self._pos)
+            self._size += n
+        else:
+            i = bisect.bisect_right(self._starts, self._pos) - 1
+            if i < 0 or self._starts[i] != self._pos or len(self.parts[i]) != n:
+                raise io.UnsupportedOperation("only a whole earlier write can be written over")
+            self.parts[i] = part
+        self._pos += n
+        return n
+
+
 def dumps(doc: Any) -> bytes:
     """The ``.npz`` bytes of a document whose arrays are numpy arrays (see the module's docstring)."""
+    return b"".join(dump_parts(doc))
+
+
+def dump_parts(doc: Any) -> list[bytes]:
+    """``dumps``'s bytes in parts, as written (an answer is sent from them without joining them)."""
     meta, arrays = split(doc)
-    buf = io.BytesIO()
+    buf = _Parts()
     # What np.savez writes (stored, not deflated: float64 noise barely compresses, and the
     # client asked for speed), built here so that the metadata member is plain JSON.
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
@@ -83,7 +129,7 @@ def dumps(doc: Any) -> bytes:
                 # under 64 KiB), then the data, here straight from the array's memory rather than a copy
                 np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(a))
                 f.write(memoryview(a).cast("B"))
-    return buf.getvalue()
+    return buf.parts
 
 
 

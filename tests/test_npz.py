@@ -208,3 +208,69 @@ def test_npz_through_gunicorn(gunicorn_server):
     assert b.status_code == 200 and b.headers["Content-Type"] == NPZ
     assert int(b.headers["Content-Length"]) == len(b.content)
     _same(j.json(), load_npz(b.content))
+
+
+def _archive_the_plain_way(doc) -> bytes:
+    """What np.savez's zipfile writes into a BytesIO for this document: the reference for the parts."""
+    from service import npz
+
+    meta, arrays = npz.split(doc)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        info = zipfile.ZipInfo(npz.METADATA)
+        info.external_attr = 0o600 << 16
+        zf.writestr(info, orjson.dumps(meta))
+        for key, a in arrays.items():
+            with zf.open(key + ".npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.ascontiguousarray(a), allow_pickle=False)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("body", CONFIGS[:2] + [{"tokens": [f"w{i}" for i in range(64)], "d_model": 128,
+                                                  "num_heads": 4, "causal": True}], ids=["S", "params", "large"])
+def test_the_archive_written_in_parts_is_the_archive_zipfile_writes(body):
+    from service import npz
+    from service.routes.trace import TraceRequest, trace_document
+
+    doc = trace_document(TraceRequest(**body), binary=True)
+    parts = npz.dump_parts(doc)
+    assert len(parts) > 3 and all(type(p) is bytes for p in parts)
+    assert b"".join(parts) == npz.dumps(doc) == _archive_the_plain_way(doc)
+
+
+def test_the_parts_file_overwrites_only_a_whole_earlier_write():
+    from service.npz import _Parts
+
+    f = _Parts()
+    f.write(b"head")
+    f.write(memoryview(b"data"))
+    end = f.tell()
+    f.seek(0)
+    f.write(b"HEAD")  # zipfile's second local header, over the first
+    f.seek(end)
+    f.write(b"tail")
+    assert f.parts == [b"HEAD", b"data", b"tail"] and f.tell() == 12
+    for at, data in ((0, b"HEA"), (1, b"EADd"), (4, b"DATA!")):
+        f.seek(at)
+        with pytest.raises(io.UnsupportedOperation):
+            f.write(data)
+
+
+@pytest.mark.parametrize("cache", ["0", str(32 * 1024 * 1024)], ids=["cache off", "cache on"])
+def test_a_large_npz_answer_in_parts_is_whole_over_http(cache):
+    """An answer larger than the response cache keeps goes out in parts, never joined: the same bytes."""
+    from conftest import Gunicorn
+    from service import npz
+    from service.routes.trace import TraceRequest, trace_document
+
+    body = {"tokens": [f"w{i}" for i in range(64)], "d_model": 128, "num_heads": 4, "causal": True}
+    want = npz.dumps(trace_document(TraceRequest(**body), binary=True))
+    assert len(want) > 256 * 1024  # over the cache's largest entry
+    server = Gunicorn(workers=1, env={"ATTENTION_TRACE_RESPONSE_CACHE_BYTES": cache})
+    try:
+        for _ in range(2):
+            r = requests.post(server.url + "/trace", json=body, headers={"Accept": NPZ}, timeout=30)
+            assert r.status_code == 200 and r.headers["Content-Type"] == NPZ
+            assert int(r.headers["Content-Length"]) == len(r.content) and r.content == want
+    finally:
+        server.stop()

@@ -276,9 +276,9 @@ def render_trace(req: TraceRequest) -> bytes:
     return serialize.dumps(trace_document(req), numbers=req.value_count or None)  # counted when validated
 
 
-def render_trace_npz(req: TraceRequest) -> bytes:
-    """The bytes /trace answers to ``Accept: application/x-npz`` (service/npz.py)."""
-    return npz.dumps(trace_document(req, binary=True))
+def render_trace_npz(req: TraceRequest) -> list[bytes]:
+    """The bytes /trace answers to ``Accept: application/x-npz`` (service/npz.py), in parts."""
+    return npz.dump_parts(trace_document(req, binary=True))
 
 
 def request_cost(body: bytes, limits: Settings) -> tuple[float, dict[str, Any]] | None:
@@ -304,6 +304,16 @@ def wants_npz() -> bool:
     return request.accept_mimetypes.best_match(_TRACE_TYPES) == npz.MEDIA_TYPE
 
 
+#: an npz answer up to this size is joined into one bytes (each part costs a write into the worker's buffer);
+#: a larger one goes out in its parts (its arrays' bytes), never copied into one buffer: L's 7.9 MB archive
+#: took 20.2-20.5 -> 16.5-17.0 ms of server time (one connection, three interleaved pairs)
+_NPZ_JOIN_MAX = 256 * 1024
+
+
+def _npz_body(parts: list[bytes], *, joined: bool = False) -> bytes | list[bytes]:
+    return b"".join(parts) if joined or sum(map(len, parts)) <= _NPZ_JOIN_MAX else parts
+
+
 def post_trace_npz(raw: bytes) -> Response:
     """/trace as exact binary arrays (service/npz.py). The response cache keeps it under its own key."""
     cache = current_app.extensions["attention_trace.responses"]
@@ -311,8 +321,10 @@ def post_trace_npz(raw: bytes) -> Response:
     body = cache.get(key) if cache is not None else None
     if body is None:
         req = parse_body(TraceRequest, raw)
-        body = render_trace_npz(req)
-        if cache is not None:
+        parts = render_trace_npz(req)
+        cacheable = cache is not None and sum(map(len, parts)) <= cache.max_entry
+        body = _npz_body(parts, joined=cacheable)
+        if cacheable:
             cache.put(key, body, cost=compression.estimate_s(budget.cost("/trace", [req])))
     resp = current_app.response_class(body, mimetype=npz.MEDIA_TYPE)
     compression.add_vary(resp, "Accept")
@@ -361,7 +373,7 @@ def post_trace_batch() -> Response:
     if wants_npz():
         doc = batch.batch_document(request.path, items, settings(), TraceRequest,
                                    lambda req: trace_document(req, binary=True))
-        resp = current_app.response_class(npz.dumps(doc), mimetype=npz.MEDIA_TYPE)
+        resp = current_app.response_class(_npz_body(npz.dump_parts(doc)), mimetype=npz.MEDIA_TYPE)
     else:  # each item's answer as /trace's pre-encoded bytes, embedded as they are
         resp = json_response(batch.batch_document(request.path, items, settings(), TraceRequest,
                                                   lambda req: orjson.Fragment(render_trace(req))))
