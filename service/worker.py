@@ -8,7 +8,8 @@ traffic for 31 s, the worker timeout. gthread only moves the problem to its
 thread pool (a thread blocks on a client that sent one byte). Here, one
 event loop per worker (``selectors``, in the main thread) does all the
 socket I/O, non-blocking and under deadlines; the application runs in two
-threads only on requests that have fully arrived:
+threads (and, for a request it says is cheap, on the loop's own) only on
+requests that have fully arrived:
 
 - **framing**: none of it here. gunicorn's own parser (``Request``) and body
   readers (``LengthReader``, ``ChunkedReader``) decide every byte, fed the
