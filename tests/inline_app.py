@@ -3,7 +3,7 @@
     POST /cost/<ms>     request_cost says <ms> milliseconds, and adds the body it saw to the environ
     POST /none          request_cost cannot say (None)
     POST /raise         request_cost raises
-    POST /sleep/<s>     request_cost says 1 s; the app sleeps <s> seconds
+    POST /sleep/<s>     request_cost says 1 s; the app creates the file the body names, then sleeps <s> seconds
     GET  /health        200
 
 Every answer is JSON: the thread that ran the app, the body it read, and what request_cost added (or null).
@@ -24,6 +24,7 @@ def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable
     path = environ["PATH_INFO"]
     body = environ["wsgi.input"].read()
     if path.startswith("/sleep/"):
+        open(body.decode(), "w").close()  # the test waits for it: the work thread is busy from here
         time.sleep(float(path.rsplit("/", 1)[1]))
     out = json.dumps({"thread": threading.current_thread().name, "body": body.decode("latin-1"),
                       "seen": environ.get(SEEN)}).encode()

@@ -109,20 +109,28 @@ def test_pipelined_requests_are_each_costed_on_their_own_bytes(server):
     assert {d["thread"] for d in docs} == {"MainThread"}
 
 
-def test_a_cheap_request_waits_its_turn_while_the_work_thread_is_busy(server):
-    slow: list[dict] = []
-    t = threading.Thread(target=lambda: slow.append(post(server, "/sleep/1.5", b"{}")))
+def test_a_cheap_request_waits_its_turn_while_the_work_thread_is_busy(server, tmp_path):
+    started = tmp_path / "started"
+    slow: dict = {}
+
+    def send_slow() -> None:
+        slow["answer"] = post(server, "/sleep/1.5", str(started).encode())
+
+    t = threading.Thread(target=send_slow)
     t.start()
     try:
-        time.sleep(0.5)  # the slow request is running in the work thread
-        start = time.monotonic()
+        deadline = time.monotonic() + 10
+        while not started.exists():  # the slow request is running in the work thread from here
+            assert time.monotonic() < deadline, "the slow request did not start within 10 s"
+            time.sleep(0.01)
+        seen = time.monotonic()
         got = post(server, "/cost/1", b"{}")
-        waited = time.monotonic() - start
+        waited = time.monotonic() - seen
     finally:
         t.join(10)
-    assert slow and slow[0]["thread"] == "lane-work"
+    assert slow["answer"]["thread"] == "lane-work"
     assert got == {"thread": "lane-work", "body": "{}", "seen": None}  # queued behind it, not costed
-    assert waited > 0.5  # answered after the slow one, in order
+    assert waited > 1.0  # answered after the slow one's 1.5 s, in order
 
 
 def test_inline_max_zero_asks_nothing_and_answers_every_request_in_its_lane():
