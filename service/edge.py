@@ -23,9 +23,10 @@ M = TypeVar("M", bound=BaseModel)
 
 _JSON_TYPES = ("application/json",)
 
-#: environ key of a body the app has validated already: (model class, body, model). The app's ``request_cost``
-#: (service/__init__.py) validates a small /trace body to estimate its cost, and service/worker.py passes what it
-#: found on with the request, so that ``parse_body`` does not validate the same bytes twice.
+#: environ key of a body the app has validated already: (model class, body, model, its CPU estimate). The app's
+#: ``request_cost`` (service/__init__.py) validates a small /trace body to estimate its cost, and
+#: service/worker.py passes what it found on with the request, so that ``parse_body`` does not validate the same
+#: bytes twice (nor the /trace route estimate its cost twice: service/routes/trace.py ``cpu_estimate``).
 VALIDATED = "attention_trace.validated"
 
 

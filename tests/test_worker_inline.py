@@ -156,8 +156,8 @@ def test_the_service_costs_a_trace_body_as_its_budget_does_and_nothing_else():
     seconds, extra = app.request_cost("POST", "/trace", body)
     want = TraceRequest.model_validate_json(body, context={"settings": settings})
     assert seconds == compression.estimate_s(budget.cost("/trace", [want]))
-    model, seen, req = extra[VALIDATED]
-    assert model is TraceRequest and seen == body and req == want
+    model, seen, req, estimate = extra[VALIDATED]
+    assert model is TraceRequest and seen == body and req == want and estimate == seconds
     assert app.request_cost("POST", "/trace", b'{"sentence": "the cat sat", "d_model": 25, "num_heads": 4}') is None  # 422
     assert app.request_cost("POST", "/trace", b"not json") is None
     assert app.request_cost("GET", "/trace", body) is None
@@ -166,7 +166,7 @@ def test_the_service_costs_a_trace_body_as_its_budget_does_and_nothing_else():
 
 
 def test_a_body_the_estimate_validated_is_not_validated_again(monkeypatch):
-    from service import create_app
+    from service import budget, create_app
     from service.edge import VALIDATED
     from service.routes.trace import TraceRequest, render_trace
     from service.settings import Settings
@@ -183,12 +183,20 @@ def test_a_body_the_estimate_validated_is_not_validated_again(monkeypatch):
         return original(data, **kw)
 
     monkeypatch.setattr(TraceRequest, "model_validate_json", counted)
+    costed: list[str] = []
+    original_cost = budget.cost
+
+    def counted_cost(path, specs):
+        costed.append(path)
+        return original_cost(path, specs)
+
+    monkeypatch.setattr(budget, "cost", counted_cost)
     client = app.test_client()
     r = client.post("/trace", data=body, content_type=JSON, environ_overrides=extra)
-    assert r.status_code == 200 and validations == []
+    assert r.status_code == 200 and validations == [] and costed == []  # nor costed again
     assert r.data == render_trace(extra[VALIDATED][2])
     # another body than the one validated: validated as usual, and answered for itself
     other = b'{"sentence": "the dog ran", "d_model": 24, "num_heads": 4}'
     r = client.post("/trace", data=other, content_type=JSON, environ_overrides=extra)
-    assert r.status_code == 200 and validations == [other]
+    assert r.status_code == 200 and validations == [other] and costed == ["/trace"]
     assert orjson.loads(r.data)["tokens"][1]["text"] == "dog"
