@@ -326,7 +326,7 @@ def run_load(server: Server, gen: LoadGenerator, fixture: Fixture, workloads: li
                              rounds, duration_for(w, duration_s), conns, f"load-{w.name}")
         t, f = _summ(runs["trace"]), _summ(runs["floor"])
         # the ratio of each round's pair (measured back to back), then the median over rounds
-        pairs = [a.rps / b.rps for a, b in zip(runs["trace"], runs["floor"], strict=True) if b.rps]
+        pairs = round_ratios(runs["trace"], runs["floor"])
         ratio = rps_ratio(runs["trace"], runs["floor"])
         results[w.name] = {"trace": t, "floor": f, "rps_ratio": ratio, "round_ratios": pairs}
         errors = t["errors"] + f["errors"]
@@ -342,9 +342,14 @@ def run_load(server: Server, gen: LoadGenerator, fixture: Fixture, workloads: li
     return table
 
 
+def round_ratios(a: list[Run], b: list[Run]) -> list[float]:
+    """Each round's back-to-back req/s ratio a / b (rounds where b answered nothing left out)."""
+    return [x.rps / y.rps for x, y in zip(a, b, strict=True) if y.rps]
+
+
 def rps_ratio(a: list[Run], b: list[Run]) -> float | None:
     """The median over rounds of each round's back-to-back req/s ratio a / b."""
-    return _med([x.rps / y.rps for x, y in zip(a, b, strict=True) if y.rps])
+    return _med(round_ratios(a, b))
 
 
 def check_rounds(server: Server, gen: LoadGenerator, fixture: Fixture, rounds: int, duration_s: float, conns: int,

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import Table, cpu_clock, fmt_bytes, fmt_ratio, fmt_time
-from .http_bench import LoadGenerator, Run, Server, _summ, rps_ratio
+from .http_bench import LoadGenerator, Run, Server, _summ, round_ratios, rps_ratio
 from .workloads import NARROW_D_MODEL, by_name, distinct_small, scaling_series
 
 #: what every server of this section runs with, the project's and the stock ones alike
@@ -164,7 +164,8 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
         files.update({f"n{w.n_tokens}": w.body_bytes for w in series})
         for name, body in files.items():
             (d / f"{name}.req").write_bytes(body)
-        floor_body = service_path.render(s_star.body_bytes.replace(b"__N__", b"0"), settings)
+        first_star = s_star.body_bytes.replace(b"__N__", b"0")
+        floor_body = service_path.render(first_star, settings)
         (d / "Sstar.json").write_bytes(floor_body)
         req = d.joinpath
 
@@ -189,7 +190,6 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
         if status != 200 or got != floor_body:
             raise RuntimeError(f"the floor answered {status} with {len(got):,} bytes, not the prepared "
                                f"{len(floor_body):,}")
-        first_star = s_star.body_bytes.replace(b"__N__", b"0")
         status, _, got = _post(servers["compute"].url + "/trace", first_star)
         if status != 200 or got != floor_body:
             raise RuntimeError(f"the trace's own floor answered {status} with {len(got):,} bytes, not /trace's "
@@ -265,7 +265,7 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
     for c in classes:
         s = summ[c.key]
         vs = rps_ratio(load[c.key], load["project"])
-        per_round = [a.rps / b.rps for a, b in zip(load[c.key], load["project"], strict=True) if b.rps]
+        per_round = round_ratios(load[c.key], load["project"])
         out["classes"][c.key] = {"label": c.label, "args": list(c.args), **s, "rps_vs_project": vs,
                                  "round_rps": [r.rps for r in load[c.key]], "round_vs_project": per_round,
                                  "workers_replaced": replaced[c.key]}
@@ -315,10 +315,8 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
     out.update({
         "S*": summ["S*"], "floor": summ["floor"], "compute_floor": summ["compute"], "ratios": ratios,
         "compute_floor_vs_plain_floor": compute_vs_floor, "S_uncached_vs_compute_floor": project_vs_compute,
-        "round_compute_floor_vs_plain_floor": [a.rps / b.rps for a, b in
-                                               zip(load["compute"], load["floor"], strict=True) if b.rps],
-        "round_S_uncached_vs_plain_floor": [a.rps / b.rps for a, b in zip(load["S*"], load["floor"], strict=True)
-                                            if b.rps],
+        "round_compute_floor_vs_plain_floor": round_ratios(load["compute"], load["floor"]),
+        "round_S_uncached_vs_plain_floor": round_ratios(load["S*"], load["floor"]),
         "L": {"server_s": l_srv, "npz_server_s": npz_srv, "encode_wall_s": enc_wall, "encode_cpu_s": enc_cpu,
               "encode_clock": "cpu" if cpu_clock() else "wall",
               "cpu_per_request_s": l_cpu, "requests": len(l_json), "npz_requests": len(l_npz),
