@@ -19,7 +19,10 @@ One run starts, side by side on 127.0.0.1 (each stopped by its PID):
   model and answers ``render_trace``'s bytes (/trace's), nothing else. Against
   the plain floor it is the most the S uncached ratio can reach under Flask
   with this engine; the project's server against it is what the service's app
-  and worker add.
+  and worker add;
+* for reference too, the same app under the project's own server (the committed
+  config, 2 workers, the response cache off): the trace's own time per byte,
+  measured as the service's is, through the same worker and access log.
 
 Then, in interleaved rounds (A, B, … G in one round, G … A in the next, and so
 on), wrk drives each for the same time with the same connections: /trace S on
@@ -29,8 +32,9 @@ floor.
 
 After that, one connection at a time on the project's server, again in
 interleaved rounds: L as JSON, L as ``application/x-npz``, and the 32 … 256
-token series at d_model 64, with orjson's encoding of L's document timed in
-this process between them. Server time is gunicorn's access-log
+token series at d_model 64 (and the same series on the trace's own floor under
+the project's server), with orjson's encoding of L's document timed in this
+process between them. Server time is gunicorn's access-log
 ``duration_us`` (wall clock). The encoding is timed on the suite's clock: this
 thread's CPU time by default, as in section 2, which other processes on a
 shared machine do not inflate while they do inflate the server's wall-clock
@@ -140,6 +144,16 @@ def _med(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _per_byte(seq: dict[str, list[Run]], series: list[Any], sizes: dict[str, int], prefix: str) -> dict[int, float]:
+    """Each size's median server time ÷ its answer's bytes, for the series run under keys ``prefix + "n<tokens>"``."""
+    out: dict[int, float] = {}
+    for w in series:
+        t = _med([x for run_ in seq[f"{prefix}n{w.n_tokens}"] for x in run_.server_s])
+        if t is not None:
+            out[w.n_tokens] = t / sizes[f"n{w.n_tokens}"]
+    return out
+
+
 def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_rounds: int,
         results: dict[str, Any]) -> list[Table]:
     """Section 6: the side-by-side worker table and the whole-stack ratios, from one run."""
@@ -175,6 +189,8 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
                                   app="bench.floor_app:app", plain=True)
         servers["compute"] = Server(d, label="the trace's own floor", args=["-k", "sync", "-w", "2"],
                                     app="bench.compute_floor_app:app", plain=True)
+        servers["bare"] = Server(d, env=SERVER_ENV, label="the trace's own floor, under the project's server",
+                                 app="bench.compute_floor_app:app")
         project = servers["project"]
 
         # ---- before any load: every server answers, with the same bytes
@@ -200,6 +216,11 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
             if status != 200:
                 raise RuntimeError(f"/trace {name} answered {status}")
             sizes[name] = len(got)
+            if name != "L":  # the series on the trace's own floor: the same answers, or its times mean nothing
+                status, _, bare = _post(servers["bare"].url + "/trace", files[name])
+                if status != 200 or bare != got:
+                    raise RuntimeError(f"the trace's own floor under the project's server answered /trace {name} "
+                                       f"{status} with {len(bare):,} bytes, not the service's {len(got):,}")
         status, ctype, got = _post(project.url + "/trace", L.body_bytes, accept=NPZ)
         if status != 200 or not ctype.startswith(NPZ):
             raise RuntimeError(f"/trace L with Accept: {NPZ} answered {status} as {ctype!r}")
@@ -232,17 +253,19 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
                 if len(encode_wall) >= 3 and time.perf_counter() - start >= seconds:
                     break
 
-        seq_items: list[tuple[str, str, str | None]] = [("L", "L", None), ("L npz", "L", NPZ)]
-        seq_items += [(f"n{w.n_tokens}", f"n{w.n_tokens}", None) for w in series]
+        Item = tuple[str, Server, str, str | None]  # key, server, request body's name, Accept
+        seq_items: list[Item] = [("L", project, "L", None), ("L npz", project, "L", NPZ)]
+        seq_items += [(f"n{w.n_tokens}", project, f"n{w.n_tokens}", None) for w in series]
+        seq_items += [(f"bare n{w.n_tokens}", servers["bare"], f"n{w.n_tokens}", None) for w in series]
         seq: dict[str, list[Run]] = {k: [] for k, *_ in seq_items}
         for r in range(seq_rounds):
-            order: list[tuple[str, str, str | None] | None] = [*seq_items, None]  # None: the encoding
+            order: list[Item | None] = [*seq_items, None]  # None: the encoding
             for item in (order if r % 2 == 0 else order[::-1]):
                 if item is None:
                     encode_for(duration_s)
                     continue
-                key, name, accept = item
-                seq[key].append(gen.run(project, "/trace", req(f"{name}.req"), 1, duration_s,
+                key, srv, name, accept = item
+                seq[key].append(gen.run(srv, "/trace", req(f"{name}.req"), 1, duration_s,
                                         f"workers-seq-{key.replace(' ', '-')}", accept=accept))
         # workers replaced for max_requests during the run: each replacement is a new worker's boot (its CPU is
         # in the figures) and, while it boots, one worker fewer answering
@@ -290,11 +313,10 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
     enc_wall, enc_cpu = _med(encode_wall), _med(encode_cpu)
     enc = enc_cpu if cpu_clock() else enc_wall
     l_cpu = _summ(seq["L"])["cpu_per_request_s"]
-    per_byte: dict[int, float] = {}
-    for w in series:
-        t = _med([x for run_ in seq[f"n{w.n_tokens}"] for x in run_.server_s])
-        if t is not None:
-            per_byte[w.n_tokens] = t / sizes[f"n{w.n_tokens}"]
+    per_byte = _per_byte(seq, series, sizes, "")
+    bare_per_byte = _per_byte(seq, series, sizes, "bare ")
+    bare_spread = max(bare_per_byte.values()) / min(bare_per_byte.values()) \
+        if len(bare_per_byte) == len(series) else None
     best = min(per_byte.values()) if per_byte else None
     # the same, end to end: wrk's median latency on one connection (request sent → whole answer received)
     per_byte_e2e: dict[int, float] = {}
@@ -325,6 +347,8 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
         "per_byte_e2e_s": {str(n): v for n, v in per_byte_e2e.items()},
         "per_byte_e2e_spread": max(per_byte_e2e.values()) / min(per_byte_e2e.values())
         if len(per_byte_e2e) == len(series) else None,
+        "compute_floor_per_byte_s": {str(n): v for n, v in bare_per_byte.items()},
+        "compute_floor_per_byte_spread": bare_spread,
     })
     results.update(out)
 
@@ -356,6 +380,10 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
     t2.add("(for reference) S uncached, the project's server ÷ the trace's own floor: what the service's app and "
            "worker cost on top of the trace", fmt_ratio(project_vs_compute),
            f"{summ['S*']['rps']:,.0f} vs {summ['compute']['rps']:,.0f} req/s", "", "")
+    t2.add("(for reference) time per byte, 32 … 256 tokens, largest ÷ smallest, of the trace's own floor under the "
+           "project's server: what ratio 3 is with none of the service's app", fmt_ratio(bare_spread),
+           ", ".join(f"{n}: {fmt_time(v * 1e6)}/MB" for n, v in bare_per_byte.items())
+           + (f"; each added byte: {m}" if (m := _marginal(bare_per_byte, sizes)) else ""), "", "")
     s_err = summ["S*"]["errors"] + summ["floor"]["errors"] + summ["compute"]["errors"] \
         + sum(r.errors for v in seq.values() for r in v)
     t2.notes.append(f"1: {conns} connections, the {rounds} rounds above; S uncached is \"the cat sat<N>\" with a new "
@@ -370,7 +398,10 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
                     "sends it); the encoding = service.serialize.dumps of L's "
                     f"document in this process, {len(encode_wall)} times between the HTTP runs, median of this "
                     f"thread's {'CPU time' if cpu_clock() else 'wall-clock time'}; "
-                    f"{len(l_json)} L and {len(l_npz)} L npz requests")
+                    f"{len(l_json)} L and {len(l_npz)} L npz requests. The trace's own floor's series runs in the "
+                    "same rounds on bench/compute_floor_app.py under the project's server (the committed config, "
+                    "2 workers, the response cache off), timed the same way; its answers are the service's, "
+                    "byte for byte")
     if s_err:
         t2.notes.append(f"{s_err} requests failed")
     return [table, t2]

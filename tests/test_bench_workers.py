@@ -49,3 +49,40 @@ def test_the_marginal_time_a_byte_is_the_slope_whatever_the_fixed_cost():
     assert max(per_byte.values()) / min(per_byte.values()) > 1.5
     assert worker_bench._marginal(per_byte, sizes) == \
         "32→64: 1.00 ms/MB, 64→128: 1.00 ms/MB, 128→256: 1.00 ms/MB"
+
+
+def test_the_traces_own_floor_answers_the_service_bytes_and_speaks_the_workers_protocol(monkeypatch):
+    """bench/compute_floor_app.py: /trace's bytes for a body; X-Request-ID echoed (the access log names a
+    request by it); the service's own cost estimate for a /trace body, and none for anything else; and a
+    request the worker validated is taken as it is, never validated again."""
+    from bench import compute_floor_app as bare
+    from bench.service_path import render
+    from service.edge import VALIDATED
+    from service.routes.trace import TraceRequest
+    from service.routes.trace import request_cost as service_cost
+
+    body = b'{"sentence": "the cat sat", "d_model": 24, "num_heads": 4}'
+    client = bare.app.test_client()
+    r = client.post("/trace", data=body, content_type="application/json", headers={"X-Request-ID": "pb-n32"})
+    assert r.status_code == 200 and r.data == render(body, bare._settings)
+    assert r.headers["X-Request-ID"] == "pb-n32"
+    assert "X-Request-ID" not in client.post("/trace", data=body, content_type="application/json").headers
+
+    seconds, extra = bare.app.request_cost("POST", "/trace", body)
+    assert seconds == service_cost(body, bare._settings)[0] > 0
+    assert bare.app.request_cost("GET", "/trace", body) is None
+    assert bare.app.request_cost("POST", "/health", body) is None
+    assert bare.app.request_cost("POST", "/trace", b"{") is None
+
+    other = b'{"sentence": "the dog sat", "d_model": 24, "num_heads": 4}'
+    want, want_other = render(body, bare._settings), render(other, bare._settings)
+    calls = []
+    real = TraceRequest.model_validate_json
+    monkeypatch.setattr(TraceRequest, "model_validate_json",
+                        classmethod(lambda cls, *a, **k: calls.append(a) or real(*a, **k)))
+    r = client.post("/trace", data=body, content_type="application/json", environ_overrides=extra)
+    assert r.status_code == 200 and r.data == want
+    assert calls == []  # the carried request, not validated again
+    r = client.post("/trace", data=other, content_type="application/json",
+                    environ_overrides={VALIDATED: extra[VALIDATED]})
+    assert r.data == want_other and len(calls) == 1  # another body: validated, never mixed up
