@@ -30,7 +30,7 @@ from typing import Any
 from flask import Flask, Response, request
 
 from engine.params import set_cache_bytes
-from service.edge import VALIDATED
+from service.edge import carried
 from service.routes.trace import TraceRequest, render_trace
 from service.routes.trace import request_cost as trace_request_cost
 from service.settings import Settings
@@ -45,9 +45,9 @@ app = Flask(__name__)
 @app.post("/trace")
 def trace() -> Response:
     body = request.get_data(cache=False)
-    known = request.environ.get(VALIDATED)  # only under the project's worker, for a body it validated
-    req = known[2] if known is not None and known[1] == body else \
-        TraceRequest.model_validate_json(body, context=_context)
+    req = carried(request.environ, TraceRequest, body)  # only under the project's worker, for a cheap body
+    if req is None:
+        req = TraceRequest.model_validate_json(body, context=_context)
     resp = Response(render_trace(req), mimetype="application/json")
     rid = request.headers.get("X-Request-ID")
     if rid is not None:

@@ -9,7 +9,8 @@ listing every problem pydantic and the engine's rules find.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from flask import Response, current_app, has_request_context, request
 from pydantic import BaseModel, ValidationError
@@ -99,13 +100,19 @@ def bound_json_values(body: bytes) -> None:
                            kind="payload-too-large")
 
 
+def carried(environ: Mapping[str, Any], model: type[M], body: bytes) -> M | None:
+    """The ``model`` the worker validated for this very body (``VALIDATED`` in the WSGI environ), or None."""
+    known = environ.get(VALIDATED)
+    return known[2] if known is not None and known[0] is model and known[1] == body else None
+
+
 def parse_body(model: type[M], body: bytes | None = None) -> M:
     """Validate the JSON body (read here unless given) with pydantic."""
     if body is None:
         body = read_json_body()
-    known = request.environ.get(VALIDATED) if has_request_context() else None  # (also used outside a request)
-    if known is not None and known[0] is model and known[1] == body:
-        return known[2]
+    known = carried(request.environ, model, body) if has_request_context() else None  # (also used outside a request)
+    if known is not None:
+        return known
     try:
         return model.model_validate_json(body, context={"settings": settings()})
     except ValidationError as e:
