@@ -154,6 +154,13 @@ def _per_byte(seq: dict[str, list[Run]], series: list[Any], sizes: dict[str, int
     return out
 
 
+def _spread(per_byte: dict[int, float], sizes: int) -> float | None:
+    """The largest time per byte ÷ the smallest, once every one of ``sizes`` sizes was measured (else None)."""
+    if not per_byte or len(per_byte) != sizes or min(per_byte.values()) <= 0:
+        return None
+    return max(per_byte.values()) / min(per_byte.values())
+
+
 def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_rounds: int,
         results: dict[str, Any]) -> list[Table]:
     """Section 6: the side-by-side worker table and the whole-stack ratios, from one run."""
@@ -315,9 +322,6 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
     l_cpu = _summ(seq["L"])["cpu_per_request_s"]
     per_byte = _per_byte(seq, series, sizes, "")
     bare_per_byte = _per_byte(seq, series, sizes, "bare ")
-    bare_spread = max(bare_per_byte.values()) / min(bare_per_byte.values()) \
-        if len(bare_per_byte) == len(series) else None
-    best = min(per_byte.values()) if per_byte else None
     # the same, end to end: wrk's median latency on one connection (request sent → whole answer received)
     per_byte_e2e: dict[int, float] = {}
     for w in series:
@@ -327,7 +331,7 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
     ratios = {
         "S_uncached_vs_plain_floor": rps_ratio(load["S*"], load["floor"]),
         "L_server_vs_encode": l_srv / enc if l_srv and enc else None,
-        "per_byte_spread": max(per_byte.values()) / best if best and len(per_byte) == len(series) else None,
+        "per_byte_spread": _spread(per_byte, len(series)),
         "L_npz_vs_json": npz_srv / l_srv if npz_srv and l_srv else None,
     }
     # for reference, not a target: the trace's own floor (bench/compute_floor_app.py) against the plain floor
@@ -345,10 +349,9 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
               "encodes": len(encode_wall)},
         "per_byte_s": {str(n): v for n, v in per_byte.items()},
         "per_byte_e2e_s": {str(n): v for n, v in per_byte_e2e.items()},
-        "per_byte_e2e_spread": max(per_byte_e2e.values()) / min(per_byte_e2e.values())
-        if len(per_byte_e2e) == len(series) else None,
+        "per_byte_e2e_spread": _spread(per_byte_e2e, len(series)),
         "compute_floor_per_byte_s": {str(n): v for n, v in bare_per_byte.items()},
-        "compute_floor_per_byte_spread": bare_spread,
+        "compute_floor_per_byte_spread": _spread(bare_per_byte, len(series)),
     })
     results.update(out)
 
@@ -381,7 +384,8 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
            "worker cost on top of the trace", fmt_ratio(project_vs_compute),
            f"{summ['S*']['rps']:,.0f} vs {summ['compute']['rps']:,.0f} req/s", "", "")
     t2.add("(for reference) time per byte, 32 … 256 tokens, largest ÷ smallest, of the trace's own floor under the "
-           "project's server: what ratio 3 is with none of the service's app", fmt_ratio(bare_spread),
+           "project's server: what ratio 3 is with none of the service's app",
+           fmt_ratio(out["compute_floor_per_byte_spread"]),
            ", ".join(f"{n}: {fmt_time(v * 1e6)}/MB" for n, v in bare_per_byte.items())
            + (f"; each added byte: {m}" if (m := _marginal(bare_per_byte, sizes)) else ""), "", "")
     s_err = summ["S*"]["errors"] + summ["floor"]["errors"] + summ["compute"]["errors"] \

@@ -49,6 +49,9 @@ def test_the_marginal_time_a_byte_is_the_slope_whatever_the_fixed_cost():
     assert max(per_byte.values()) / min(per_byte.values()) > 1.5
     assert worker_bench._marginal(per_byte, sizes) == \
         "32→64: 1.00 ms/MB, 64→128: 1.00 ms/MB, 128→256: 1.00 ms/MB"
+    assert worker_bench._spread(per_byte, 4) == max(per_byte.values()) / min(per_byte.values())
+    assert worker_bench._spread(per_byte, 5) is None  # a size not measured: no spread
+    assert worker_bench._spread({}, 0) is None
 
 
 def test_the_traces_own_floor_answers_the_service_bytes_and_speaks_the_workers_protocol(monkeypatch):
