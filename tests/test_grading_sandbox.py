@@ -269,6 +269,19 @@ def test_a_hang_is_killed_with_everything_it_started(tmp_path, student_runtime):
     assert elapsed < 5, elapsed
 
 
+def test_a_run_closes_every_descriptor_it_opened(tmp_path, student_runtime):
+    """Each student process's pipes are closed once it is done, those that reached their end first too: a
+    grading process that kept them ran out of select()'s 1,024 descriptors after ~340 submissions."""
+    sub = write_student(tmp_path, ESCAPER)
+    calls = [sandbox.Call("f", "fine", {}, []), sandbox.Call("h", "hang", {}, []), sandbox.Call("g", "fine", {}, [])]
+    run(student_runtime, sub, calls[:1])  # warm: whatever the first run opens for good (imports, the runtime)
+    before = sorted(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        res = run(student_runtime, sub, calls, call_seconds=1.0)
+        assert [res.outcomes[k].status for k in "fhg"] == ["ok", "timeout", "ok"] and res.processes == 2
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
 def test_memory_and_process_limits_bind(tmp_path, student_runtime):
     sub = write_student(tmp_path, "import numpy as np, os\n\n"
                                   "def big():\n    return np.ones(2 * 10**9)\n\n"
