@@ -31,6 +31,16 @@ CORS_HEADERS = ("Content-Type", "X-Request-ID")
 # The API answers JSON only: nothing may run, load or frame.
 API_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 
+#: the headers every answer gets after X-Request-ID, in this order, and whether the service's value replaces a
+#: route's own (the viewer sets its own Content-Security-Policy and Cache-Control). Answers are computed per
+#: request and may echo a student's tokens: no shared or browser cache keeps them.
+SECURITY_HEADERS = (
+    ("X-Content-Type-Options", "nosniff", True),
+    ("Content-Security-Policy", API_CSP, False),
+    ("Referrer-Policy", "no-referrer", True),
+    ("Cache-Control", "no-store", False),
+)
+
 
 def find_openapi() -> Path:
     """The contract this package serves: service/openapi.yaml, package data in a wheel (in the repository, a
@@ -99,19 +109,25 @@ def create_app(settings: Settings | None = None) -> Flask:
     @app.after_request
     def _headers(resp: Response) -> Response:
         headers = resp.headers
-        headers["X-Request-ID"] = g.get("request_id") or uuid.uuid4().hex
-        headers["X-Content-Type-Options"] = "nosniff"
-        headers.setdefault("Content-Security-Policy", API_CSP)
-        headers["Referrer-Policy"] = "no-referrer"
-        # Answers are computed per request (and may echo a student's tokens):
-        # no shared or browser cache keeps them. The viewer sets its own policy.
-        headers.setdefault("Cache-Control", "no-store")
+        # The route's header names, read once: werkzeug's Headers finds a name by scanning and lower-casing
+        # every header, and raises and catches KeyError to say one is missing. Asking it once per header
+        # below cost ~30 µs of a 32-token trace's ~1.1 ms (in process, measured).
+        present = {name.lower() for name in headers.keys()}
+        added = [("X-Request-ID", g.get("request_id") or uuid.uuid4().hex)]
+        if "x-request-id" in present:
+            headers["X-Request-ID"] = added.pop()[1]
+        for name, value, replaces in SECURITY_HEADERS:
+            if name.lower() not in present:
+                added.append((name, value))
+            elif replaces:
+                headers[name] = value
+        headers.extend(added)  # appended in the order above, as one assignment each would
         if not any_origin:
             add_vary(resp, "Origin")  # the CORS headers depend on it
-        resp = maybe_compress(resp, settings)
+        resp = maybe_compress(resp, settings, present)
         environ = request.environ
         if (request.method != "OPTIONS" and "HTTP_ACCESS_CONTROL_REQUEST_PRIVATE_NETWORK" not in environ
-                and (any_origin or "HTTP_ORIGIN" not in environ) and ACL_ORIGIN not in headers):
+                and (any_origin or "HTTP_ORIGIN" not in environ) and ACL_ORIGIN.lower() not in present):
             headers.extend(constant_cors)
             return resp
         return cors(resp)

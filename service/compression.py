@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import gzip
 import time
+from collections.abc import Collection
 
 import brotli
 from flask import Response, current_app, g, request
@@ -88,13 +89,16 @@ def add_vary(resp: Response, name: str) -> None:
         resp.headers["Vary"] = f"{vary}, {name}"
 
 
-def maybe_compress(resp: Response, settings: Settings) -> Response:
-    """Compress a large, complete JSON response if the client accepts a configured encoding."""
+def maybe_compress(resp: Response, settings: Settings, present: Collection[str] | None = None) -> Response:
+    """Compress a large, complete JSON response if the client accepts a configured encoding. ``present``: the
+    response's header names, lower-cased, if the caller has them (none of its own may be Content-Encoding)."""
+    if present is None:
+        present = {name.lower() for name in resp.headers.keys()}
     if (
         not settings.compression
         or resp.direct_passthrough
         or resp.is_streamed
-        or "Content-Encoding" in resp.headers
+        or "content-encoding" in present
         or not (resp.mimetype or "").endswith("json")
         or resp.status_code < 200
         or resp.status_code in (204, 304)

@@ -44,11 +44,11 @@ def read_body() -> bytes:
     or not a Content-Length was sent (a chunked body has none), 400 if it cannot be read."""
     limit = settings().body_limit(request.path)
     request.max_content_length = limit  # werkzeug's own bound while reading (Flask >= 3.1: per request)
-    if request.content_length is not None and request.content_length > limit:
+    length = request.content_length  # werkzeug parses the headers again on every read of it
+    if length is not None and length > limit:
         raise RequestEntityTooLarge()
     try:
-        body = request.environ["wsgi.input"].read(limit + 1) if request.content_length is None \
-            else request.get_data(cache=False)
+        body = request.environ["wsgi.input"].read(limit + 1) if length is None else request.get_data(cache=False)
     except HTTPException:
         raise
     except Exception as e:  # noqa: BLE001 (gunicorn's InvalidChunkSize, NoMoreData, ...: the client's framing)
@@ -71,11 +71,10 @@ def read_json_body(*, npz_too: bool = False) -> bytes:
                            f"Send the body as JSON with 'Content-Type: application/json'{also} (got {got}).",
                            kind="unsupported-media-type",
                            headers={"Accept-Post": "application/json" + (f", {npz.MEDIA_TYPE}" if npz_too else "")})
-    coding = request.headers.get("Content-Encoding", "").strip().lower()
-    if coding not in ("", "identity"):  # bodies are never decoded: a coded one would be parsed as garbage
+    coding = request.environ.get("HTTP_CONTENT_ENCODING", "")
+    if coding.strip().lower() not in ("", "identity"):  # bodies are never decoded: a coded one would be garbage
         raise ProblemError(415, "Unsupported Media Type",
-                           "Send the body without a Content-Encoding (got "
-                           f"'{request.headers.get('Content-Encoding', '')[:64]}').",
+                           f"Send the body without a Content-Encoding (got '{coding[:64]}').",
                            kind="unsupported-media-type", headers={"Accept-Encoding": "identity"})
     return read_body()
 

@@ -359,6 +359,39 @@ def test_security_headers_and_request_id(client):
     assert err.headers["X-Request-ID"] and err.headers["X-Content-Type-Options"] == "nosniff"
 
 
+def test_the_service_headers_replace_or_defer_to_a_routes_own_as_documented():
+    """X-Request-ID, X-Content-Type-Options and Referrer-Policy are the service's, whatever a route set (one
+    value each, in the route's place); a route's own Content-Security-Policy and Cache-Control are kept; an
+    answer that sets none gets them appended in the documented order. The hook reads the route's header names
+    once, so each rule is checked here against a route that sets the names in another case."""
+    from flask import Response
+
+    from service import API_CSP, SECURITY_HEADERS, create_app
+    from service.settings import Settings
+
+    app = create_app(Settings(response_cache_bytes=0))
+
+    @app.get("/own")
+    def own() -> Response:
+        return Response(b"{}", mimetype="application/json", headers=[
+            ("x-request-id", "route"), ("X-CONTENT-TYPE-OPTIONS", "sniff"), ("content-security-policy", "route-csp"),
+            ("referrer-policy", "origin"), ("cache-control", "max-age=60")])
+
+    own_headers = app.test_client().get("/own", headers={"X-Request-ID": "req-7"}).headers
+    for name, value in [("X-Request-ID", "req-7"), ("X-Content-Type-Options", "nosniff"),
+                        ("Content-Security-Policy", "route-csp"), ("Referrer-Policy", "no-referrer"),
+                        ("Cache-Control", "max-age=60")]:
+        assert own_headers.getlist(name) == [value], name
+    names = [k.lower() for k, _ in own_headers.items()]
+    assert names[:5] == ["x-request-id", "x-content-type-options", "content-security-policy", "referrer-policy",
+                          "cache-control"]  # replaced where the route put them
+
+    plain = app.test_client().get("/health", headers={"X-Request-ID": "req-8"}).headers
+    ours = [(k, v) for k, v in plain.items() if k in ("X-Request-ID", *(n for n, _, _ in SECURITY_HEADERS))]
+    assert ours == [("X-Request-ID", "req-8"), ("X-Content-Type-Options", "nosniff"),
+                    ("Content-Security-Policy", API_CSP), ("Referrer-Policy", "no-referrer"), ("Cache-Control", "no-store")]
+
+
 @pytest.mark.parametrize("origins", [("*",), ("https://class.example",),
                                      ("https://class.example", "https://lab.example")])
 def test_cors_headers_are_flask_cors_own_answer(app_factory, origins):

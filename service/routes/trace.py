@@ -310,7 +310,7 @@ def request_cost(body: bytes, limits: Settings) -> tuple[float, dict[str, Any]] 
 def wants_npz() -> bool:
     """Content negotiation on /trace and /trace/batch: JSON unless the client prefers ``application/x-npz``
     (without an Accept header, or with */* or equal preference, JSON)."""
-    accept = request.headers.get("Accept")
+    accept = request.environ.get("HTTP_ACCEPT")
     if accept is None or accept == "*/*" or ("npz" not in accept.lower() and "*" not in accept):
         return False  # nothing can prefer npz (no header, any type alike, or none that matches it): skip the parse
     return request.accept_mimetypes.best_match(_TRACE_TYPES) == npz.MEDIA_TYPE
