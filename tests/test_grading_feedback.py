@@ -371,3 +371,48 @@ def test_the_batch_command_grades_a_directory_into_one_table(tmp_path):
     doc = json.loads(out_json.read_text(encoding="utf-8"))
     assert doc["summary"]["submissions"] == 3 and doc["summary"]["minutes_for_300"] > 0
     assert doc["submissions"][2]["tests"]["attend"] == 0
+
+
+# ------------------------------------------------------------------ selftest over many draws of seeds
+
+
+def _selftest(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "grader", "selftest", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_selftest_draws_grades_the_solution_once_per_draw_with_fresh_seeds():
+    run = _selftest(str(COURSE), "--draws", "3")
+    assert run.returncode == 0, run.stdout + run.stderr
+    max_score = config.load(COURSE).max_score
+    assert f"selftest: OK: the correct student scored full marks ({max_score:g}) on 3 of 3 draws" in run.stdout
+    assert "draw " not in run.stdout.replace("draws", "")  # no draw fell short
+
+
+def test_selftest_draws_prints_each_draw_that_falls_short_with_the_options_that_replay_it(tmp_path):
+    """A solution that loses points is reported on every draw, each with `grade --seed ...` options; replaying
+    them grades with exactly those seeds and loses the same tests."""
+    run = _selftest(str(COURSE), "--solution", str(STUDENTS / "no_scale.py"), "--draws", "2")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "selftest: FAILED: the correct student scored full marks" in run.stdout and "on 0 of 2 draws" in run.stdout
+    lines = [line for line in run.stdout.splitlines() if line.startswith("draw ")]
+    assert [line.split(":")[0] for line in lines] == ["draw 1", "draw 2"]
+    replays = [re.findall(r"--seed (\S+)=(\d+)", line) for line in lines]
+    assert replays[0] != replays[1]  # drawn afresh
+    names = set(config.load(COURSE).configurations)
+    for line, seeds in zip(lines, replays):
+        assert {n for n, _ in seeds} == names, line
+        failed = set(line.split("failed ")[1].split(";")[0].split(", "))
+        out = tmp_path / "replay.json"
+        submission = student_dir(tmp_path, STUDENTS / "no_scale.py")
+        subprocess.run([sys.executable, "-m", "grader", "grade", str(COURSE), str(submission), "--json", str(out),
+                        *[a for n, v in seeds for a in ("--seed", f"{n}={v}")]],
+                       capture_output=True, text=True, timeout=300, check=True)
+        replayed = json.loads(out.read_text())
+        assert replayed["extra"]["seeds"] == {n: int(v) for n, v in seeds}
+        assert {t["name"] for t in replayed["tests"] if not t["passed"]} == failed
+
+
+def test_selftest_refuses_fewer_than_one_draw():
+    run = _selftest(str(COURSE), "--draws", "0")
+    assert run.returncode == 2 and "--draws must be at least 1" in run.stderr
