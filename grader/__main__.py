@@ -223,6 +223,9 @@ def selftest(args: argparse.Namespace) -> int:
     if draws < 1:
         print("selftest: --draws must be at least 1", file=sys.stderr)
         return 2
+    if draws > 1 and all(c.seed is not None for c in course.configurations.values()):
+        print("selftest: every configuration's seed is fixed in the course file, so every draw grades alike",
+              file=sys.stderr)
     sub = Path(tempfile.mkdtemp(prefix="attention-selftest-"))
     results = []
     try:

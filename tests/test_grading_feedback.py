@@ -416,3 +416,13 @@ def test_selftest_draws_prints_each_draw_that_falls_short_with_the_options_that_
 def test_selftest_refuses_fewer_than_one_draw():
     run = _selftest(str(COURSE), "--draws", "0")
     assert run.returncode == 2 and "--draws must be at least 1" in run.stderr
+
+
+def test_selftest_draws_says_so_when_every_seed_is_fixed(tmp_path):
+    fixed = tmp_path / "fixed.toml"
+    fixed.write_text(COURSE.read_text(encoding="utf-8").replace('seed = "random"', "seed = 7"), encoding="utf-8")
+    assert all(c.seed == 7 for c in config.load(fixed).configurations.values())
+    run = _selftest(str(fixed), "--draws", "2")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "every configuration's seed is fixed in the course file" in run.stderr
+    assert "every configuration's seed is fixed" not in _selftest(str(COURSE), "--draws", "2").stderr
