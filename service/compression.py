@@ -89,11 +89,9 @@ def add_vary(resp: Response, name: str) -> None:
         resp.headers["Vary"] = f"{vary}, {name}"
 
 
-def maybe_compress(resp: Response, settings: Settings, present: Collection[str] | None = None) -> Response:
+def maybe_compress(resp: Response, settings: Settings, present: Collection[str]) -> Response:
     """Compress a large, complete JSON response if the client accepts a configured encoding. ``present``: the
-    response's header names, lower-cased, if the caller has them (none of its own may be Content-Encoding)."""
-    if present is None:
-        present = {name.lower() for name in resp.headers.keys()}
+    route's header names, lower-cased (the after-request hook reads them once; it adds no Content-Encoding)."""
     if (
         not settings.compression
         or resp.direct_passthrough
