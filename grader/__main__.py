@@ -226,13 +226,15 @@ def selftest(args: argparse.Namespace) -> int:
     if draws > 1 and all(c.seed is not None for c in course.configurations.values()):
         print("selftest: every configuration's seed is fixed in the course file, so every draw grades alike",
               file=sys.stderr)
+    rt = runtime.build(Path(course.runtime) if course.runtime else None)  # checked once, as batch does
     sub = Path(tempfile.mkdtemp(prefix="attention-selftest-"))
     results = []
     try:
         shutil.copy(Path(args.solution) if getattr(args, "solution", None) else shipped_solution(course),
                     sub / course.file)
         for i in range(draws):  # each grade draws its own seeds (or derives them from its own student id)
-            result = core.grade(sub, course, student="selftest" if draws == 1 else f"selftest-{i + 1}")
+            result = core.grade(sub, course, student="selftest" if draws == 1 else f"selftest-{i + 1}",
+                                runtime=rt)
             results.append(result)
             if draws > 1 and not _full_marks(result):
                 replay = " ".join(f"--seed {n}={v}" for n, v in result.extra.get("seeds", {}).items())
