@@ -22,13 +22,17 @@ One run starts, side by side on 127.0.0.1 (each stopped by its PID):
   and worker add;
 * for reference too, the same app under the project's own server (the committed
   config, 2 workers, the response cache off): the trace's own time per byte,
-  measured as the service's is, through the same worker and access log.
+  measured as the service's is, through the same worker and access log;
+* and for reference, the service under the project's server with its response
+  cache on, answering S (the same body every time) from that cache: no
+  validation, engine, document or encoding, only the service's edge and
+  server. Against the plain floor it is what they alone leave of the budget.
 
-Then, in interleaved rounds (A, B, … G in one round, G … A in the next, and so
+Then, in interleaved rounds (A, B, … H in one round, H … A in the next, and so
 on), wrk drives each for the same time with the same connections: /trace S on
-each worker class (the side-by-side table), and S uncached (a new sentence
-every request) on the project's server next to the floor and the trace's own
-floor.
+each worker class (the side-by-side table), S uncached (a new sentence every
+request) on the project's server next to the floor and the trace's own floor,
+and S from the service's response cache.
 
 After that, one connection at a time on the project's server, again in
 interleaved rounds: L as JSON, L as ``application/x-npz``, and the 32 … 256
@@ -198,6 +202,9 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
                                     app="bench.compute_floor_app:app", plain=True)
         servers["bare"] = Server(d, env=SERVER_ENV, label="the trace's own floor, under the project's server",
                                  app="bench.compute_floor_app:app")
+        # the committed config with the response cache at its default size: S from the cache, no trace work
+        servers["cached"] = Server(d, env={k: v for k, v in SERVER_ENV.items() if "CACHE" not in k},
+                                   label="the service answering from its response cache")
         project = servers["project"]
 
         # ---- before any load: every server answers, with the same bytes
@@ -209,6 +216,11 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
             if got != want_s:
                 notes.append(f"{c.label}: /trace S bytes differ from the in-process render "
                              f"({len(got):,} vs {len(want_s):,})")
+        for _ in range(2):  # the first answer fills the cache, the second comes from it
+            status, _, got = _post(servers["cached"].url + "/trace", S.body_bytes)
+            if status != 200 or got != want_s:
+                raise RuntimeError(f"the service with its response cache answered /trace S {status} with "
+                                   f"{len(got):,} bytes, not the in-process render's {len(want_s):,}")
         status, _, got = _post(servers["floor"].url + "/floor/Sstar", s_star.body_bytes)
         if status != 200 or got != floor_body:
             raise RuntimeError(f"the floor answered {status} with {len(got):,} bytes, not the prepared "
@@ -238,7 +250,8 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
                                                       for c in classes]
         cells += [("S*", project, "/trace", req("Sstar.req")),
                   ("floor", servers["floor"], "/floor/Sstar", req("Sstar.req")),
-                  ("compute", servers["compute"], "/trace", req("Sstar.req"))]
+                  ("compute", servers["compute"], "/trace", req("Sstar.req")),
+                  ("cached", servers["cached"], "/trace", req("S.req"))]
         load: dict[str, list[Run]] = {k: [] for k, *_ in cells}
         for r in range(rounds):
             for key, srv, path, body in (cells if r % 2 == 0 else cells[::-1]):
@@ -338,8 +351,12 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
     # (the most the S uncached ratio can reach under Flask with this engine), and the project's server against it
     compute_vs_floor = rps_ratio(load["compute"], load["floor"])
     project_vs_compute = rps_ratio(load["S*"], load["compute"])
+    # and what the service's edge and server alone leave of the budget: S from the response cache, no trace work
+    cached_vs_floor = rps_ratio(load["cached"], load["floor"])
     out.update({
-        "S*": summ["S*"], "floor": summ["floor"], "compute_floor": summ["compute"], "ratios": ratios,
+        "S*": summ["S*"], "floor": summ["floor"], "compute_floor": summ["compute"], "cached": summ["cached"],
+        "ratios": ratios, "cached_vs_plain_floor": cached_vs_floor,
+        "round_cached_vs_plain_floor": round_ratios(load["cached"], load["floor"]),
         "compute_floor_vs_plain_floor": compute_vs_floor, "S_uncached_vs_compute_floor": project_vs_compute,
         "round_compute_floor_vs_plain_floor": round_ratios(load["compute"], load["floor"]),
         "round_S_uncached_vs_plain_floor": round_ratios(load["S*"], load["floor"]),
@@ -383,19 +400,30 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
     t2.add("(for reference) S uncached, the project's server ÷ the trace's own floor: what the service's app and "
            "worker cost on top of the trace", fmt_ratio(project_vs_compute),
            f"{summ['S*']['rps']:,.0f} vs {summ['compute']['rps']:,.0f} req/s", "", "")
+    rc = out["round_cached_vs_plain_floor"]
+    t2.add("(for reference) S from the service's response cache, req/s ÷ the plain floor: the service's edge and "
+           "server with no trace work (no validation, engine, document or encoding)", fmt_ratio(cached_vs_floor),
+           f"{summ['cached']['rps']:,.0f} vs {summ['floor']['rps']:,.0f} req/s"
+           + (f"; rounds {min(rc):.2f}–{max(rc):.2f}" if rc else ""), "", "")
+    t2.add("(for reference) worker CPU per request under the same load (ratio 1's cells, and the two above)",
+           "", "; ".join(f"{what} {fmt_time(summ[key]['cpu_per_request_s'])}" for key, what in (
+               ("floor", "the plain floor"), ("cached", "the service from its cache"),
+               ("compute", "the trace's own floor"), ("S*", "the service, S uncached"))), "", "")
     t2.add("(for reference) time per byte, 32 … 256 tokens, largest ÷ smallest, of the trace's own floor under the "
            "project's server: what ratio 3 is with none of the service's app",
            fmt_ratio(out["compute_floor_per_byte_spread"]),
            ", ".join(f"{n}: {fmt_time(v * 1e6)}/MB" for n, v in bare_per_byte.items())
            + (f"; each added byte: {m}" if (m := _marginal(bare_per_byte, sizes)) else ""), "", "")
-    s_err = summ["S*"]["errors"] + summ["floor"]["errors"] + summ["compute"]["errors"] \
+    s_err = summ["S*"]["errors"] + summ["floor"]["errors"] + summ["compute"]["errors"] + summ["cached"]["errors"] \
         + sum(r.errors for v in seq.values() for r in v)
     t2.notes.append(f"1: {conns} connections, the {rounds} rounds above; S uncached is \"the cat sat<N>\" with a new "
                     "N every request on the project's server (its answers differ by a few bytes); the floor is "
                     "bench/floor_app.py under `gunicorn -k sync -w 2` with gunicorn's defaults, answering the first "
                     "of them as prepared bytes; the trace's own floor is bench/compute_floor_app.py under the same "
                     "server: it validates each request with the service's model and answers render_trace's bytes "
-                    "(/trace's), with none of the service's app or worker")
+                    "(/trace's), with none of the service's app or worker; the service from its cache is the "
+                    "committed config with the response cache at its default size, answering S (the same body "
+                    "every request, a cache hit after the first) in the same rounds")
     t2.notes.append(f"2–4: one connection, {seq_rounds} interleaved round(s) of {duration_s:g} s per item on the "
                     "project's server; server time = the median of gunicorn's access-log duration_us (from the "
                     "request head parsed to the answer rendered into the worker's memory, before its event loop "
