@@ -203,7 +203,7 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
         servers["bare"] = Server(d, env=SERVER_ENV, label="the trace's own floor, under the project's server",
                                  app="bench.compute_floor_app:app")
         # the committed config with the response cache at its default size: S from the cache, no trace work
-        servers["cached"] = Server(d, env={k: v for k, v in SERVER_ENV.items() if "CACHE" not in k},
+        servers["cached"] = Server(d, env={"WEB_CONCURRENCY": SERVER_ENV["WEB_CONCURRENCY"]},
                                    label="the service answering from its response cache")
         project = servers["project"]
 
