@@ -121,6 +121,8 @@ class Field:
     #: what the answer's schema says of it in config, when not the variant's ``echo_doc``; null there too
     echo_doc: str | None = None
     echo_nullable: bool = False
+    #: the value in use where its variant is not (what a client reads when the answer leaves the field out)
+    unused: Any = None
     #: a setting of the layer (TraceConfig has it) rather than an input (the text, x, weights)
     setting: bool = True
 
@@ -266,7 +268,7 @@ FIELDS: tuple[Field, ...] = (
     # A stack of Transformer blocks around the attention (docs/engine.md, "The Transformer block"): any of these
     # fields but num_layers asks for one. With none of them the answer is the single attention layer's.
     Field("num_layers", "int", 1, variant="block", minimum=1, maximum=MAX_LAYERS, unit="blocks",
-          rule=check_num_layers, refusal="invalid_size", echo=_attr("num_layers"), url="layers",
+          rule=check_num_layers, refusal="invalid_size", echo=_attr("num_layers"), url="layers", unused=1,
           doc="How many Transformer blocks are stacked; more than 1 needs a block field (`layers_need_block` "
               "otherwise). Every per-layer stage gains a leading `layer` axis; `residual_stream` [depth, token, "
               "d_model] holds the stack's input and each layer's output. The size limits count every layer's "
