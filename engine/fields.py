@@ -57,6 +57,9 @@ class Variant:
     derived: Callable[[Trace], dict[str, Any]] = lambda t: {}
     #: what the answer's schema says of each of the variant's fields in config (None: always there)
     echo_doc: str | None = None
+    #: what turns the variant on in a form (the viewer's): (field, value), the value None for "given"; without
+    #: one, each of the variant's fields is sent when it is given and not its default
+    switch: tuple[str, Any] | None = None
 
 
 def _always(t: Trace) -> bool:
@@ -66,7 +69,8 @@ def _always(t: Trace) -> bool:
 VARIANTS: tuple[Variant, ...] = (
     Variant("attention", None, _always),
     Variant("explicit", None, lambda t: False),  # your own x and weights: nothing to echo
-    Variant("rope", "attention variants", lambda t: t.config.rope, echo_doc="positional_encoding rope only."),
+    Variant("rope", "attention variants", lambda t: t.config.rope, echo_doc="positional_encoding rope only.",
+            switch=("positional_encoding", "rope")),
     Variant("gqa", "attention variants", lambda t: t.config.num_kv_heads is not None,
             lambda t: {"query_heads_of_kv_head": [list(g) for g in t.config.query_heads_of_kv_head],
                        "kv_cache_bytes_per_token": t.config.kv_cache_bytes_per_token},
@@ -76,7 +80,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("block", "Transformer block (any of these traces a stack of blocks; docs/engine.md)",
             lambda t: t.config.has_block, echo_doc="A stack of blocks only."),
     Variant("constructed", "constructed heads (docs/engine.md)", lambda t: t.config.constructed,
-            echo_doc="Only with a constructed head."),
+            echo_doc="Only with a constructed head.", switch=("head_weights", None)),
 )
 _VARIANT_NAMES = tuple(v.name for v in VARIANTS)
 
@@ -160,7 +164,7 @@ class Field:
     def public(self) -> dict[str, Any]:
         """The declaration as data (JSON): what the viewer reads."""
         out: dict[str, Any] = {"name": self.name, "kind": self.kind, "default": _finite(self.default),
-                               "variant": self.variant, "help": self.help}
+                               "variant": self.variant, "setting": self.setting, "help": self.help}
         for key in ("choices", "minimum", "above", "maximum", "max_items", "unit", "refusal"):
             value = getattr(self, key)
             if value not in (None, ()):
@@ -228,7 +232,7 @@ FIELDS: tuple[Field, ...] = (
           refusal="invalid_size", echo=_attr("window"),
           doc="Sliding-window attention (Mistral, Longformer), with causal: true: each query sees at most "
               "`window` keys, its own and the window − 1 before it.",
-          metavar="W", help="sliding window (with --causal): each query sees at most W keys, its own included"),
+          metavar="W", help="a sliding window, with --causal: each query sees at most W keys, its own included"),
     # Constructed heads (docs/engine.md, "Constructed heads").
     Field("head_weights", "choices", None, variant="constructed", choices=constructed.HEAD_KINDS,
           max_items=TOKENS_HARD_MAX, rule=lambda v: raise_all(constructed.kind_problems(v)), refusal="invalid_size",
@@ -371,5 +375,6 @@ def viewer_declaration() -> dict[str, Any]:
     """The declaration as the viewer reads it (``GET /static/fields.js``): each field that the address carries,
     with its type, bounds, default, help and address key, in request order."""
     return {"fields": [f.public() for f in FIELDS if f.address is not None],
+            "switches": {v.name: list(v.switch) for v in VARIANTS if v.switch is not None},
             "block_presets": {name: {"positional_encoding": p.positional_encoding, "causal": p.causal}
                               for name, p in BLOCK_PRESETS.items()}}
