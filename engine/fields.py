@@ -235,7 +235,7 @@ FIELDS: tuple[Field, ...] = (
           metavar="W", help="a sliding window, with --causal: each query sees at most W keys, its own included"),
     # Constructed heads (docs/engine.md, "Constructed heads").
     Field("head_weights", "choices", None, variant="constructed", choices=constructed.HEAD_KINDS,
-          max_items=TOKENS_HARD_MAX, rule=lambda v: raise_all(constructed.kind_problems(v)), refusal="invalid_size",
+          max_items=TOKENS_HARD_MAX, rule=lambda v: raise_all(constructed.kind_problems(v)), refusal="unknown_head_kind",
           echo=lambda config: list(config.head_kinds), url="hw", echo_doc="Only with a constructed head: each head's "
           "kind.",
           doc="Each head's weights, one kind per head: seeded (the default), or a head built by hand with a "
