@@ -173,9 +173,9 @@ def _annotation(f: fields.Field, *, echo: bool = False) -> Any:
     bounds (``Annotated``), or the answer echo's (the type alone)."""
     kind = f.kind
     if kind == "choice":
-        t: Any = Literal[f.choices]  # type: ignore[valid-type]
+        t: Any = Literal[f.choices]  # type: ignore[valid-type,name-defined]
     elif kind == "choices":
-        t = list[Literal[f.choices]]  # type: ignore[valid-type]
+        t = list[Literal[f.choices]]  # type: ignore[valid-type,name-defined]
     elif kind == "text":
         t = Annotated[str, Field(min_length=1, max_length=f.max_chars)]
     elif kind == "tokens":
@@ -188,7 +188,7 @@ def _annotation(f: fields.Field, *, echo: bool = False) -> Any:
 
 def _field_info(f: fields.Field) -> Any:
     """A declared field's pydantic Field: its default, bounds and description."""
-    bounds = {"ge": f.minimum, "gt": f.above, "le": f.maximum, "max_length": f.max_items,
+    bounds: dict[str, Any] = {"ge": f.minimum, "gt": f.above, "le": f.maximum, "max_length": f.max_items,
               "min_length": 1 if f.kind == "tokens" else None}
     return Field(default=f.default, description=f.doc, **{k: v for k, v in bounds.items() if v is not None})
 
@@ -225,14 +225,14 @@ class TraceSpec(_SpecFields):  # type: ignore[valid-type,misc]
     @classmethod
     def _engine_rule(cls, v: Any, info: ValidationInfo) -> Any:
         with engine_rules():
-            _FIELD_RULES[info.field_name](v)
+            _FIELD_RULES[str(info.field_name)](v)
         return v
 
     # The limits an operator configures, after the schema's checks.
     @field_validator(*_LIMITS)
     @classmethod
     def _configured_limit(cls, v: int, info: ValidationInfo) -> int:
-        name = info.field_name
+        name = str(info.field_name)
         limit = getattr(settings_of(info), _LIMITS[name])
         if v > limit:
             raise PydanticCustomError(
