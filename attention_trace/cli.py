@@ -46,7 +46,8 @@ from .cli_common import (
     resolve_query,
     write_file,
 )
-from engine.layer import BLOCK_PRESETS, FFN_KINDS, NORM_KINDS, NORM_POSITIONS, NORM_WEIGHTS, preset_fields
+from engine import fields
+from engine.layer import preset_fields
 
 from .client import CheckResult, ClientError, ProblemError, Trace, TransportError
 from .explain_cli import run_explain
@@ -60,19 +61,11 @@ EXPORT_FORMATS = ("bertviz", "circuitsvis", "transformer-explainer")
 #: the subcommands; anything else first is a sentence to trace
 COMMANDS = ("trace", "check", "explain", "export", "html")
 
-# Request fields as the command-line options that set them (for error messages).
-FIELD_FLAGS = {"/sentence": "SENTENCE", "/d_model": "--d-model", "/num_heads": "--heads", "/seed": "--seed",
-               "/scale": "--no-scale", "/causal": "--causal", "/positional_encoding": "--rope",
-               "/rope_base": "--rope-base", "/rope_pairing": "--rope-pairing", "/num_kv_heads": "--kv-heads",
-               "/window": "--window", "/context_sentence": "--context", "/decode": "--decode",
-               "/head": "--head", "/query": "--explain", "/key": "--explain", "/format": "--export",
-               "/tokens": "--tokens", "/stages": "--stages", "/inject_bug": "--inject-bug",
-               "/num_layers": "--layers", "/block": "--block", "/norm": "--norm", "/norm_position": "--norm-position",
-               "/ffn": "--ffn", "/d_ff": "--d-ff", "/norm_eps": "--norm-eps", "/norm_weights": "--norm-weights",
-               "/layer": "--layer",
-               "/head_weights": "--head-weights", "/sharpness": "--sharpness"}
-#: the block's request fields, each set by its option of the same name (--layers sets num_layers)
-BLOCK_FIELDS = ("num_layers", "block", "norm", "norm_position", "ffn", "d_ff", "norm_eps", "norm_weights")
+#: the options that set a request field but are not trace settings, by the field's pointer (for error messages)
+_OPTION_FLAGS = {"/decode": "--decode", "/head": "--head", "/query": "--explain", "/key": "--explain",
+                 "/format": "--export", "/stages": "--stages", "/inject_bug": "--inject-bug", "/layer": "--layer"}
+#: request fields as the command-line options that set them (for error messages): the declared ones' own
+FIELD_FLAGS = {**{f"/{f.name}": f.flag for f in fields.FIELDS if f.flag is not None}, **_OPTION_FLAGS}
 
 
 # --------------------------------------------------------------- walkthrough
@@ -233,52 +226,42 @@ def render_check(r: CheckResult, source: str, style: Style | None = None) -> str
 # ----------------------------------------------------------------- arguments
 
 
-def _trace_options(p: argparse.ArgumentParser, *, sentence_help: str = "the text to split into tokens (quote it)") -> None:
-    """SENTENCE (or --tokens) and the request's fields: what every subcommand that traces takes."""
-    p.add_argument("sentence", metavar="SENTENCE", nargs="?", help=sentence_help + "; or give --tokens")
-    p.add_argument("--tokens", nargs="+", metavar="TOKEN", help="pre-split tokens, used as given, instead of SENTENCE")
-    p.add_argument("--heads", type=int, metavar="N", dest="num_heads", help="number of heads (default 1)")
-    p.add_argument("--d-model", type=int, metavar="N", dest="d_model", help="model width (default 24)")
-    p.add_argument("--seed", type=int, metavar="N", help="seed of the embeddings and weights (default 0)")
-    p.add_argument("--no-scale", dest="unscaled", action="store_true", help="do not divide the scores by √d_k")
-    p.add_argument("--causal", action="store_true", help="mask every key after its query")
+def _add_field_option(group: argparse._ActionsContainer, f: fields.Field) -> None:
+    """A declared field's option (engine/fields.py): its flag, metavar, choices and help, and its default in the
+    help. Every option defaults to None, which leaves the field out of the request (the service's default)."""
+    if f.flag is None:
+        return
+    if not f.flag.startswith("-"):  # the positional argument
+        group.add_argument(f.name, metavar=f.flag, nargs="?", help=f.help)
+        return
+    if f.switch is not None:  # an option without an argument, which sets the field to one value
+        group.add_argument(f.flag, dest=f.name, action="store_const", const=f.switch, help=f.help)
+        return
+    shown = f"{f.default:g}" if isinstance(f.default, float) else f.default
+    options: dict[str, Any] = {"dest": f.name, "metavar": f.metavar,
+                               "help": f.help if f.default is None else f"{f.help} (default {shown})"}
+    if f.kind in ("int", "float"):
+        options |= {"type": int if f.kind == "int" else float, "metavar": f.metavar or "N"}
+    elif f.kind == "choice":
+        options["choices"] = f.choices
+    elif f.kind in ("choices", "tokens"):
+        options["nargs"] = "+"
+    group.add_argument(f.flag, **options)
+
+
+def _trace_options(p: argparse.ArgumentParser) -> None:
+    """SENTENCE (or --tokens) and the request's fields: what every subcommand that traces takes. Each declared
+    field's option (engine/fields.py) in its variant's group."""
+    groups: dict[str | None, argparse._ActionsContainer] = {None: p}
+    for v in fields.VARIANTS:
+        if v.title not in groups:
+            groups[v.title] = p.add_argument_group(v.title)
+    for f in fields.FIELDS:
+        _add_field_option(groups[fields.variant(f.variant).title], f)
     p.add_argument("--inject-bug", metavar="NAME", dest="inject_bug",
                    help="trace with one known bug injected (the numbers are deliberately wrong, and labelled so)")
-    v = p.add_argument_group("attention variants")
-    v.add_argument("--rope", action="store_true", help="rotary position embeddings (RoPE) instead of sinusoidal "
-                                                        "encodings: q and k are rotated by position")
-    v.add_argument("--rope-base", type=float, metavar="B", dest="rope_base", help="RoPE's frequency base (10000)")
-    v.add_argument("--rope-pairing", choices=("rotate_half", "interleaved"), dest="rope_pairing",
-                   help="RoPE's pairs: rotate_half (Llama, default) or interleaved (RoFormer)")
-    v.add_argument("--kv-heads", type=int, metavar="G", dest="num_kv_heads",
-                   help="grouped-query attention: G K/V heads shared by the query heads (1 = multi-query)")
-    v.add_argument("--window", type=int, metavar="W", help="sliding window (with --causal): each query sees at most "
-                                                           "W keys, its own included")
-    v.add_argument("--context", metavar="TEXT", dest="context_sentence",
-                   help="cross-attention: the keys and values come from this context sentence")
-    b = p.add_argument_group("Transformer block (any of these traces a stack of blocks; docs/engine.md)")
-    b.add_argument("--block", choices=tuple(BLOCK_PRESETS),
-                   help="a preset: vaswani2017 (post-norm LayerNorm, ReLU), gpt2 (pre-norm LayerNorm, GELU tanh; "
-                        "sets --causal), llama (pre-norm RMSNorm, SwiGLU; sets --causal and --rope)")
-    b.add_argument("--layers", type=int, metavar="N", dest="num_layers",
-                   help="how many blocks are stacked (default 1; more needs a block option)")
-    b.add_argument("--norm", choices=NORM_KINDS, help="the norms (default: the preset's)")
-    b.add_argument("--norm-position", choices=NORM_POSITIONS, dest="norm_position",
-                   help="post (2017) or pre (GPT-2, Llama: and a final norm); default: the preset's")
-    b.add_argument("--ffn", choices=FFN_KINDS, help="the feed-forward network's activation (default: the preset's)")
-    b.add_argument("--d-ff", type=int, metavar="N", dest="d_ff",
-                   help="the feed-forward network's width (default 4·d_model; swiglu: Llama's rounding)")
-    b.add_argument("--norm-eps", type=float, metavar="E", dest="norm_eps", help="the norms' ε (default: the preset's)")
-    b.add_argument("--norm-weights", choices=NORM_WEIGHTS, dest="norm_weights",
-                   help="unit (γ = 1, β = 0; the default) or seeded")
-    v.add_argument("--decode", action="store_true",
-                   help="also show the KV-cache decoding step of the query token (with --causal)")
-    k = p.add_argument_group("constructed heads (docs/engine.md)")
-    k.add_argument("--head-weights", nargs="+", metavar="KIND", dest="head_weights",
-                   help="each head's weights, one per head: seeded, previous_token, same_token, first_token, "
-                        "induction (heads built by hand with a known job)")
-    k.add_argument("--sharpness", type=float, metavar="S",
-                   help="the constructed heads' scores are S × their closed form (default 10)")
+    groups[fields.variant("cross").title].add_argument(
+        "--decode", action="store_true", help="also show the KV-cache decoding step of the query token (with --causal)")
 
 
 def _display_options(p: argparse.ArgumentParser) -> None:
@@ -382,24 +365,13 @@ def trace_body(args: argparse.Namespace) -> dict[str, Any]:
     """The /trace request that the trace options ask for."""
     if (args.sentence is None) == (args.tokens is None):
         raise UsageError("give exactly one of SENTENCE or --tokens")
-    body: dict[str, Any] = {"sentence": args.sentence} if args.tokens is None else {"tokens": list(args.tokens)}
-    for name in ("d_model", "num_heads", "seed"):
-        if getattr(args, name) is not None:
-            body[name] = getattr(args, name)
-    if args.unscaled:
-        body["scale"] = False
-    if args.causal:
-        body["causal"] = True
-    if args.rope:
-        body["positional_encoding"] = "rope"
-    for name in ("rope_base", "rope_pairing", "num_kv_heads", "window", "context_sentence", "inject_bug",
-                 *BLOCK_FIELDS):
-        if getattr(args, name) is not None:
-            body[name] = getattr(args, name)
-    if args.head_weights is not None:
-        body["head_weights"] = list(args.head_weights)
-    if args.sharpness is not None:
-        body["sharpness"] = args.sharpness
+    body: dict[str, Any] = {}
+    for f in fields.FIELDS:  # every declared field whose option was given
+        value = getattr(args, f.name, None) if f.flag is not None else None
+        if value is not None:
+            body[f.name] = list(value) if isinstance(value, list) else value
+    if args.inject_bug is not None:
+        body["inject_bug"] = args.inject_bug
     if args.decode:
         body["decode"] = True
     return body

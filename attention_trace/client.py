@@ -14,8 +14,9 @@ Requests are JSON objects, given as keyword arguments, as a mapping, or both
 :class:`ProblemError`; a service that cannot be reached, or does not answer
 in time, raises :class:`TransportError`.
 
-This module needs only ``requests`` and ``numpy`` (and Python ≥ 3.9), so a
-grader can vendor it alone. :class:`LocalClient` also needs the service
+This module needs only ``requests``, ``numpy`` and the ``engine`` package
+(whose ``engine/fields.py`` declares the fields ``Config`` reads), so a grader
+can vendor it with the engine. :class:`LocalClient` also needs the service
 package (``service``, ``engine``, pydantic), imported when it is created.
 
 In a notebook, results show themselves: ``repr`` is one line, ``print``
@@ -32,11 +33,13 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import MISSING, dataclass, field
-from typing import Any, Generic, TypeVar, Union
+from dataclasses import MISSING, dataclass, field, make_dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, Union
 
 import numpy as np
 import requests
+
+from engine import fields as _fields
 
 try:  # TypedDict lives in typing from 3.8 on
     from typing import TypedDict
@@ -173,50 +176,47 @@ class Token:
     end: int
 
 
-@dataclass(frozen=True)
-class Config:
-    """The request's settings with defaults filled in, and the derived sizes."""
-
-    d_model: int
-    num_heads: int
-    seed: int
-    scale: bool
-    causal: bool
-    positional_encoding: str
-    include_parameters: bool
-    stages: list[str] | None
-    precision: int | None
-    d_k: int
-    scale_factor: float
-    n_tokens: int
-    n_parameters: int
-    n_matrices: int
-    # A stack of Transformer blocks (a block field in the request): its settings as resolved; one attention
-    # layer's answer has none of them.
-    num_layers: int = 1
-    block: str | None = None
-    norm: str | None = None
-    norm_position: str | None = None
-    ffn: str | None = None
-    d_ff: int | None = None
-    norm_eps: float | None = None
-    norm_weights: str | None = None
-    # Constructed heads (a head_weights field in the request): each head's kind, and their sharpness; a trace whose
-    # heads are all seeded has neither.
-    head_weights: list[str] | None = None
-    sharpness: float | None = None
+class _ConfigReader:
+    """What every ``Config`` has besides its fields."""
 
     @property
     def stack(self) -> bool:
         """Whether the trace is a stack of blocks (every per-layer stage has a leading layer axis)."""
-        return self.norm is not None
+        return getattr(self, "norm") is not None
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Config:
         # Only the known fields: a newer service may add more; a field with a default may be absent.
-        fields = cls.__dataclass_fields__
-        return cls(**{f: doc.get(f) for f in fields  # type: ignore[arg-type]
+        fields = cls.__dataclass_fields__  # type: ignore[attr-defined]
+        return cls(**{f: doc.get(f) for f in fields  # type: ignore[return-value]
                       if f in doc or fields[f].default is MISSING})
+
+
+#: what an answer's config holds besides the declared fields: the request's options and the sizes
+_ANSWER_SIZES: tuple[tuple[str, Any], ...] = (
+    ("include_parameters", bool), ("stages", Union[list[str], None]), ("precision", Union[int, None]),
+    ("d_k", int), ("scale_factor", float), ("n_tokens", int), ("n_parameters", int), ("n_matrices", int))
+_TYPES = {"int": int, "float": float, "bool": bool, "choice": str, "choices": list[str]}
+
+
+def _config_class() -> type:
+    """``Config``: the request's settings with defaults filled in, and the derived sizes. One attribute per
+    declared field the answer echoes (engine/fields.py): the attention's own always there, a variant's its
+    ``unused`` value (None; num_layers 1) where the trace does not use it."""
+    always = [(f.name, _TYPES[f.kind]) for f in _fields.FIELDS if f.echoed and f.echo_description() is None]
+    variants = [(f.name, Union[_TYPES[f.kind], None], field(default=f.unused))
+                for f in _fields.FIELDS if f.echoed and f.echo_description() is not None]
+    cls = make_dataclass("Config", [*always, *_ANSWER_SIZES, *variants], bases=(_ConfigReader,), frozen=True)
+    cls.__module__ = __name__
+    cls.__doc__ = "The request's settings with defaults filled in, and the derived sizes."
+    return cls
+
+
+if TYPE_CHECKING:
+    class Config(_ConfigReader):
+        def __getattr__(self, name: str) -> Any: ...
+else:
+    Config = _config_class()
 
 
 NPZ = "application/x-npz"
@@ -323,8 +323,6 @@ class Stats:
 
 
 _PER_HEAD = ("W_Q", "W_K", "W_V", "W_O")
-#: a stack of blocks' request fields, echoed (resolved) in an answer's config
-_BLOCK_FIELDS = ("num_layers", "block", "norm", "norm_position", "ffn", "d_ff", "norm_eps", "norm_weights")
 
 
 @dataclass(frozen=True)
@@ -448,9 +446,9 @@ class Trace:
             return dict(self.request)
         cfg = self.raw["config"]
         body: dict[str, Any] = {"tokens": self.texts}
-        body |= {k: cfg[k] for k in ("d_model", "num_heads", "seed", "scale", "causal", "positional_encoding")}
-        body |= {k: cfg[k] for k in ("rope_base", "rope_pairing", "num_kv_heads", "window", "decode") if k in cfg}
-        body |= {k: cfg[k] for k in _BLOCK_FIELDS if cfg.get(k) is not None}  # a stack's resolved settings
+        # every declared field the answer echoes, as in use (a stack's resolved settings too), and decode
+        body |= {f.name: cfg[f.name] for f in _fields.FIELDS if f.echoed and cfg.get(f.name) is not None}
+        body |= {"decode": cfg["decode"]} if "decode" in cfg else {}
         if self.raw.get("context_tokens") is not None:
             body["context_tokens"] = [t["text"] for t in self.raw["context_tokens"]]
         return body

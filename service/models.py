@@ -25,65 +25,39 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Callable
-from dataclasses import replace
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
-                      ValidatorFunctionWrapHandler, WrapValidator, field_validator, model_validator)
+                      ValidatorFunctionWrapHandler, WrapValidator, create_model, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 import engine
-from engine import BUG_NAMES, EngineError, Token, TraceConfig
+from engine import BUG_NAMES, EngineError, Token, TraceConfig, fields
 from engine.bugs import BLOCK_BUG_NAMES
 from engine.decoding import decode_value_count
 from engine.checks import (
-    D_FF_MAX,
     MAX_EXPLICIT_VALUE,
-    MAX_LAYERS,
-    ROPE_BASE_MAX,
-    SEED_MAX,
     check_block_cost,
-    check_choice,
-    check_d_ff,
     check_input_shape,
-    check_kv_heads_value,
-    check_norm_eps,
-    check_num_layers,
     check_one_context,
     check_one_source,
-    check_optional_choice,
     check_parameter_shapes,
-    check_rope_base,
     check_sentence,
     check_token_list,
     check_token_text,
     check_trace_size,
-    check_variants,
-    check_window_size,
-    head_dim,
-    kv_heads,
     split_context,
     split_tokens,
 )
 from engine.layer import (
     ALL_STAGE_IDS,
     BLOCK_FIELDS,
-    BLOCK_PRESETS,
     BLOCK_STAGE_IDS,
-    DEFAULT_ROPE_BASE,
-    FFN_KINDS,
-    NORM_KINDS,
-    NORM_POSITIONS,
-    NORM_WEIGHTS,
-    POSITIONAL_ENCODING_CHOICES,
-    ROPE_PAIRINGS,
     preset_fields,
     trace_value_count,
 )
 from engine.params import explicit_parameters
-from engine import constructed
-from engine.errors import raise_all
 
 from .problems import problem_entry
 from .settings import Settings
@@ -123,9 +97,6 @@ def _names_of_the_requests_kind(one_layer: tuple[str, ...], stack: tuple[str, ..
 StageId = Annotated[Literal[STAGE_ID_CHOICES],  # type: ignore[valid-type]
                     _names_of_the_requests_kind(ALL_STAGE_IDS, STAGE_ID_CHOICES)]
 
-_SENTENCE_HARD_MAX = 1_000_000  # schema ceiling; the configured max_sentence_chars is lower
-_TOKENS_HARD_MAX = 100_000  # schema ceilings of a token list and of one token; the configured max_tokens is lower
-_TOKEN_HARD_MAX = 1024
 
 
 # Unicode's Cc (C0 and C1 controls, but tab, newline and carriage return are fine) and Cs (lone
@@ -152,9 +123,6 @@ AnyBugName = Literal[BUG_NAMES + BLOCK_BUG_NAMES]  # type: ignore[valid-type]
 #: refuses without a block field, saying to add one); an unknown one's message lists the request's kind's
 InjectableBugName = Annotated[AnyBugName, _names_of_the_requests_kind(BUG_NAMES, BUG_NAMES + BLOCK_BUG_NAMES)]
 
-PositionalEncodingName = Literal[POSITIONAL_ENCODING_CHOICES]  # type: ignore[valid-type]
-RopePairingName = Literal[tuple(ROPE_PAIRINGS)]  # type: ignore[valid-type]
-HeadKindName = Literal[constructed.HEAD_KINDS]  # type: ignore[valid-type]
 
 #: a number of an explicit input or weight: bounded, so that products of them stay within float64
 BoundedNumber = Annotated[float, Field(ge=-MAX_EXPLICIT_VALUE, le=MAX_EXPLICIT_VALUE)]
@@ -200,32 +168,48 @@ class ParametersIn(BaseModel):
 
 
 
-#: the block fields that name a choice, and their choices (checked by the engine's rule)
-_BLOCK_CHOICES: dict[str, tuple[str, ...]] = {"block": tuple(BLOCK_PRESETS), "norm": NORM_KINDS,
-                                              "norm_position": NORM_POSITIONS, "ffn": FFN_KINDS,
-                                              "norm_weights": NORM_WEIGHTS}
+def _annotation(f: fields.Field, *, echo: bool = False) -> Any:
+    """A declared field's Python type (pydantic's schema and validation follow from it): the request's, with its
+    bounds (``Annotated``), or the answer echo's (the type alone)."""
+    kind = f.kind
+    if kind == "choice":
+        t: Any = Literal[f.choices]  # type: ignore[valid-type,name-defined]
+    elif kind == "choices":
+        t = list[Literal[f.choices]]  # type: ignore[valid-type,name-defined]
+    elif kind == "text":
+        t = Annotated[str, Field(min_length=1, max_length=f.max_chars)]
+    elif kind == "tokens":
+        t = list[Annotated[str, Field(min_length=1, max_length=f.max_chars)]]
+    else:
+        t = {"int": int, "float": float, "bool": bool, "matrix": list[list[BoundedNumber]],
+             "weights": ParametersIn}[kind]
+    return t | None if f.nullable or echo else t
 
 
-#: the engine's rule for each field it checks itself, run before the schema's checks (TraceSpec._engine_rule)
-_FIELD_RULES: dict[str, Callable[[Any], object]] = {
-    "num_kv_heads": check_kv_heads_value,
-    "rope_base": check_rope_base,
-    "rope_pairing": lambda v: check_choice("rope_pairing", v, tuple(ROPE_PAIRINGS)),
-    "window": check_window_size,
-    "num_layers": check_num_layers,
-    **{name: partial(check_optional_choice, name, choices=choices) for name, choices in _BLOCK_CHOICES.items()},
-    "d_ff": check_d_ff,
-    "norm_eps": check_norm_eps,
-    "head_weights": lambda v: raise_all(constructed.kind_problems(v)),
-    "sharpness": lambda v: raise_all(constructed.sharpness_problems(v)),
-}
+def _field_info(f: fields.Field) -> Any:
+    """A declared field's pydantic Field: its default, bounds and description."""
+    bounds: dict[str, Any] = {"ge": f.minimum, "gt": f.above, "le": f.maximum, "max_length": f.max_items,
+              "min_length": 1 if f.kind == "tokens" else None}
+    return Field(default=f.default, description=f.doc, **{k: v for k, v in bounds.items() if v is not None})
 
-class TraceSpec(BaseModel):
-    """One sentence (or pre-split tokens) and the layer's configuration: shared by /trace and /check."""
 
-    # allow_inf_nan=False: the JSON parser accepts NaN and Infinity literals,
-    # which no float here may be.
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+#: the fields the engine checks itself (each Field's ``rule``), before the schema's checks (TraceSpec._engine_rule)
+_FIELD_RULES: dict[str, Callable[[Any], object]] = {f.name: f.rule for f in fields.FIELDS if f.rule is not None}
+#: the fields an operator bounds (service/settings.py), each Field's ``limit``
+_LIMITS: dict[str, str] = {f.name: f.limit for f in fields.FIELDS if f.limit is not None}
+
+#: every declared request field (engine/fields.py), in request order, as pydantic builds a model from it
+_SpecFields: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "TraceSpec", __config__=ConfigDict(extra="forbid", strict=True, allow_inf_nan=False),
+    **{f.name: (_annotation(f), _field_info(f)) for f in fields.FIELDS})
+
+
+class TraceSpec(_SpecFields):  # type: ignore[valid-type,misc]
+    """One sentence (or pre-split tokens) and the layer's configuration: shared by /trace and /check.
+
+    Its fields are engine/fields.py's declaration (``_SpecFields``); this class adds what validates them
+    together. ``allow_inf_nan=False``: the JSON parser accepts NaN and Infinity literals, which no float here
+    may be."""
 
     #: numbers the trace will hold, known once validated (bounds batches too)
     _value_count: int = PrivateAttr(default=0)
@@ -234,142 +218,35 @@ class TraceSpec(BaseModel):
     _tokens: list[Token] = PrivateAttr(default_factory=list)
     _context: list[Token] | None = PrivateAttr(default=None)
 
-    sentence: Annotated[str, Field(min_length=1, max_length=_SENTENCE_HARD_MAX)] | None = Field(
-        default=None,
-        description="Text to split into tokens: a word is a token, each punctuation mark is its own token. "
-        "Give exactly one of `sentence` or `tokens`.",
-    )
-    tokens: list[Annotated[str, Field(min_length=1, max_length=_TOKEN_HARD_MAX)]] | None = Field(
-        default=None,
-        min_length=1,
-        max_length=_TOKENS_HARD_MAX,
-        description="Pre-split tokens, used as given. Give exactly one of `sentence` or `tokens`.",
-    )
-    d_model: int = Field(default=24, ge=1, description="Model width; must be divisible by num_heads.")
-    num_heads: int = Field(default=1, ge=1, description="Number of heads h; d_k = d_model / h exactly.")
-    seed: int = Field(default=0, ge=0, le=SEED_MAX, description="Seed for embeddings and weights.")
-    scale: bool = Field(default=True, description="Divide scores by √d_k (true) or by 1 (false).")
-    causal: bool = Field(default=False, description="Mask keys after each query (decoder-style).")
-    positional_encoding: PositionalEncodingName = Field(
-        default="sinusoidal",
-        description="Sinusoidal encodings added to the embeddings; none; or rope: nothing added to x, and q and k "
-        "rotated per head by their position (the q_rotated and k_rotated stages; d_k must be even).",
-    )
-    rope_base: float = Field(
-        default=DEFAULT_ROPE_BASE, gt=1, le=ROPE_BASE_MAX,
-        description="RoPE's frequency base (10000 in RoFormer and Llama 2, 500000 in Llama 3); used with "
-        "positional_encoding rope, and checked with any encoding (a wrong value is a 422 `invalid_size` even "
-        "where it would not be used).",
-    )
-    rope_pairing: RopePairingName = Field(
-        default="rotate_half",
-        description="Which coordinates RoPE rotates together: rotate_half pairs j and j + d_k/2 (GPT-NeoX, Llama, "
-        "Hugging Face's rotate_half); interleaved pairs 2j and 2j + 1 (RoFormer, the paper). Used with "
-        "positional_encoding rope, and checked with any encoding (`invalid_size`).",
-    )
-    num_kv_heads: int | None = Field(
-        default=None, ge=1,
-        description="Grouped-query attention: how many K/V heads the num_heads query heads share (a divisor of "
-        "num_heads; 1 is multi-query attention); null means num_heads (multi-head attention).",
-    )
-    window: int | None = Field(
-        default=None, ge=1,
-        description="Sliding-window attention (Mistral, Longformer), with causal: true: each query sees at most "
-        "`window` keys, its own and the window − 1 before it.",
-    )
-    # Constructed heads (docs/engine.md, "Constructed heads"): checked by the engine's rules, as the variants'.
-    head_weights: list[HeadKindName] | None = Field(
-        default=None, max_length=_TOKENS_HARD_MAX,
-        description="Each head's weights, one kind per head: seeded (the default), or a head built by hand with a "
-        "known job: previous_token, same_token (earlier copies of the query's token, with causal), first_token, "
-        "induction (num_layers 2 or more). Any constructed head lays x out in subspaces (token, previous token, "
-        "0, a position code, 1). Null: every head seeded.",
-    )
-    sharpness: float = Field(
-        default=constructed.DEFAULT_SHARPNESS, gt=0, le=constructed.SHARPNESS_MAX,
-        description="The constructed heads' scores are sharpness × their closed form: how peaked their patterns are.",
-    )
-
-    context_sentence: Annotated[str, Field(min_length=1, max_length=_SENTENCE_HARD_MAX)] | None = Field(
-        default=None,
-        description="Cross-attention: the queries come from the sentence, the keys and values from this context "
-        "(an encoder's sentence), with its own embeddings and positions. No causal mask, window or RoPE.",
-    )
-    context_tokens: list[Annotated[str, Field(min_length=1, max_length=_TOKEN_HARD_MAX)]] | None = Field(
-        default=None, min_length=1, max_length=_TOKENS_HARD_MAX,
-        description="Cross-attention's context, pre-split. Give at most one of context_sentence or context_tokens.",
-    )
-    context_input: list[list[BoundedNumber]] | None = Field(
-        default=None,
-        description="Cross-attention with your own x: the context's x [context token, d_model], given together "
-        "with input.",
-    )
-    input: list[list[BoundedNumber]] | None = Field(
-        default=None,
-        description="Bring your own input x [token, d_model] instead of the seeded embeddings plus positional "
-        "encodings (the token_embedding and positional_encoding stages are then absent). The tokens still "
-        "label the rows.",
-    )
-    parameters: ParametersIn | None = Field(
-        default=None,
-        description="Bring your own weights instead of the seeded ones: W_Q [head, d_k, d_model], W_K and W_V "
-        "[kv head, d_k, d_model] (kv heads = num_kv_heads, or num_heads) and W_O [d_model, num_heads·d_k].",
-    )
-
-    # A stack of Transformer blocks around the attention (docs/engine.md, "The Transformer block"): any of
-    # these fields but num_layers asks for one. With none of them the answer is the single attention layer's,
-    # exactly as before. Checked by the engine's rules before the schema's (type invalid_size), as the
-    # variants' own fields are.
-    num_layers: int = Field(
-        default=1, ge=1, le=MAX_LAYERS,
-        description="How many Transformer blocks are stacked; more than 1 needs a block field (`layers_need_block` "
-        "otherwise). Every per-layer stage gains a leading `layer` axis; `residual_stream` [depth, token, d_model] "
-        "holds the stack's input and each layer's output. The size limits count every layer's numbers and weights.",
-    )
-    block: Literal[tuple(BLOCK_PRESETS)] | None = Field(  # type: ignore[valid-type]
-        default=None,
-        description="Trace a stack of blocks of this preset: `vaswani2017` (post-norm LayerNorm, ReLU, d_ff "
-        "4·d_model), `gpt2` (pre-norm LayerNorm, GELU's tanh approximation, a final norm; sets causal: true unless "
-        "given), `llama` (pre-norm RMSNorm, SwiGLU with Llama's d_ff rounding, a final norm; sets "
-        "positional_encoding rope and causal: true unless given; GQA with num_kv_heads). The block fields below "
-        "override the preset's choices; without a preset they override vaswani2017's.",
-    )
-    norm: Literal[NORM_KINDS] | None = Field(  # type: ignore[valid-type]
-        default=None, description="The block's norms: layer_norm (mean and biased variance over the features, ε "
-        "inside the square root) or rms_norm (mean square); null: the preset's (layer_norm without one).")
-    norm_position: Literal[NORM_POSITIONS] | None = Field(  # type: ignore[valid-type]
-        default=None, description="post (2017: x = Norm(x + Sublayer(x))) or pre (GPT-2, Llama: x = x + "
-        "Sublayer(Norm(x)), and a final norm); null: the preset's (post without one).")
-    ffn: Literal[FFN_KINDS] | None = Field(  # type: ignore[valid-type]
-        default=None, description="The feed-forward network's activation: relu, gelu (exact, erf), gelu_tanh (the "
-        "tanh approximation) or swiglu (SiLU of the gate W_1 times the up projection W_3); null: the preset's.")
-    d_ff: int | None = Field(
-        default=None, ge=1, le=D_FF_MAX, description="The feed-forward network's inner width; null: 4·d_model, and "
-        "for swiglu Llama's ⌊8·d_model/3⌋ rounded up to a multiple of 256.")
-    norm_eps: float | None = Field(
-        default=None, gt=0, le=1, description="The norms' ε; null: the preset's (1e-5; llama 1e-6).")
-    norm_weights: Literal[NORM_WEIGHTS] | None = Field(  # type: ignore[valid-type]
-        default=None, description="The norms' γ and β: unit (γ = 1, β = 0, the default, as torch initialises a "
-        "norm) or seeded (drawn from the seed).")
-
-    # The variants', the block's and the constructed heads' own fields are checked by the engine's rules
-    # (_FIELD_RULES) before the schema's, so that HTTP and the engine refuse them alike: the engine's type
-    # and message (docs/engine.md, "Errors of the variants"). The schema keeps its bounds, which document
-    # the same ranges.
+    # The fields with an engine rule (the variants', the block's, the constructed heads') are checked by it
+    # before the schema's checks, so that HTTP and the engine refuse them alike: the engine's type and message
+    # (docs/engine.md, "Errors of the variants"). The schema keeps its bounds, which document the same ranges.
     @field_validator(*_FIELD_RULES, mode="before")
     @classmethod
     def _engine_rule(cls, v: Any, info: ValidationInfo) -> Any:
         with engine_rules():
-            _FIELD_RULES[info.field_name](v)
+            _FIELD_RULES[str(info.field_name)](v)
+        return v
+
+    # The limits an operator configures, after the schema's checks.
+    @field_validator(*_LIMITS)
+    @classmethod
+    def _configured_limit(cls, v: int, info: ValidationInfo) -> int:
+        name = str(info.field_name)
+        limit = getattr(settings_of(info), _LIMITS[name])
+        if v > limit:
+            raise PydanticCustomError(
+                f"{name}_too_large", f"{name} {{value}} is above the limit of {{limit}}", {"value": v, "limit": limit}
+            )
         return v
 
     # Before the schema's own checks, so that an empty or blank text gets the engine's type and message
     # (empty_sentence, empty_tokens, blank_token), as the engine gives them; text the schema refuses
     # anyway (not a string, over the schema's ceilings) is left to it.
-    @field_validator("sentence", "context_sentence", mode="before")
+    @field_validator(*(f.name for f in fields.FIELDS if f.kind == "text"), mode="before")
     @classmethod
     def _sentence_text(cls, v: Any, info: ValidationInfo) -> Any:
-        if not isinstance(v, str) or len(v) > _SENTENCE_HARD_MAX:
+        if not isinstance(v, str) or len(v) > fields.SENTENCE_HARD_MAX:
             return v
         field = info.field_name
         what = field.replace("_", " ")
@@ -387,11 +264,11 @@ class TraceSpec(BaseModel):
             check_sentence(v, field=field)
         return v
 
-    @field_validator("tokens", "context_tokens", mode="before")
+    @field_validator(*(f.name for f in fields.FIELDS if f.kind == "tokens"), mode="before")
     @classmethod
     def _token_texts(cls, v: Any, info: ValidationInfo) -> Any:
-        if not isinstance(v, list) or len(v) > _TOKENS_HARD_MAX or not all(
-                isinstance(t, str) and len(t) <= _TOKEN_HARD_MAX for t in v):
+        if not isinstance(v, list) or len(v) > fields.TOKENS_HARD_MAX or not all(
+                isinstance(t, str) and len(t) <= fields.TOKEN_HARD_MAX for t in v):
             return v
         field = info.field_name
         with engine_rules():
@@ -405,26 +282,6 @@ class TraceSpec(BaseModel):
                 check_token_text(i, t, field=field)
         return v
 
-    @field_validator("d_model")
-    @classmethod
-    def _d_model_limit(cls, v: int, info: ValidationInfo) -> int:
-        limit = settings_of(info).max_d_model
-        if v > limit:
-            raise PydanticCustomError(
-                "d_model_too_large", "d_model {value} is above the limit of {limit}", {"value": v, "limit": limit}
-            )
-        return v
-
-    @field_validator("num_heads")
-    @classmethod
-    def _heads_limit(cls, v: int, info: ValidationInfo) -> int:
-        limit = settings_of(info).max_heads
-        if v > limit:
-            raise PydanticCustomError(
-                "num_heads_too_large", "num_heads {value} is above the limit of {limit}", {"value": v, "limit": limit}
-            )
-        return v
-
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> TraceSpec:
         settings = settings_of(info)
@@ -434,17 +291,13 @@ class TraceSpec(BaseModel):
             check_one_context(self.context_sentence, self.context_tokens)
             # What a block's preset sets outside it (llama's RoPE, gpt2's and llama's causal mask), for the
             # fields the request leaves out.
+            values = [getattr(self, name) for name in fields.SETTINGS]
             preset = preset_fields(self.block, self.model_fields_set)
+            if preset:
+                values = [preset.get(name, v) for name, v in zip(fields.SETTINGS, values)]
             config = _checked_config(
-                d_model=self.d_model, num_heads=self.num_heads, seed=self.seed, scale=self.scale,
-                causal=preset.get("causal", self.causal),
-                positional_encoding=preset.get("positional_encoding", self.positional_encoding),
-                max_tokens=settings.max_tokens, num_kv_heads=self.num_kv_heads, window=self.window,
-                rope_base=self.rope_base, rope_pairing=self.rope_pairing, num_layers=self.num_layers,
-                block=self.block, norm=self.norm, norm_position=self.norm_position, ffn=self.ffn, d_ff=self.d_ff,
-                norm_eps=self.norm_eps, norm_weights=self.norm_weights,
-                head_weights=None if self.head_weights is None else tuple(self.head_weights),
-                sharpness=self.sharpness, cross=cross, input_given=self.input is not None,
+                *(tuple(v) if isinstance(v, list) else v for v in values),  # hashable, as the cache needs
+                max_tokens=settings.max_tokens, cross=cross, input_given=self.input is not None,
                 context_input_given=self.context_input is not None, parameters_given=self.parameters is not None,
                 decode=getattr(self, "decode", False), bug=getattr(self, "inject_bug", None))
             # Count tokens now (the tokenizer stops at limit + 1), so the size of
@@ -511,37 +364,18 @@ class TraceSpec(BaseModel):
 
 
 @lru_cache(maxsize=1024, typed=True)  # a handful of configurations recur: each checked and built once
-def _checked_config(*, d_model: int, num_heads: int, seed: int, scale: bool, causal: bool, positional_encoding: str,
-                    max_tokens: int, num_kv_heads: int | None, window: int | None, rope_base: float,
-                    rope_pairing: str, num_layers: int, block: str | None, norm: str | None,
-                    norm_position: str | None, ffn: str | None, d_ff: int | None, norm_eps: float | None,
-                    norm_weights: str | None, head_weights: tuple[str, ...] | None, sharpness: float, cross: bool,
-                    input_given: bool, context_input_given: bool, parameters_given: bool, decode: bool,
-                    bug: str | None) -> TraceConfig:
-    """A request's TraceConfig, its sizes and every conflict between its settings checked by the engine (an
-    EngineError: call it under ``engine_rules``), the token-independent part of ``TraceSpec._consistent``.
+def _checked_config(*values: Any, max_tokens: int, cross: bool, input_given: bool, context_input_given: bool,
+                    parameters_given: bool, decode: bool, bug: str | None) -> TraceConfig:
+    """A request's TraceConfig from its settings' ``values`` (in engine/fields.py's SETTINGS order), its sizes and
+    every conflict between its settings checked by the engine (an EngineError: call it under ``engine_rules``),
+    the token-independent part of ``TraceSpec._consistent``.
 
     A function of the settings alone, so it is cached: a configuration that recurs is the very same
     TraceConfig, whose derived values (d_k, the steps, the stage layout) are then computed once. ``typed``
     keeps values of different types apart (true and 1, 1 and 1.0), as the answers echo them."""
-    head_dim(d_model, num_heads)
-    kv_heads(num_heads, num_kv_heads)
-    has_block = any(v is not None for v in (block, norm, norm_position, ffn, d_ff, norm_eps, norm_weights))
-    # Every conflict between the variants' settings at once (then the configuration builds).
-    check_variants(d_model=d_model, num_heads=num_heads, causal=causal, window=window,
-                   positional_encoding=positional_encoding, cross=cross, input_given=input_given,
-                   context_input_given=context_input_given, decode=decode, bug=bug, block=has_block,
-                   num_layers=num_layers, parameters_given=parameters_given)
-    config = TraceConfig(d_model=d_model, num_heads=num_heads, seed=seed, scale=scale, causal=causal,
-                         positional_encoding=positional_encoding, max_tokens=max_tokens, num_kv_heads=num_kv_heads,
-                         window=window, rope_base=rope_base, rope_pairing=rope_pairing, num_layers=num_layers,
-                         block=block, norm=norm, norm_position=norm_position, ffn=ffn, d_ff=d_ff, norm_eps=norm_eps,
-                         norm_weights=norm_weights)
-    if head_weights is not None:  # constructed heads: their own x and weights (engine.constructed)
-        config = replace(config, head_weights=head_weights, sharpness=sharpness)
-        raise_all(constructed.trace_conflicts(constructed=config.constructed, input_given=input_given,
-                                              parameters_given=parameters_given, cross=cross))
-    return config
+    return fields.checked_config(dict(zip(fields.SETTINGS, values)), max_tokens=max_tokens, cross=cross,
+                                 input_given=input_given, context_input_given=context_input_given,
+                                 parameters_given=parameters_given, decode=decode, bug=bug)
 
 
 def settings_of(info: ValidationInfo) -> Settings:
@@ -583,47 +417,50 @@ class KVCacheBytes(BaseModel):
     float64: int
 
 
-class ConfigOut(BaseModel):
-    d_model: int
-    num_heads: int
-    seed: int
-    scale: bool
-    causal: bool
-    positional_encoding: PositionalEncodingName
-    include_parameters: bool
-    stages: list[StageId] | None = Field(description="The stages asked for; null means all.")
-    precision: int | None = Field(description="Decimal places numbers were rounded to; null means exact.")
-    d_k: int = Field(description="d_model / num_heads.")
-    scale_factor: float = Field(description="√d_k when scale is on, else 1.")
-    n_tokens: int
-    n_parameters: int = Field(description="Weights in W_Q, W_K, W_V and W_O together: 4·d_model² "
-                                            "(2·d_model² + 2·num_kv_heads·d_k·d_model with shared K/V heads).")
-    n_matrices: int = Field(description="3·num_heads + 1 (num_heads + 2·num_kv_heads + 1 with shared K/V heads).")
-    # The variants' settings appear only when the variant is used, so engine 1.0 answers keep their shape.
-    rope_base: float | None = omitted("positional_encoding rope only.")
-    rope_pairing: RopePairingName | None = omitted("positional_encoding rope only.")
-    num_kv_heads: int | None = omitted("Only when num_kv_heads was given.")
-    query_heads_of_kv_head: list[list[int]] | None = omitted(
-        "Only with num_kv_heads: for each K/V head, the query heads that share it.")
-    kv_cache_bytes_per_token: KVCacheBytes | None = omitted(
-        "Only with num_kv_heads: a KV cache's bytes per token for this layer, 2·num_kv_heads·d_k numbers at "
-        "each float width.")
-    window: int | None = omitted("Sliding window only.")
-    n_context_tokens: int | None = omitted("Cross-attention only.")
-    decode: bool | None = omitted("Only when decode was asked for (then true).")
-    parameters_layout: Literal["torch"] | None = omitted("Only when not per_head.")
-    # A stack of blocks only: its settings as resolved (a preset's choices and the defaults filled in).
-    num_layers: int | None = omitted("A stack of blocks only.")
-    block: Literal[tuple(BLOCK_PRESETS)] | None = omitted(  # type: ignore[valid-type]
-        "A stack of blocks only: the preset asked for, or null.", nullable=True)
-    norm: Literal[NORM_KINDS] | None = omitted("A stack of blocks only.")  # type: ignore[valid-type]
-    norm_position: Literal[NORM_POSITIONS] | None = omitted("A stack of blocks only.")  # type: ignore[valid-type]
-    ffn: Literal[FFN_KINDS] | None = omitted("A stack of blocks only.")  # type: ignore[valid-type]
-    d_ff: int | None = omitted("A stack of blocks only: the feed-forward network's width in use.")
-    norm_eps: float | None = omitted("A stack of blocks only: the norms' ε in use.")
-    norm_weights: Literal[NORM_WEIGHTS] | None = omitted("A stack of blocks only.")  # type: ignore[valid-type]
-    head_weights: list[HeadKindName] | None = omitted("Only with a constructed head: each head's kind.")
-    sharpness: float | None = omitted("Only with a constructed head.")
+#: what an answer's config adds to the declared fields' echo, after each variant's own (engine/fields.py's
+#: Variant.derived, the request options and sizes), with their schema
+_CONFIG_OUT_AFTER: dict[str, dict[str, Any]] = {
+    "attention": {
+        "include_parameters": (bool, ...),
+        "stages": (list[StageId] | None, Field(description="The stages asked for; null means all.")),
+        "precision": (int | None, Field(description="Decimal places numbers were rounded to; null means exact.")),
+        "d_k": (int, Field(description="d_model / num_heads.")),
+        "scale_factor": (float, Field(description="√d_k when scale is on, else 1.")),
+        "n_tokens": (int, ...),
+        "n_parameters": (int, Field(description="Weights in W_Q, W_K, W_V and W_O together: 4·d_model² "
+                                                "(2·d_model² + 2·num_kv_heads·d_k·d_model with shared K/V heads).")),
+        "n_matrices": (int, Field(description="3·num_heads + 1 (num_heads + 2·num_kv_heads + 1 with shared K/V "
+                                              "heads).")),
+    },
+    "gqa": {
+        "query_heads_of_kv_head": (list[list[int]] | None, omitted(
+            "Only with num_kv_heads: for each K/V head, the query heads that share it.")),
+        "kv_cache_bytes_per_token": (KVCacheBytes | None, omitted(
+            "Only with num_kv_heads: a KV cache's bytes per token for this layer, 2·num_kv_heads·d_k numbers at "
+            "each float width.")),
+    },
+    "cross": {
+        "n_context_tokens": (int | None, omitted("Cross-attention only.")),
+        "decode": (bool | None, omitted("Only when decode was asked for (then true).")),
+        "parameters_layout": (Literal["torch"] | None, omitted("Only when not per_head.")),
+    },
+}
+
+
+def _echo_field(f: fields.Field) -> tuple[Any, Any]:
+    """A declared field in an answer's config: always there (the attention's own), or only where its variant is
+    used (the variants' settings appear only then, so engine 1.0 answers keep their shape)."""
+    doc = f.echo_description()
+    if doc is None:
+        return _annotation(f), ...
+    return _annotation(f, echo=True), omitted(doc, nullable=f.echo_nullable)
+
+
+#: an answer's config: the declared fields' echo (engine/fields.py, config_echo), variant by variant
+ConfigOut: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "ConfigOut", **{name: spec for v in fields.VARIANTS for name, spec in (
+        *((f.name, _echo_field(f)) for f in fields.of_variant(v.name) if f.echoed),
+        *_CONFIG_OUT_AFTER.get(v.name, {}).items())})
 
 
 class InjectedBug(BaseModel):

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from engine import Trace
+from engine import Trace, fields
 from engine.decoding import DecodeStep
 from engine.tokenize import Token
 
@@ -182,41 +182,23 @@ _DECODE_ARRAYS = ("q", "k", "v", "q_rotated", "k_rotated", "k_cache", "v_cache",
 def config_document(
     t: Trace, *, include_parameters: bool = False, stages: list[str] | None = None, precision: int | None = None
 ) -> dict[str, Any]:
-    """The request's settings with defaults filled in, and the derived sizes."""
+    """The request's settings with defaults filled in, and the derived sizes: each declared field as in use
+    (engine/fields.py), a variant's only when it is used, so engine 1.0 answers keep their exact shape."""
     cfg = t.config
-    doc = {
-        "d_model": cfg.d_model,
-        "num_heads": cfg.num_heads,
-        "seed": cfg.seed,
-        "scale": cfg.scale,
-        "causal": cfg.causal,
-        "positional_encoding": cfg.positional_encoding,
-        "include_parameters": include_parameters,
-        "stages": [sid for sid in t.stages if sid in stages] if stages is not None else None,
-        "precision": precision,
-        "d_k": cfg.d_k,
-        "scale_factor": cfg.scale_factor,
-        "n_tokens": t.n_tokens,
-        "n_parameters": t.parameters.n_parameters,
-        "n_matrices": t.parameters.n_matrices,
-    }
-    # A variant's settings only when it is used: engine 1.0 answers keep their exact shape.
-    if cfg.rope:
-        doc |= {"rope_base": cfg.rope_base, "rope_pairing": cfg.rope_pairing}
-    if cfg.num_kv_heads is not None:
-        doc |= {"num_kv_heads": cfg.kv_heads, "query_heads_of_kv_head": [list(g) for g in cfg.query_heads_of_kv_head],
-                "kv_cache_bytes_per_token": cfg.kv_cache_bytes_per_token}
-    if cfg.window is not None:
-        doc["window"] = cfg.window
-    if t.cross:
-        doc["n_context_tokens"] = t.n_context
-    if cfg.has_block:  # the stack's settings as resolved: the preset's choices and the defaults filled in
-        doc |= {"num_layers": cfg.num_layers, "block": cfg.block, "norm": cfg.norm_kind,
-                "norm_position": "pre" if cfg.pre_norm else "post", "ffn": cfg.ffn_kind, "d_ff": cfg.ff_width,
-                "norm_eps": cfg.eps, "norm_weights": "seeded" if cfg.seeded_norm else "unit"}
-    if cfg.constructed:  # which heads are built by hand (engine.constructed)
-        doc |= {"head_weights": list(cfg.head_kinds), "sharpness": cfg.sharpness}
-    return doc
+
+    def between(variant: str) -> dict[str, Any]:  # the request's options and the sizes, after the attention's own
+        return {} if variant != "attention" else {
+            "include_parameters": include_parameters,
+            "stages": [sid for sid in t.stages if sid in stages] if stages is not None else None,
+            "precision": precision,
+            "d_k": cfg.d_k,
+            "scale_factor": cfg.scale_factor,
+            "n_tokens": t.n_tokens,
+            "n_parameters": t.parameters.n_parameters,
+            "n_matrices": t.parameters.n_matrices,
+        }
+
+    return fields.config_echo(t, between)
 
 
 #: a document with more numbers than this is encoded a piece of at most this many numbers at a time

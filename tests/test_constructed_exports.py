@@ -124,7 +124,7 @@ def test_the_client_sends_head_weights_and_sharpness(client):
 
 
 def presets() -> list[dict]:
-    return run_node("const AT = load('format.js', 'trace.js', 'url-state.js', 'heads.js');"
+    return run_node("const AT = load('format.js', 'trace.js', 'fields.js', 'url-state.js', 'heads.js');"
                     "console.log(JSON.stringify(AT.heads.PRESETS.map(p => ({id: p.id, select: p.select, "
                     "body: AT.heads.presetBody(p)}))));", None)
 

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
 #: the request the page sends for STACK_HASH (url-state.js's key order)
 STACK_BODY = {"sentence": "the cat sat on", "d_model": 8, "num_heads": 2, "seed": 0, "scale": True, "causal": True,
-              "positional_encoding": "sinusoidal", "block": "gpt2", "num_layers": 3}
+              "positional_encoding": "sinusoidal", "num_layers": 3, "block": "gpt2"}  # the declaration's order
 STACK_HASH = "#sentence=the+cat+sat+on&d_model=8&num_heads=2&seed=0&scale=1&causal=1&block=gpt2&layers=3&q=1&head=1"
 
 
@@ -305,3 +305,28 @@ def test_present_mode_steps_through_the_block_and_the_residual_stream(driver, se
     driver.find_element(By.ID, "present-prev").click()
     driver.find_element(By.ID, "present-prev").click()
     wait_until(driver, lambda d: js(d, visible) == ["walkthrough"])  # concat and W_O: the walkthrough's rows
+
+
+def test_a_declared_field_without_a_control_of_its_own_gets_one_from_the_declaration(driver, server, console):
+    """The block's FFN has no control in index.html: the page draws one from engine/fields.py (its choices and help,
+    its error line), the address sets it, the request sends it, and choosing another asks for that trace."""
+    from engine import fields
+
+    ffn = fields.BY_NAME["ffn"]
+    open_page(driver, server, STACK_HASH + "&ffn=relu")
+    select = driver.find_element(By.ID, "ffn")
+    assert select.tag_name == "select" and select.get_attribute("value") == "relu"
+    assert [o.get_attribute("value") for o in select.find_elements(By.TAG_NAME, "option")] == ["", *ffn.choices]
+    assert ffn.help in driver.find_element(By.ID, "ffn-hint").text
+    assert driver.find_element(By.ID, "fields-block").is_displayed()
+    assert js(driver, "return document.getElementById('curl-command').textContent").endswith(
+        "'" + json.dumps({**STACK_BODY, "ffn": "relu"}, separators=(",", ":")) + "'")
+    clear_requests(driver)
+    choose(driver, "ffn", "swiglu")
+    wait_until(driver, lambda d: any(b.get("ffn") == "swiglu" for b in posted(d, "/trace")))
+    wait_until(driver, lambda d: "ffn=swiglu" in d.current_url)
+    choose(driver, "norm", "rms_norm")
+    wait_until(driver, lambda d: "norm=rms_norm" in d.current_url)
+    # The number inputs take their bounds from the declaration (index.html copies none).
+    assert driver.find_element(By.ID, "num_layers").get_attribute("max") == str(fields.BY_NAME["num_layers"].maximum)
+    assert driver.find_element(By.ID, "d_ff").get_attribute("max") == str(fields.BY_NAME["d_ff"].maximum)

@@ -112,7 +112,7 @@ def test_the_comparison_request_matches_the_services():
               {"sentence": "the cat sat", "scale": False},
               {"decode": True, "sentence": "x"},  # no scale: the service's default, true, flipped
               {"tokens": ["a", "b"], "num_heads": 2}]
-    got = run_node("const U = load('format.js', 'url-state.js').urlState;"
+    got = run_node("const U = load('format.js', 'fields.js', 'url-state.js').urlState;"
                    "console.log(JSON.stringify(input.map((b) => JSON.stringify(U.comparisonBody(b)))));", bodies)
     assert got == [json.dumps(comparison_request(b), separators=(",", ":"), ensure_ascii=False) for b in bodies]
 
@@ -263,7 +263,7 @@ def test_the_presets_match_the_engines():
     networks are engine/layer.py's BLOCK_PRESETS."""
     from engine.layer import BLOCK_PRESETS, preset_fields
 
-    got = run_node("const AT = load('format.js', 'trace.js', 'url-state.js', 'svg.js', 'cell.js', 'block.js');"
+    got = run_node("const AT = load('format.js', 'trace.js', 'fields.js', 'url-state.js', 'svg.js', 'cell.js', 'block.js');"
                    "console.log(JSON.stringify([AT.urlState.BLOCKS, AT.urlState.PRESET_FIELDS, AT.block.PRESET_FFN]));",
                    None)
     blocks, fields, ffn = got
@@ -284,7 +284,7 @@ def test_the_residual_norms_are_numpys(client):
         assert resp.status_code == 200, resp.get_json()
         docs.append(resp.get_json())
     got = run_node("""
-        const AT = load('format.js', 'trace.js', 'url-state.js', 'svg.js', 'cell.js', 'block.js');
+        const AT = load('format.js', 'trace.js', 'fields.js', 'url-state.js', 'svg.js', 'cell.js', 'block.js');
         console.log(JSON.stringify(input.map((doc) => {
           const bare = { ...doc, config: {} };  // the block read from its stages only
           return { norms: AT.block.residualNorms(doc.stages.residual_stream.values), block: AT.block.blockOf(bare),

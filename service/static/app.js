@@ -36,7 +36,7 @@
   const AT = globalThis.AttentionTrace;
   const { fmt, int } = AT.format;
   const { exportName, isStack, layerView } = AT.trace;
-  const { PRESET_FIELDS } = AT.urlState;
+  const { PRESET_FIELDS, FIELDS, FIELD } = AT.urlState;
   const { requestFrom, fieldsFromTrace, comparisonBody, divisors, dkCard, fieldError, curlFor, hashFor,
     fieldsFromHash, selectionFromHash, uiWords, HEAD_KINDS, headKinds, kindsText, readInt } = AT.urlState;
   const { PRESETS, kindLabel, presetOf, captionFor } = AT.heads;
@@ -113,23 +113,56 @@
     headPresets: $('head-presets'), headKinds: $('head-kinds'), sharpness: $('sharpness'),
     presetCaption: $('preset-caption'), presetCaptionTitle: $('preset-caption-title'), presetCaptionBody: $('preset-caption-body'),
   };
-  const fieldErrors = {
-    '/sentence': $('sentence-error'), '/tokens': $('sentence-error'), '/d_model': $('d_model-error'),
-    '/seed': $('seed-error'), '/positional_encoding': $('positional_encoding-error'),
-    '/rope_base': $('rope_base-error'), '/rope_pairing': $('rope_pairing-error'),
-    '/num_kv_heads': $('num_kv_heads-error'), '/window': $('window-error'),
-    '/context_sentence': $('context_sentence-error'), '/context_tokens': $('context_tokens-error'),
-    '/scale': $('scale-error'), '/causal': $('causal-error'), '/decode': $('decode-error'),
-    '/block': $('block-error'), '/num_layers': $('num_layers-error'),
-    '/head_weights': $('head_weights-error'), '/sharpness': $('sharpness-error'),
-  };
-  const fieldInputs = {
-    '/sentence': ui.sentence, '/tokens': ui.sentence, '/d_model': ui.dModel, '/num_heads': ui.heads, '/seed': ui.seed,
-    '/positional_encoding': ui.pe, '/rope_base': ui.ropeBase, '/rope_pairing': ui.ropePairing,
-    '/num_kv_heads': ui.kvHeads, '/window': ui.window, '/context_sentence': ui.contextSentence,
-    '/context_tokens': ui.contextTokens, '/scale': ui.scale, '/causal': ui.causal, '/decode': ui.decode,
-    '/block': ui.block, '/num_layers': ui.numLayers, '/head_weights': ui.headKinds, '/sharpness': ui.sharpness,
-  };
+  /** A declared field's bounds in words, for its hint: " (0 < sharpness ≤ 1000)", or '' without bounds. */
+  function boundsText(f) {
+    const low = f.above !== undefined ? `${f.above} < ` : f.minimum !== undefined ? `${f.minimum} ≤ ` : '';
+    const high = f.maximum !== undefined ? ` ≤ ${f.maximum}` : '';
+    return low || high ? ` (${low}${f.name}${high})` : '';
+  }
+
+  /**
+   * The form's controls come from the declaration (engine/fields.py, through fields.js). A field index.html draws
+   * (an element with its name, or its error line) gets its bounds from it; any other gets a control made here: a
+   * choice, a switch, or a number with its bounds, its help as the hint, in the fieldset of its variant
+   * (`fields-<variant>`) or under "More settings". Nothing here names a field.
+   */
+  function drawDeclaredControls() {
+    for (const f of FIELDS) {
+      const drawn = $(f.name) ?? $(`${f.name}-error`);
+      const low = f.minimum ?? f.above;
+      if (drawn) {
+        if (drawn.type === 'number' && low !== undefined) drawn.min = String(low);
+        if (drawn.type === 'number' && f.maximum !== undefined) drawn.max = String(f.maximum);
+        continue;
+      }
+      const box = $(`fields-${f.variant}`) ?? $('fields-more');
+      const described = `${f.name}-hint ${f.name}-error`;
+      const number = f.kind === 'int' || f.kind === 'float';
+      const control = f.kind === 'choice'
+        ? h('select', { id: f.name, name: f.name, form: 'controls', 'aria-describedby': described },
+          h('option', { value: '', text: f.default === null ? 'default' : String(f.default) }),
+          f.choices.map((c) => h('option', { value: c, text: c })))
+        : h('input', { id: f.name, name: f.name, form: 'controls', 'aria-describedby': described,
+          type: f.kind === 'bool' ? 'checkbox' : number ? 'number' : 'text', step: number ? (f.kind === 'int' ? '1' : 'any') : null,
+          inputmode: number ? (f.kind === 'int' ? 'numeric' : 'decimal') : null, min: number ? low : null,
+          max: number ? f.maximum : null, placeholder: f.kind === 'bool' ? null : f.default === null ? 'default' : String(f.default) });
+      box.append(h('div', { class: 'field' }, h('label', { for: f.name, text: f.name.replace(/_/g, ' ') }), control,
+        h('p', { id: `${f.name}-hint`, class: 'hint', text: `${f.help}${boundsText(f)}` }),
+        h('p', { id: `${f.name}-error`, class: 'field-error', hidden: true })));
+      box.hidden = false;
+    }
+    for (const node of document.querySelectorAll('[data-bounds]')) node.textContent = boundsText(FIELD[node.dataset.bounds]);
+  }
+  drawDeclaredControls();
+
+  /** Each declared field's control, by name (url-state.js's fields are their values). */
+  const controls = FIELDS.map((f) => [f.name, $(f.name)]).filter(([, el]) => el !== null);
+  /** Where a service message about a field goes: its error line, and the control it marks invalid. */
+  const fieldErrors = Object.fromEntries([...FIELDS.map((f) => f.name), 'decode']
+    .filter((name) => $(`${name}-error`)).map((name) => [`/${name}`, $(`${name}-error`)]));
+  fieldErrors['/tokens'] = fieldErrors['/sentence'];
+  const fieldInputs = Object.fromEntries(Object.keys(fieldErrors).map((pointer) => [pointer, $(pointer.slice(1))]));
+  Object.assign(fieldInputs, { '/tokens': ui.sentence, '/head_weights': ui.headKinds });
 
   const explainer = AT.explain.create({ state, ui, saved: STANDALONE });
   const { explainCell, clearExplain } = explainer;
@@ -139,16 +172,11 @@
 
   // ------------------------------------------------------------------ inputs
 
-  /** The form's values as the controls hold them (url-state.js reads them). */
+  /** The form's values as the controls hold them (url-state.js reads them): each declared field's control (a
+   * switch's state, any other's text), the heads' kinds, and decoding. */
   function readFields() {
-    return {
-      sentence: ui.sentence.value, d_model: ui.dModel.value, num_heads: ui.heads.value, seed: ui.seed.value,
-      scale: ui.scale.checked, causal: ui.causal.checked, positional_encoding: ui.pe.value,
-      rope_base: ui.ropeBase.value, rope_pairing: ui.ropePairing.value, num_kv_heads: ui.kvHeads.value,
-      window: ui.window.value, context_sentence: ui.contextSentence.value, context_tokens: ui.contextTokens.value,
-      decode: ui.decode.checked, block: ui.block.value, num_layers: ui.numLayers.value,
-      head_weights: kindsText(headSelects().map((sel) => sel.value)), sharpness: ui.sharpness.value,
-    };
+    const out = Object.fromEntries(controls.map(([name, el]) => [name, el.type === 'checkbox' ? el.checked : el.value]));
+    return { ...out, head_weights: kindsText(headSelects().map((sel) => sel.value)), decode: ui.decode.checked };
   }
 
   /** The per-head kind choices, head 0 first. */
@@ -201,24 +229,12 @@
 
   /** Set the form to `fields`; the head slider's top first (a range input clamps its value to it). */
   function writeFields(fields, headsMax) {
-    ui.sentence.value = fields.sentence;
-    ui.dModel.value = fields.d_model;
     ui.heads.max = String(headsMax);
-    ui.heads.value = fields.num_heads;
-    ui.seed.value = fields.seed;
-    ui.scale.checked = fields.scale;
-    ui.causal.checked = fields.causal;
-    ui.pe.value = fields.positional_encoding;
-    ui.ropeBase.value = fields.rope_base;
-    ui.ropePairing.value = fields.rope_pairing;
-    ui.kvHeads.value = fields.num_kv_heads;
-    ui.window.value = fields.window;
-    ui.contextSentence.value = fields.context_sentence;
-    ui.contextTokens.value = fields.context_tokens;
+    for (const [name, el] of controls) {
+      if (el.type === 'checkbox') el.checked = fields[name];
+      else el.value = fields[name];
+    }
     ui.decode.checked = fields.decode;
-    ui.block.value = fields.block;
-    ui.numLayers.value = fields.num_layers;
-    ui.sharpness.value = fields.sharpness;
     renderHeadKinds(headKinds(fields.head_weights, readInt(ui.heads.value) ?? 1));
   }
 
@@ -827,15 +843,18 @@
       type: 'button', class: 'button button-small', 'aria-pressed': 'false', data: { preset: p.id }, text: p.label,
       onclick: () => choosePreset(p),
     })));
-    for (const input of [ui.sentence, ui.contextSentence, ui.contextTokens, ui.dModel, ui.seed, ui.ropeBase, ui.kvHeads, ui.window,
-      ui.numLayers, ui.sharpness]) {
-      input.addEventListener('input', () => schedule(DEBOUNCE_MS));
+    // Text and numbers ask for a trace once the typing stops, choices and switches at once; the head slider and
+    // the block's preset have their own.
+    for (const [, input] of controls) {
+      if (input === ui.heads || input === ui.block) continue;
+      const typed = input.tagName !== 'SELECT' && input.type !== 'checkbox';
+      input.addEventListener(typed ? 'input' : 'change', () => schedule(typed ? DEBOUNCE_MS : 0));
     }
     ui.heads.addEventListener('input', () => {
       resizeHeadKinds();
       schedule(SLIDER_DEBOUNCE_MS);
     });
-    for (const input of [ui.scale, ui.causal, ui.pe, ui.ropePairing, ui.decode]) input.addEventListener('change', () => schedule(0));
+    ui.decode.addEventListener('change', () => schedule(0));
     window.addEventListener('hashchange', () => {
       readHash();
       schedule(0);

@@ -11,45 +11,54 @@
  * Constructed heads (docs/engine.md, "Constructed heads") add `hw` (head_weights, one kind a head, comma-separated)
  * and `sharpness` (when not 10); a request whose heads are all seeded sends neither field.
  *
- * Adds `urlState` to globalThis.AttentionTrace (after format.js); tests/js/url-state.test.js runs it under Node.
+ * Every field's type, bounds, default, variant and address key come from engine/fields.py's declaration (fields.js,
+ * generated): a field the page has no control of its own for still travels between the address, the form and the
+ * request, by its kind, with no code here that names it.
+ *
+ * Adds `urlState` to globalThis.AttentionTrace (after format.js and fields.js); tests/js/url-state.test.js runs it
+ * under Node.
  */
 'use strict';
 
 (() => {
   const { fmt, int, fmtBase, shellQuote, SCALE_MODES } = globalThis.AttentionTrace.format;
 
+  /**
+   * engine/fields.py's declaration (fields.js): each field the address carries, with its kind, bounds, default,
+   * variant and address key. Every rule below reads it; none holds a copy of a field's type, bounds or default.
+   */
+  const DECLARED = globalThis.AttentionTrace.fields;
+  const FIELDS = DECLARED.fields;
+  const FIELD = Object.freeze(Object.fromEntries(FIELDS.map((f) => [f.name, f])));
+
+  /** The page's own default sentence, and every declared default that is not null. */
   const DEFAULTS = Object.freeze({
-    sentence: 'the cat sat', d_model: 24, num_heads: 1, seed: 0, scale: true, causal: false,
-    positional_encoding: 'sinusoidal', rope_base: 10000, rope_pairing: 'rotate_half', sharpness: 10,
+    sentence: 'the cat sat',
+    ...Object.fromEntries(FIELDS.filter((f) => f.default !== null).map((f) => [f.name, f.default])),
   });
 
-  /** The head kinds the service builds (engine/constructed.py, HEAD_KINDS); 'seeded' is every head's default. */
-  const HEAD_KINDS = Object.freeze(['seeded', 'previous_token', 'same_token', 'first_token', 'induction']);
-  const SEEDED = 'seeded';
+  /** The form's text for a declared default: a switch's boolean, a number or choice as typed, '' for none. */
+  const formDefault = (f) => (f.kind === 'bool' ? f.default : f.default === null ? '' : String(f.default));
 
-  /** The form as the page first shows it (index.html's values). */
+  /** The head kinds the service builds (engine/constructed.py, HEAD_KINDS); 'seeded' is every head's default. */
+  const HEAD_KINDS = Object.freeze([...FIELD.head_weights.choices]);
+  const SEEDED = HEAD_KINDS[0];
+
+  /** The form as the page first shows it (index.html's values): every declared field's default, and decoding off. */
   const DEFAULT_FIELDS = Object.freeze({
-    sentence: DEFAULTS.sentence, d_model: String(DEFAULTS.d_model), num_heads: String(DEFAULTS.num_heads),
-    seed: String(DEFAULTS.seed), scale: true, causal: false, positional_encoding: 'sinusoidal',
-    rope_base: String(DEFAULTS.rope_base), rope_pairing: DEFAULTS.rope_pairing, num_kv_heads: '', window: '',
-    context_sentence: '', context_tokens: '', decode: false, block: '', num_layers: '1',
-    head_weights: '', sharpness: String(DEFAULTS.sharpness),
+    ...Object.fromEntries(FIELDS.map((f) => [f.name, formDefault(f)])), sentence: DEFAULTS.sentence, decode: false,
   });
 
   /** The block presets the page offers ('' is attention alone, no block), in the order the control lists them. */
-  const BLOCKS = Object.freeze(['vaswani2017', 'gpt2', 'llama']);
+  const BLOCKS = Object.freeze([...FIELD.block.choices]);
 
   /**
    * What a preset sets outside the block (engine/layer.py's BlockPreset: positional_encoding and causal). The
    * service applies them only to fields a request leaves out, and the page always sends both; so choosing a preset
-   * sets the two controls to the preset's values, and the lecturer may change them afterwards (tests/test_viewer_js.py
-   * compares this table with the engine's).
+   * sets the two controls to the preset's values, and the lecturer may change them afterwards.
    */
-  const PRESET_FIELDS = Object.freeze({
-    vaswani2017: Object.freeze({ positional_encoding: 'sinusoidal', causal: false }),
-    gpt2: Object.freeze({ positional_encoding: 'sinusoidal', causal: true }),
-    llama: Object.freeze({ positional_encoding: 'rope', causal: true }),
-  });
+  const PRESET_FIELDS = Object.freeze(Object.fromEntries(Object.entries(DECLARED.block_presets)
+    .map(([name, set]) => [name, Object.freeze({ ...set })])));
 
   /** The fields with a preset's own choices applied (choosing it in the control); '' (no block) changes nothing. */
   const withPreset = (fields, block) => (PRESET_FIELDS[block] ? { ...fields, block, ...PRESET_FIELDS[block] } : { ...fields, block });
@@ -71,93 +80,96 @@
     return Array.from({ length: Math.max(n, 0) }, (_, i) => given[i] ?? SEEDED);
   }
 
+  /** A list of choices as the fields hold it: joined by commas, '' when every item is the first choice (the default). */
+  const listText = (f, items) => (items.every((k) => k === f.choices[0]) ? '' : items.join(','));
+
   /** The fields' text for a list of kinds: '' when every head is seeded (the request then leaves them out). */
-  const kindsText = (kinds) => (kinds.every((k) => k === SEEDED) ? '' : kinds.join(','));
+  const kindsText = (kinds) => listText(FIELD.head_weights, kinds);
 
   /** Pre-split tokens, one a line (a final line break is not an empty token). */
   const splitLines = (text) => text.replace(/\n+$/, '').split('\n');
 
+  /** What to type instead of a number the field cannot hold, from its declared bounds. */
+  const numberHint = (f) => (f.kind === 'int'
+    ? `enter a whole number, ${f.minimum ?? 0} or more${f.default === null ? ' (or leave it empty)' : ''}`
+    : `enter a number ${f.above !== undefined ? `above ${f.above}` : `from ${f.minimum ?? 0}`}`
+      + `${f.maximum !== undefined ? `, at most ${f.maximum}` : ''}`);
+
+  /** A declared field's value as the request sends it, from its text in the form ({pointer: message} for a number
+   * that is none: sent as null). */
+  function valueOf(f, text, errors) {
+    switch (f.kind) {
+      case 'int': case 'float': {
+        const raw = String(text).trim();
+        const n = f.kind === 'int' ? readInt(raw) : raw === '' ? NaN : Number(raw);
+        if (n === null || !Number.isFinite(n)) {
+          errors[`/${f.name}`] = numberHint(f);
+          return null;
+        }
+        return n;
+      }
+      case 'choices': return String(text).split(',').map((k) => k.trim());
+      case 'tokens': return splitLines(text);
+      default: return text; // a switch's boolean, a choice, a text as typed
+    }
+  }
+
+  /** Whether the form gives a field a value of its own: not its default (empty, for a field without one). */
+  function given(f, text) {
+    if (f.kind === 'bool') return text !== f.default;
+    const raw = f.kind === 'text' || f.kind === 'tokens' ? String(text ?? '') : String(text ?? '').trim();
+    return f.default === null ? raw !== '' : raw !== String(f.default);
+  }
+
+  /** Whether a variant with a switch (fields.js `switches`) is on: its field has the value (null: is given). */
+  function switchedOn(variant, fields) {
+    const [name, value] = DECLARED.switches[variant];
+    return value === null ? given(FIELD[name], fields[name] ?? formDefault(FIELD[name])) : fields[name] === value;
+  }
+
   /**
    * The /trace request the fields describe, and {pointer: message} for what JSON cannot carry (those fields are
-   * sent as null). The variants' fields are sent only when used, so a plain request stays plain.
+   * sent as null), in the declaration's order. The attention's own fields are always sent; a variant with a switch
+   * (RoPE: the positional encoding; constructed heads: a head that is not seeded) sends all its fields when on,
+   * an empty one as its default (explicit, so the curl says it); any other field is sent when given, so a plain
+   * request stays plain.
    */
   function requestFrom(fields) {
     const errors = {};
-    const dModel = readInt(fields.d_model);
-    const seed = readInt(fields.seed);
-    const heads = readInt(fields.num_heads);
-    if (dModel === null) errors['/d_model'] = 'enter a whole number, 1 or more';
-    if (seed === null) errors['/seed'] = 'enter a whole number, 0 or more';
-    const body = {
-      sentence: fields.sentence,
-      d_model: dModel,
-      num_heads: heads,
-      seed,
-      scale: fields.scale,
-      causal: fields.causal,
-      positional_encoding: fields.positional_encoding,
-    };
-    if (body.positional_encoding === 'rope') {
-      const raw = fields.rope_base.trim();
-      const base = raw === '' ? DEFAULTS.rope_base : Number(raw);
-      if (!Number.isFinite(base)) errors['/rope_base'] = 'enter a number greater than 1';
-      body.rope_base = Number.isFinite(base) ? base : null;
-      body.rope_pairing = fields.rope_pairing;
+    const body = {};
+    for (const f of FIELDS) {
+      const text = fields[f.name] ?? formDefault(f);
+      if (f.variant === 'attention') body[f.name] = valueOf(f, text, errors);
+      else if (f.variant in DECLARED.switches) {
+        if (switchedOn(f.variant, fields)) body[f.name] = valueOf(f, String(text).trim() === '' ? formDefault(f) : text, errors);
+      } else if (given(f, text)) body[f.name] = valueOf(f, text, errors);
     }
-    if (fields.num_kv_heads.trim() !== '') {
-      body.num_kv_heads = readInt(fields.num_kv_heads);
-      if (body.num_kv_heads === null) errors['/num_kv_heads'] = 'enter a whole number, 1 or more (or leave it empty)';
-    }
-    if (fields.window.trim() !== '') {
-      body.window = readInt(fields.window);
-      if (body.window === null) errors['/window'] = 'enter a whole number, 1 or more (or leave it empty)';
-    }
-    if (fields.context_sentence !== '') body.context_sentence = fields.context_sentence;
-    if (fields.context_tokens !== '') body.context_tokens = splitLines(fields.context_tokens);
     if (fields.decode) body.decode = true;
-    // The stack: a preset, and the layers when not one (more than one without a block is the service's 422 to say).
-    const block = fields.block ?? '';
-    if (block !== '') body.block = block;
-    const layersText = String(fields.num_layers ?? '1').trim();
-    if (layersText !== '1') {
-      body.num_layers = readInt(layersText);
-      if (body.num_layers === null) errors['/num_layers'] = 'enter a whole number, 1 or more';
-    }
-    // Constructed heads: sent only when a head is not seeded, with the sharpness (explicit, so the curl says it).
-    const kinds = String(fields.head_weights ?? '').trim();
-    if (kinds !== '') {
-      body.head_weights = kinds.split(',').map((k) => k.trim());
-      const raw = String(fields.sharpness ?? '').trim();
-      const sharpness = raw === '' ? DEFAULTS.sharpness : Number(raw);
-      if (!Number.isFinite(sharpness)) errors['/sharpness'] = 'enter a number above 0, at most 1000';
-      body.sharpness = Number.isFinite(sharpness) ? sharpness : null;
-    }
     return { body, errors };
   }
 
-  /** The fields a trace was made with (a saved page shows them, disabled): its config, and its request's text. */
+  /** A declared field's text in the form, from a value a request sent or an answer echoes. */
+  function formText(f, value) {
+    if (f.kind === 'bool' || f.kind === 'text' || f.kind === 'choice') return value;
+    if (f.kind === 'choices') return listText(f, value);
+    if (f.kind === 'tokens') return value.join('\n');
+    return fmtBase(value);
+  }
+
+  /**
+   * The fields a trace was made with (a saved page shows them, disabled): each as its request sent it, else (a
+   * setting) as its config echoes it, else its default; the sentence's text, or its tokens joined.
+   */
   function fieldsFromTrace(request, doc) {
     const cfg = doc.config;
-    return {
-      sentence: typeof request.sentence === 'string' ? request.sentence : doc.tokens.map((t) => t.text).join(' '),
-      d_model: String(cfg.d_model),
-      num_heads: String(cfg.num_heads),
-      seed: String(cfg.seed),
-      scale: cfg.scale,
-      causal: cfg.causal,
-      positional_encoding: cfg.positional_encoding,
-      rope_base: cfg.rope_base !== undefined ? fmtBase(cfg.rope_base) : DEFAULT_FIELDS.rope_base,
-      rope_pairing: cfg.rope_pairing !== undefined ? cfg.rope_pairing : DEFAULT_FIELDS.rope_pairing,
-      num_kv_heads: cfg.num_kv_heads !== undefined ? String(cfg.num_kv_heads) : '',
-      window: cfg.window !== undefined ? String(cfg.window) : '',
-      context_sentence: typeof request.context_sentence === 'string' ? request.context_sentence : '',
-      context_tokens: Array.isArray(request.context_tokens) ? request.context_tokens.join('\n') : '',
-      decode: cfg.decode === true,
-      block: typeof request.block === 'string' ? request.block : typeof cfg.block === 'string' ? cfg.block : '',
-      num_layers: String(request.num_layers ?? cfg.num_layers ?? 1),
-      head_weights: Array.isArray(cfg.head_weights) ? kindsText(cfg.head_weights) : '',
-      sharpness: cfg.sharpness !== undefined ? String(cfg.sharpness) : DEFAULT_FIELDS.sharpness,
-    };
+    const out = { ...DEFAULT_FIELDS };
+    for (const f of FIELDS) {
+      const sent = request[f.name] ?? (f.setting ? cfg[f.name] : undefined);
+      if (sent !== undefined && sent !== null) out[f.name] = formText(f, sent);
+    }
+    if (typeof request.sentence !== 'string') out.sentence = doc.tokens.map((t) => t.text).join(' ');
+    out.decode = cfg.decode === true;
+    return out;
   }
 
   /**
@@ -283,26 +295,22 @@
   function hashFor(fields, selection) {
     const p = new URLSearchParams();
     if (fields !== null) {
+      // Each field the request sends, under its address key: a switch as 1 or 0, the attention's numbers always,
+      // a choice or any other number (as typed) only when not its default.
       const { body } = requestFrom(fields);
-      p.set('sentence', body.sentence);
-      for (const k of ['d_model', 'num_heads', 'seed']) if (body[k] !== null) p.set(k, String(body[k]));
-      p.set('scale', body.scale ? '1' : '0');
-      p.set('causal', body.causal ? '1' : '0');
-      if (body.positional_encoding !== 'sinusoidal') p.set('pe', body.positional_encoding);
-      if (body.positional_encoding === 'rope') {
-        if (fields.rope_base.trim() !== String(DEFAULTS.rope_base)) p.set('rope_base', fields.rope_base.trim());
-        if (body.rope_pairing !== DEFAULTS.rope_pairing) p.set('rope_pairing', body.rope_pairing);
+      for (const f of FIELDS) {
+        if (!(f.name in body)) continue;
+        const value = body[f.name];
+        const text = String(fields[f.name] ?? '').trim();
+        if (f.kind === 'bool') p.set(f.url, value ? '1' : '0');
+        else if (f.kind === 'tokens') for (const t of value) p.append(f.url, t);
+        else if (f.kind === 'choices') p.set(f.url, value.join(','));
+        else if (f.kind === 'text') p.set(f.url, value);
+        else if (f.kind === 'choice') { if (value !== f.default) p.set(f.url, value); } else if (f.variant === 'attention') {
+          if (value !== null) p.set(f.url, String(value));
+        } else if (text !== '' && text !== formDefault(f)) p.set(f.url, text);
       }
-      if (fields.num_kv_heads.trim() !== '') p.set('kv', fields.num_kv_heads.trim());
-      if (fields.window.trim() !== '') p.set('window', fields.window.trim());
-      if ('context_sentence' in body) p.set('context', body.context_sentence);
-      for (const t of body.context_tokens || []) p.append('ctok', t);
       if (body.decode) p.set('decode', '1');
-      if (body.block) p.set('block', body.block);
-      if (String(fields.num_layers ?? '1').trim() !== '1') p.set('layers', String(fields.num_layers).trim());
-      if (body.head_weights) p.set('hw', body.head_weights.join(','));
-      const sharpness = String(fields.sharpness ?? '').trim();
-      if (body.head_weights && sharpness !== '' && sharpness !== String(DEFAULTS.sharpness)) p.set('sharpness', sharpness);
     }
     if (selection.step !== null && selection.step !== undefined) p.set('step', String(selection.step));
     // A stack's shown layer (0-based) and block stage; neither for one attention layer.
@@ -317,38 +325,35 @@
     return `#${p.toString()}`;
   }
 
+  /** The most items a list in the address may hold (one head kind a head: the service allows 512 heads). */
+  const MAX_LIST = 512;
+
+  /** A declared field's text from the address's value, or null when the address cannot hold it. */
+  function fromAddress(f, raw) {
+    switch (f.kind) {
+      case 'bool': return f.default ? raw !== '0' : raw === '1';
+      case 'int': return /^\d{1,10}$/.test(raw) ? raw : null;
+      case 'float': return /^[0-9.eE+-]{1,24}$/.test(raw) ? raw : null;
+      case 'choice': return f.choices.includes(raw) ? raw : null;
+      case 'choices': {
+        const items = raw.split(',');
+        return items.length <= MAX_LIST && items.every((k) => f.choices.includes(k)) ? listText(f, items) : '';
+      }
+      default: return raw; // a text as given
+    }
+  }
+
   /** The fields an address describes; what it leaves out, or cannot hold, is the default. */
   function fieldsFromHash(hash) {
     const p = params(hash);
-    const get = (k, d) => (p.has(k) ? p.get(k) : d);
-    const whole = (k, d) => (/^\d{1,10}$/.test(get(k, '')) ? get(k, '') : String(d));
-    const optional = (k) => (/^\d{1,10}$/.test(get(k, '')) ? get(k, '') : '');
-    const pe = get('pe', 'sinusoidal');
-    const base = get('rope_base', String(DEFAULTS.rope_base));
-    // Head kinds: known ones only, at most one a head the service allows; anything else is every head seeded.
-    const hw = get('hw', '').split(',');
-    const kinds = hw.length <= 512 && hw.every((k) => HEAD_KINDS.includes(k)) ? kindsText(hw) : '';
-    const sharpness = get('sharpness', String(DEFAULTS.sharpness));
-    return {
-      sentence: get('sentence', DEFAULTS.sentence),
-      d_model: whole('d_model', DEFAULTS.d_model),
-      num_heads: whole('num_heads', DEFAULTS.num_heads),
-      seed: whole('seed', DEFAULTS.seed),
-      scale: get('scale', '1') !== '0',
-      causal: get('causal', '0') === '1',
-      positional_encoding: ['none', 'rope'].includes(pe) ? pe : 'sinusoidal',
-      rope_base: /^[0-9.eE+]{1,24}$/.test(base) ? base : String(DEFAULTS.rope_base),
-      rope_pairing: get('rope_pairing', DEFAULTS.rope_pairing) === 'interleaved' ? 'interleaved' : 'rotate_half',
-      num_kv_heads: optional('kv'),
-      window: optional('window'),
-      context_sentence: get('context', ''),
-      context_tokens: p.getAll('ctok').join('\n'),
-      decode: get('decode', '0') === '1',
-      block: BLOCKS.includes(get('block', '')) ? get('block', '') : '',
-      num_layers: whole('layers', 1),
-      head_weights: kinds,
-      sharpness: /^[0-9.eE+-]{1,24}$/.test(sharpness) ? sharpness : String(DEFAULTS.sharpness),
-    };
+    const out = { ...DEFAULT_FIELDS };
+    for (const f of FIELDS) {
+      if (!p.has(f.url)) continue;
+      const text = f.kind === 'tokens' ? p.getAll(f.url).join('\n') : fromAddress(f, p.get(f.url));
+      if (text !== null) out[f.name] = text;
+    }
+    out.decode = p.get('decode') === '1';
+    return out;
   }
 
   /**
@@ -380,7 +385,7 @@
   }
 
   globalThis.AttentionTrace.urlState = Object.freeze({
-    DEFAULTS, DEFAULT_FIELDS, BLOCKS, HEAD_KINDS, headKinds, kindsText, PRESET_FIELDS, withPreset, readInt, splitLines, requestFrom, fieldsFromTrace, comparisonBody, divisors, dkCard, fieldError, curlFor,
+    FIELDS, FIELD, DEFAULTS, DEFAULT_FIELDS, BLOCKS, HEAD_KINDS, headKinds, kindsText, PRESET_FIELDS, withPreset, readInt, splitLines, requestFrom, fieldsFromTrace, comparisonBody, divisors, dkCard, fieldError, curlFor,
     hashFor, fieldsFromHash, selectionFromHash, UI_WORDS, uiWords,
   });
 })();

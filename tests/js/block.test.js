@@ -7,7 +7,7 @@ const fs = require('node:fs');
 const path = require('node:path');
 const { load } = require('./load.js');
 
-const AT = load('format.js', 'trace.js', 'url-state.js', 'svg.js', 'cell.js', 'block.js');
+const AT = load('format.js', 'trace.js', 'fields.js', 'url-state.js', 'svg.js', 'cell.js', 'block.js');
 const B = AT.block;
 const T = AT.trace;
 

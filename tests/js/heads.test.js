@@ -5,7 +5,7 @@ const test = require('node:test');
 const assert = require('node:assert/strict');
 const { load } = require('./load.js');
 
-const AT = load('format.js', 'trace.js', 'url-state.js', 'heads.js');
+const AT = load('format.js', 'trace.js', 'fields.js', 'url-state.js', 'heads.js');
 const U = AT.urlState;
 const H = AT.heads;
 const fields = (extra = {}) => ({ ...U.DEFAULT_FIELDS, ...extra });

@@ -17,7 +17,7 @@ const SCRIPTS = [...fs.readFileSync(path.join(STATIC, 'index.html'), 'utf8')
   .matchAll(/<script src="static\/([a-z0-9-]+\.js)" defer><\/script>/g)].map((m) => m[1]);
 
 /** The scripts that need no browser: they must load and run under Node. */
-const PURE = ['format.js', 'trace.js', 'url-state.js', 'heads.js', 'svg.js', 'cell.js', 'block.js'];
+const PURE = ['format.js', 'trace.js', 'fields.js', 'url-state.js', 'heads.js', 'svg.js', 'cell.js', 'block.js'];
 
 /** Browser globals Node does not have: while the tests run, touching one throws (so a pure script cannot). */
 const BROWSER_ONLY = ['document', 'window', 'location', 'history', 'navigator', 'localStorage', 'sessionStorage',

@@ -24,13 +24,13 @@ test('the pure scripts use no browser API, so they run anywhere', () => {
 
 test('each pure script adds its part to the namespace, frozen', () => {
   const AT = load(...PURE);
-  assert.deepEqual(Object.keys(AT), ['format', 'trace', 'urlState', 'heads', 'svg', 'cell', 'block']);
+  assert.deepEqual(Object.keys(AT), ['format', 'trace', 'fields', 'urlState', 'heads', 'svg', 'cell', 'block']);
   for (const part of Object.values(AT)) assert.ok(Object.isFrozen(part));
 });
 
 test('every script loads without a page when it runs nothing at load: all but app.js', () => {
   const AT = load(...SCRIPTS.slice(0, -1));
-  assert.deepEqual(Object.keys(AT), ['format', 'trace', 'urlState', 'heads', 'svg', 'cell', 'block', 'api', 'render', 'explain']);
+  assert.deepEqual(Object.keys(AT), ['format', 'trace', 'fields', 'urlState', 'heads', 'svg', 'cell', 'block', 'api', 'render', 'explain']);
   assert.equal(typeof AT.render.create, 'function');
   assert.equal(typeof AT.explain.create, 'function');
 });

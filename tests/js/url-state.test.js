@@ -6,7 +6,7 @@ const assert = require('node:assert/strict');
 const { execFileSync } = require('node:child_process');
 const { load } = require('./load.js');
 
-const U = load('format.js', 'url-state.js').urlState;
+const U = load('format.js', 'fields.js', 'url-state.js').urlState;
 const fields = (extra = {}) => ({ ...U.DEFAULT_FIELDS, ...extra });
 
 test('the default fields are the plain request, in the order it is sent', () => {
@@ -190,7 +190,7 @@ test('a saved trace shows the fields it was made with', () => {
     rope_base: 500000, rope_pairing: 'interleaved', num_kv_heads: 2, window: 3, decode: true },
   tokens: [{ text: 'the' }, { text: 'cat' }] };
   assert.deepEqual(U.fieldsFromTrace({ tokens: ['the', 'cat'] }, doc), {
-    sentence: 'the cat', d_model: '24', num_heads: '4', seed: '3', scale: false, causal: true,
+    ...U.DEFAULT_FIELDS, sentence: 'the cat', d_model: '24', num_heads: '4', seed: '3', scale: false, causal: true,
     positional_encoding: 'rope', rope_base: '500000', rope_pairing: 'interleaved', num_kv_heads: '2', window: '3',
     context_sentence: '', context_tokens: '', decode: true, block: '', num_layers: '1', head_weights: '', sharpness: '10',
   });
@@ -237,13 +237,13 @@ test('uiWords: the service\'s field names in the page\'s words, the rest of the 
   assert.equal(U.uiWords('the sentence is empty'), 'the sentence is empty', 'nothing else changes');
 });
 
-test('a stack: the preset and the layers join the request only when set, after every other field', () => {
+test('a stack: the layers and the preset join the request only when set, in the declaration\'s order', () => {
   const plain = U.requestFrom(fields()).body;
   assert.ok(!('block' in plain) && !('num_layers' in plain), 'attention alone: the request as before');
   const { body, errors } = U.requestFrom(fields({ block: 'gpt2', num_layers: ' 3 ', causal: true }));
   assert.deepEqual(errors, {});
   assert.equal(JSON.stringify(body), '{"sentence":"the cat sat","d_model":24,"num_heads":1,"seed":0,"scale":true,'
-    + '"causal":true,"positional_encoding":"sinusoidal","block":"gpt2","num_layers":3}');
+    + '"causal":true,"positional_encoding":"sinusoidal","num_layers":3,"block":"gpt2"}');
   assert.equal(JSON.stringify(U.requestFrom(fields({ block: 'llama' })).body).endsWith(',"block":"llama"}'), true,
     'one layer of a block: num_layers left to its default');
   // More than one layer without a block is sent: the service's 422 says what to do (layers_need_block).
@@ -268,7 +268,7 @@ test('a preset sets the mask and positions it chooses outside the block, as the 
 test('a stack in the address: block, layers, the layer shown and the box, each only when used', () => {
   const stack = fields({ block: 'gpt2', num_layers: '3', causal: true });
   const hash = U.hashFor(stack, { query: 1, head: 0, step: null, layer: 2, bstage: 'norm2' });
-  assert.equal(hash, '#sentence=the+cat+sat&d_model=24&num_heads=1&seed=0&scale=1&causal=1&block=gpt2&layers=3'
+  assert.equal(hash, '#sentence=the+cat+sat&d_model=24&num_heads=1&seed=0&scale=1&causal=1&layers=3&block=gpt2'
     + '&layer=2&bstage=norm2&q=1&head=0');
   assert.deepEqual(U.fieldsFromHash(hash), stack);
   assert.deepEqual(U.selectionFromHash(hash), { step: null, query: 1, head: 0, colour: 'abs', present: false, slide: null,
