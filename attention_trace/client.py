@@ -34,17 +34,13 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, make_dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, Union
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, Generic, TypeVar, Union
 
 import numpy as np
 import requests
 
 from engine import fields as _fields
-
-try:  # TypedDict lives in typing from 3.8 on
-    from typing import TypedDict
-except ImportError:  # pragma: no cover
-    from typing_extensions import TypedDict  # type: ignore[assignment]
 
 __all__ = [
     "DEFAULT_TIMEOUT", "DEFAULT_RETRIES", "PROBLEM_TYPE_BASE",
@@ -52,7 +48,7 @@ __all__ = [
     "Client", "LocalClient",
     "Trace", "Stage", "Token", "Config", "Stats", "Parameters", "InjectedBug",
     "CheckResult", "StageCheck", "Mismatch", "NonFinite", "Diagnosis", "Hint", "Tolerance",
-    "BatchItem", "Health", "VersionInfo", "encode_json", "encode_npz_check", "Explanation",
+    "BatchItem", "Health", "VersionInfo", "encode_json", "encode_npz_check", "Explanation", "Answer",
 ]
 
 #: (connect, read) seconds. Connecting to a healthy service is quick; a large
@@ -153,27 +149,73 @@ class TransportError(ClientError):
 # -------------------------------------------------------------------- results
 
 
-class Health(TypedDict):
-    status: str
+#: GET /health's and GET /version's documents, as received
+Health = Dict[str, Any]
+VersionInfo = Dict[str, Any]
 
 
-class VersionInfo(TypedDict):
-    service: str
-    service_version: str
-    schema_version: str
-    engine_version: str
-    libraries: dict[str, str]
-    limits: dict[str, Any]
-    stage_ids: list[str]
-    bugs: dict[str, str]
+def _same(a: Any, b: Any) -> bool:
+    """Whether two answer documents are equal (numpy arrays, from an npz answer, compared as values)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and np.array_equal(a, b, equal_nan=True)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return bool(a == b)
 
 
-@dataclass(frozen=True)
-class Token:
-    index: int
-    text: str
-    start: int
-    end: int
+class Answer:
+    """A JSON object of an answer, read by attribute: ``answer.name`` is the document's member ``name``, so every
+    member the service sends (openapi.yaml's components.schemas say which) is there, a new one included, with no
+    copy of the schema here. A class names only what the client adds: the members it reads through a Python type
+    (``_read``: nested answers, numpy arrays), and what a member an older service, or another configuration,
+    leaves out reads as (``_absent``; a callable makes the value). ``raw`` is the document exactly as received.
+    Read-only; equal when the documents are."""
+
+    _read: ClassVar[Mapping[str, Callable[[Any], Any]]] = {}
+    _absent: ClassVar[Mapping[str, Any]] = {}
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        object.__setattr__(self, "raw", raw)
+
+    def __getattr__(self, name: str) -> Any:  # only for what is not set yet: a member is read once, then kept
+        if name.startswith("_") or name == "raw":
+            raise AttributeError(name)
+        raw = self.raw
+        if name in raw:
+            value = raw[name]
+            read = self._read.get(name)
+            if read is not None and value is not None:
+                value = read(value)
+        elif name in self._absent:
+            value = self._absent[name]
+            value = value() if callable(value) else value
+        else:
+            raise AttributeError(f"{type(self).__name__} has no {name!r}; the answer has {', '.join(raw)}")
+        self.__dict__[name] = value
+        return value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return getattr(self, "id", None) == getattr(other, "id", None) and _same(self.raw, other.raw)
+
+    def __repr__(self) -> str:
+        def short(v: Any) -> bool:  # a scalar, or a few of them (an index, axes)
+            return v is None or isinstance(v, (str, int, float)) or (
+                isinstance(v, list) and len(v) <= 8 and all(isinstance(x, (str, int, float)) for x in v))
+
+        shown = [f"{k}={v!r}" for k, v in self.raw.items() if short(v)]
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+
+class Token(Answer):
+    """One token: ``index``, ``text``, and ``start`` and ``end`` in the sentence (``sentence[start:end] == text``)."""
 
 
 class _ConfigReader:
@@ -269,20 +311,16 @@ def _to_array(values: Any) -> np.ndarray:
     return np.array(values, dtype=np.float64)  # None -> nan
 
 
-@dataclass(frozen=True)
-class Stage:
-    """One stage of the trace. ``values`` is the JSON as sent; :meth:`array` is numpy."""
+class Stage(Answer):
+    """One stage of the trace, under its ``id``: ``step``, ``title``, ``formula``, ``axes``, ``shape`` and ``values``,
+    the JSON as sent (null where masked), or the float64 array itself (NaN where masked) when the trace came as
+    arrays (``trace(..., arrays=True)``); :meth:`array` is numpy."""
 
-    id: str
-    step: int
-    title: str
-    formula: str
-    axes: tuple[str, ...]
-    shape: tuple[int, ...]
-    #: nested lists as in the JSON (null where masked), or the float64 array itself (NaN where
-    #: masked) when the trace came as arrays (``trace(..., arrays=True)``)
-    values: list[Any] | np.ndarray = field(repr=False)
-    binary_mask: np.ndarray | None = field(default=None, repr=False, compare=False)
+    _read = {"axes": tuple, "shape": tuple}
+
+    def __init__(self, id: str, raw: Mapping[str, Any]) -> None:
+        super().__init__(raw)
+        object.__setattr__(self, "id", id)
 
     def array(self) -> np.ndarray:
         """The values as a float64 array in ``axes`` order. Masked (null) entries
@@ -297,14 +335,17 @@ class Stage:
         """True where a value is null (masked), for numeric stages; None for ``tokens``."""
         if self.id == "tokens":
             return None
-        if isinstance(self.values, np.ndarray):
-            return self.binary_mask.copy() if self.binary_mask is not None else np.zeros(self.shape, dtype=bool)
+        if isinstance(self.values, np.ndarray):  # an npz answer: its own boolean mask, if the stage is masked
+            sent = self.raw.get("mask")
+            return sent.copy() if sent is not None else np.zeros(self.shape, dtype=bool)
         return np.equal(np.array(self.values, dtype=object), None).reshape(self.shape)
+
+    def __repr__(self) -> str:
+        return f"Stage({self.id!r}, step={self.step}, axes={self.axes}, shape={self.shape})"
 
     @classmethod
     def from_json(cls, sid: str, doc: Mapping[str, Any]) -> Stage:
-        return cls(sid, doc["step"], doc["title"], doc["formula"], tuple(doc["axes"]), tuple(doc["shape"]),
-                   doc["values"], doc.get("mask"))
+        return cls(sid, doc)
 
 
 class _Stages(dict):  # type: ignore[type-arg]
@@ -315,11 +356,11 @@ class _Stages(dict):  # type: ignore[type-arg]
                        + (" (ask for it with stages=[...], or drop stages)" if self else ""))
 
 
-@dataclass(frozen=True)
-class Stats:
-    axes: tuple[str, ...]
-    entropy: np.ndarray  # [head, query], nats; a stack's [layer, head, query]
-    max_weight: np.ndarray  # [head, query]; a stack's [layer, head, query]
+class Stats(Answer):
+    """``entropy`` (nats) and ``max_weight`` of each attention row, as arrays in ``axes`` ([head, query]; a stack's
+    [layer, head, query])."""
+
+    _read = {"axes": tuple, "entropy": _to_array, "max_weight": _to_array}
 
 
 _PER_HEAD = ("W_Q", "W_K", "W_V", "W_O")
@@ -374,30 +415,32 @@ class Parameters:
         return cls(*(_to_array(doc[k]) for k in _PER_HEAD), sent=rest)
 
 
-@dataclass(frozen=True)
-class InjectedBug:
-    name: str
-    summary: str
-    warning: str
+class InjectedBug(Answer):
+    """The mistake a trace was computed with (``inject_bug``): ``name``, ``summary`` and ``warning``."""
 
 
-@dataclass(frozen=True)
-class Trace:
-    """A /trace response. ``raw`` is the JSON document exactly as received."""
+class Trace(Answer):
+    """A /trace answer, read from its document (``raw``, exactly as received): ``config``, ``tokens``, ``stages``
+    (stage id -> :class:`Stage`), ``stats``, ``parameters`` (with ``include_parameters``, else None),
+    ``injected_bug`` (None for the correct layer), and every other member of the answer as sent."""
 
-    schema_version: str
-    engine_version: str
-    config: Config
-    tokens: list[Token]
-    parameters_digest: str
-    stages: dict[str, Stage]
-    stats: Stats
-    parameters: Parameters | None
-    injected_bug: InjectedBug | None
-    raw: dict[str, Any] = field(repr=False, compare=False)
-    request_id: str | None = field(default=None, compare=False)
-    #: the /trace request that made it, when this client sent it (the notebook's page shows it as typed)
-    request: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    _read = {"config": lambda doc: Config.from_json(doc), "tokens": lambda ts: [Token(t) for t in ts],
+             "stages": lambda doc: _Stages((sid, Stage(sid, s)) for sid, s in doc.items()), "stats": Stats,
+             "injected_bug": InjectedBug}
+    _absent = {"injected_bug": None}
+
+    def __init__(self, raw: Mapping[str, Any], request_id: str | None = None, *,
+                 request: Mapping[str, Any] | None = None) -> None:
+        super().__init__(raw)
+        object.__setattr__(self, "request_id", request_id)
+        #: the /trace request that made it, when this client sent it (the notebook's page shows it as typed)
+        object.__setattr__(self, "request", None if request is None else dict(request))
+
+    @cached_property
+    def parameters(self) -> Parameters | None:
+        """The layer's weights (``include_parameters``), per head whatever the layout; None without them."""
+        p = self.raw.get("parameters")
+        return None if p is None else Parameters.from_json(p, self.raw["config"])
 
     def array(self, stage_id: str) -> np.ndarray:
         """``trace.stages[stage_id].array()``."""
@@ -476,122 +519,61 @@ class Trace:
     @classmethod
     def from_json(cls, doc: dict[str, Any], request_id: str | None = None, *,
                   request: Mapping[str, Any] | None = None) -> Trace:
-        st = doc["stats"]
-        p = doc.get("parameters")
-        bug = doc.get("injected_bug")
-        return cls(
-            schema_version=doc["schema_version"],
-            engine_version=doc["engine_version"],
-            config=Config.from_json(doc["config"]),
-            tokens=[Token(t["index"], t["text"], t["start"], t["end"]) for t in doc["tokens"]],
-            parameters_digest=doc["parameters_digest"],
-            stages=_Stages((sid, Stage.from_json(sid, s)) for sid, s in doc["stages"].items()),
-            stats=Stats(tuple(st["axes"]), _to_array(st["entropy"]), _to_array(st["max_weight"])),
-            parameters=None if p is None else Parameters.from_json(p, doc["config"]),
-            injected_bug=None if bug is None else InjectedBug(bug["name"], bug["summary"], bug["warning"]),
-            raw=doc,
-            request_id=request_id,
-            request=None if request is None else dict(request),
-        )
+        return cls(doc, request_id, request=request)
 
 
-@dataclass(frozen=True)
-class Mismatch:
-    index: list[int]
-    expected: float | str | None  # None: the reference masks it
-    received: float | str | None  # None: null was sent; "NaN", "Infinity", "-Infinity": a non-finite value
+class Mismatch(Answer):
+    """A stage's first wrong value: ``index``, ``expected`` (None: the reference masks it) and ``received`` (None:
+    null was sent; "NaN", "Infinity", "-Infinity": a non-finite value)."""
 
 
-@dataclass(frozen=True)
-class NonFinite:
-    """The NaN and ±Infinity values of a submitted stage (schema 1.1.0)."""
+class NonFinite(Answer):
+    """The NaN and ±Infinity values of a submitted stage (schema 1.1.0): ``count``, and ``first``, the first few as
+    (index, "NaN" | "Infinity" | "-Infinity")."""
 
-    count: int
-    first: list[tuple[list[int], str]]  # (index, "NaN" | "Infinity" | "-Infinity"), the first few
+    _read = {"first": lambda values: [(list(v["index"]), v["value"]) for v in values]}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any] | None) -> NonFinite | None:
-        if doc is None:
-            return None
-        return cls(doc["count"], [(list(v["index"]), v["value"]) for v in doc["first"]])
+        return None if doc is None else cls(doc)
 
 
-@dataclass(frozen=True)
-class StageCheck:
-    """How one submitted stage compares with the reference.
+class StageCheck(Answer):
+    """How one submitted stage, ``id``, compares with the reference: ``passed``, ``shape_ok``, ``mismatches``,
+    ``first_mismatch``, ``message`` … as the answer sends them. ``rel_error``, ``abs_tolerance``, ``non_finite``
+    and ``treated_as_masked`` are new in schema 1.1.0: None (0 for ``treated_as_masked``) from a 1.0.0 service."""
 
-    ``rel_error``, ``abs_tolerance``, ``non_finite`` and ``treated_as_masked``
-    are new in schema 1.1.0: None (0 for ``treated_as_masked``) from a 1.0.0 service.
-    """
+    _read = {"first_mismatch": Mismatch, "non_finite": NonFinite}
+    _absent = {"rel_error": None, "abs_tolerance": None, "non_finite": None, "treated_as_masked": 0}
 
-    id: str
-    step: int
-    passed: bool
-    shape_ok: bool
-    expected_shape: list[int]
-    received_shape: list[int] | None
-    n_values: int
-    mismatches: int
-    max_abs_error: float | None
-    max_rel_error: float | None
-    first_mismatch: Mismatch | None
-    message: str
-    rel_error: float | None = None
-    abs_tolerance: float | None = None
-    non_finite: NonFinite | None = None
-    treated_as_masked: int = 0
+    def __init__(self, id: str, raw: Mapping[str, Any]) -> None:
+        super().__init__(raw)
+        object.__setattr__(self, "id", id)
 
     @classmethod
     def from_json(cls, sid: str, doc: Mapping[str, Any]) -> StageCheck:
-        fm = doc.get("first_mismatch")
-        return cls(sid, doc["step"], doc["passed"], doc["shape_ok"], doc["expected_shape"], doc["received_shape"],
-                   doc["n_values"], doc["mismatches"], doc["max_abs_error"], doc["max_rel_error"],
-                   None if fm is None else Mismatch(fm["index"], fm["expected"], fm["received"]), doc["message"],
-                   rel_error=doc.get("rel_error"), abs_tolerance=doc.get("abs_tolerance"),
-                   non_finite=NonFinite.from_json(doc.get("non_finite")),
-                   treated_as_masked=doc.get("treated_as_masked", 0))
+        return cls(sid, doc)
 
 
-@dataclass(frozen=True)
-class Hint:
-    """What a student's numbers show when no known bug matches (schema 1.1.0)."""
-
-    code: str  # rows_do_not_sum_to_1, diagonal_masked, permutation, transposed, constant_factor, non_finite
-    message: str
+class Hint(Answer):
+    """What a student's numbers show when no known bug matches (schema 1.1.0): ``code`` and ``message``."""
 
 
-@dataclass(frozen=True)
-class Diagnosis:
-    bug: str | None  # the known bug that reproduces the submission, if any
-    summary: str | None
-    matches: list[str]
-    message: str
-    hints: list[Hint] = field(default_factory=list)  # empty from a 1.0.0 service
+class Diagnosis(Answer):
+    """``bug``, the known mistake that reproduces the submission (or None), its ``summary``, every one that
+    ``matches``, the ``message``, and ``hints`` (empty from a 1.0.0 service)."""
 
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> Diagnosis:
-        return cls(doc["bug"], doc["summary"], list(doc["matches"]), doc["message"],
-                   [Hint(h["code"], h["message"]) for h in doc.get("hints") or []])
+    _read = {"matches": list, "hints": lambda hints: [Hint(h) for h in hints]}
+    _absent = {"hints": list}
 
 
-@dataclass(frozen=True)
-class Tolerance:
+class Tolerance(Answer):
     """How values were compared. ``metric`` is ``allclose`` (``rtol``, ``atol``,
     ``stage_rtol``) or ``rel_error`` (``threshold``); parameters that do not
     apply are None. A 1.0.0 document has only rtol and atol: allclose,
     stage_rtol 0."""
 
-    rtol: float | None
-    atol: float | None
-    rule: str
-    metric: str = "allclose"
-    stage_rtol: float | None = 0.0
-    threshold: float | None = None
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> Tolerance:
-        return cls(doc.get("rtol"), doc.get("atol"), doc["rule"], metric=doc.get("metric", "allclose"),
-                   stage_rtol=doc.get("stage_rtol", 0.0), threshold=doc.get("threshold"))
+    _absent = {"rtol": None, "atol": None, "metric": "allclose", "stage_rtol": 0.0, "threshold": None}
 
     def __str__(self) -> str:
         if self.metric == "rel_error":
@@ -600,22 +582,17 @@ class Tolerance:
         return text + (f" · stage_rtol {self.stage_rtol:g}" if self.stage_rtol else "")
 
 
-@dataclass(frozen=True)
-class CheckResult:
-    """A /check response. ``raw`` is the JSON document exactly as received."""
+class CheckResult(Answer):
+    """A /check answer, read from its document (``raw``, exactly as received): ``passed``, ``first_wrong_stage``,
+    ``diagnosis``, ``message``, ``stages`` (stage id -> :class:`StageCheck`), ``config``, ``tolerance``, and every
+    other member as sent."""
 
-    passed: bool
-    first_wrong_stage: str | None
-    diagnosis: Diagnosis
-    message: str
-    stages: dict[str, StageCheck]
-    config: Config
-    tolerance: Tolerance
-    schema_version: str
-    engine_version: str
-    parameters_digest: str
-    raw: dict[str, Any] = field(repr=False, compare=False)
-    request_id: str | None = field(default=None, compare=False)
+    _read = {"diagnosis": Diagnosis, "config": lambda doc: Config.from_json(doc), "tolerance": Tolerance,
+             "stages": lambda doc: {sid: StageCheck(sid, s) for sid, s in doc.items()}}
+
+    def __init__(self, raw: Mapping[str, Any], request_id: str | None = None) -> None:
+        super().__init__(raw)
+        object.__setattr__(self, "request_id", request_id)
 
     def __repr__(self) -> str:
         if self.passed:
@@ -635,40 +612,20 @@ class CheckResult:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], request_id: str | None = None) -> CheckResult:
-        return cls(
-            passed=doc["passed"],
-            first_wrong_stage=doc["first_wrong_stage"],
-            diagnosis=Diagnosis.from_json(doc["diagnosis"]),
-            message=doc["message"],
-            stages={sid: StageCheck.from_json(sid, s) for sid, s in doc["stages"].items()},
-            config=Config.from_json(doc["config"]),
-            tolerance=Tolerance.from_json(doc["tolerance"]),
-            schema_version=doc["schema_version"],
-            engine_version=doc["engine_version"],
-            parameters_digest=doc["parameters_digest"],
-            raw=doc,
-            request_id=request_id,
-        )
+        return cls(doc, request_id)
 
 
-@dataclass(frozen=True)
-class Explanation:
-    """A /explain response: one cell's steps (``step("weight").value``). ``raw`` is the JSON as received."""
+class Explanation(Answer):
+    """A /explain answer: one cell's ``steps`` (``step("weight")["value"]``), ``head``, ``query``, ``key``, their
+    tokens, ``masked`` and ``mask_reason``, ``config``, and every other member as sent; ``layer`` is the layer of
+    a stack's cell (None for one attention layer). ``raw`` is the JSON as received."""
 
-    head: int
-    query: int
-    key: int
-    query_token: str
-    key_token: str
-    masked: bool
-    mask_reason: str | None
-    scale_factor: float
-    steps: list[dict[str, Any]]
-    config: Config
-    raw: dict[str, Any] = field(repr=False, compare=False)
-    request_id: str | None = field(default=None, compare=False)
-    #: a stack of blocks: the layer whose attention the cell is in (None for one attention layer)
-    layer: int | None = None
+    _read = {"config": lambda doc: Config.from_json(doc), "steps": list}
+    _absent = {"layer": None}
+
+    def __init__(self, raw: Mapping[str, Any], request_id: str | None = None) -> None:
+        super().__init__(raw)
+        object.__setattr__(self, "request_id", request_id)
 
     def step(self, step_id: str) -> dict[str, Any]:
         """The step with this id: products, score, scaled, row_max, exp, denominator, weight, contributions."""
@@ -694,9 +651,7 @@ class Explanation:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], request_id: str | None = None) -> Explanation:
-        return cls(doc["head"], doc["query"], doc["key"], doc["query_token"], doc["key_token"], doc["masked"],
-                   doc["mask_reason"], doc["scale_factor"], list(doc["steps"]), Config.from_json(doc["config"]),
-                   raw=doc, request_id=request_id, layer=doc.get("layer"))
+        return cls(doc, request_id)
 
 
 R = TypeVar("R")

@@ -204,12 +204,10 @@ _SpecFields: type[BaseModel] = create_model(  # type: ignore[call-overload]
     **{f.name: (_annotation(f), _field_info(f)) for f in fields.FIELDS})
 
 
+# Its fields are engine/fields.py's declaration (_SpecFields); this class adds what validates them together.
+# allow_inf_nan=False: the JSON parser accepts NaN and Infinity literals, which no float here may be.
 class TraceSpec(_SpecFields):  # type: ignore[valid-type,misc]
-    """One sentence (or pre-split tokens) and the layer's configuration: shared by /trace and /check.
-
-    Its fields are engine/fields.py's declaration (``_SpecFields``); this class adds what validates them
-    together. ``allow_inf_nan=False``: the JSON parser accepts NaN and Infinity literals, which no float here
-    may be."""
+    """One sentence (or pre-split tokens) and the layer's configuration: shared by /trace and /check."""
 
     #: numbers the trace will hold, known once validated (bounds batches too)
     _value_count: int = PrivateAttr(default=0)
@@ -427,10 +425,18 @@ _CONFIG_OUT_AFTER: dict[str, dict[str, Any]] = {
         "d_k": (int, Field(description="d_model / num_heads.")),
         "scale_factor": (float, Field(description="√d_k when scale is on, else 1.")),
         "n_tokens": (int, ...),
-        "n_parameters": (int, Field(description="Weights in W_Q, W_K, W_V and W_O together: 4·d_model² "
-                                                "(2·d_model² + 2·num_kv_heads·d_k·d_model with shared K/V heads).")),
-        "n_matrices": (int, Field(description="3·num_heads + 1 (num_heads + 2·num_kv_heads + 1 with shared K/V "
-                                              "heads).")),
+        "n_parameters": (int, Field(description="Every weight of the trace, as many numbers as include_parameters "
+                                                "returns. One layer: W_Q, W_K, W_V and W_O, 4·d_model² (2·d_model² + "
+                                                "2·g·d_k·d_model with g = num_kv_heads shared K/V heads). A stack of "
+                                                "blocks: every layer's attention, its FFN's 2·d_ff·d_model (SwiGLU "
+                                                "3·d_ff·d_model) and both norms' γ and β (RMSNorm: γ), unit ones too, "
+                                                "plus the final norm's in pre-norm: num_layers·(attention + FFN + "
+                                                "2·norm) + final norm, norm = 2·d_model (LayerNorm) or d_model "
+                                                "(RMSNorm). gpt2, d_model 8, 2 heads, 1 layer: 816.")),
+        "n_matrices": (int, Field(description="One layer: 3·num_heads + 1 (num_heads + 2·g + 1 with g shared K/V "
+                                              "heads). A stack of blocks: num_layers·(num_heads + 2·g + 1 + 2, or 3 "
+                                              "with SwiGLU): every layer's attention and FFN matrices; the norms' "
+                                              "vectors are not matrices. gpt2, 2 heads, 2 layers: 18.")),
     },
     "gqa": {
         "query_heads_of_kv_head": (list[list[int]] | None, omitted(

@@ -103,6 +103,12 @@ class SpecChecker:
                 return item.get(method.lower())
         return None
 
+    def response(self, response: dict) -> dict:
+        """A response object, its $ref to components.responses followed."""
+        if "$ref" in response:
+            return self.spec["components"]["responses"][response["$ref"].rsplit("/", 1)[1]]
+        return response
+
     def check(self, path: str, method: str, status: int, content_type: str, body: bytes) -> None:
         op = self.operation(path, method)
         if op is None:
@@ -110,7 +116,7 @@ class SpecChecker:
             assert status in (404, 405), f"{method} {path} is not in the spec but answered {status}"
             assert content_type.startswith("application/problem+json"), f"{method} {path}: {content_type}"
             op = {"responses": self.spec["paths"]["/trace"]["post"]["responses"]}
-        responses = op["responses"]
+        responses = {code: self.response(r) for code, r in op["responses"].items()}
         assert str(status) in responses, f"{method} {path} answered {status}, not documented in openapi.yaml"
         if "content" not in responses[str(status)]:
             assert not body, f"{method} {path} {status} must have no body"

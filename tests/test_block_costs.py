@@ -182,3 +182,36 @@ def test_check_request_model_counts_as_the_trace_request():
     body = {**GPT2, "num_layers": 3}
     check = CheckRequest.model_validate(body | {"submission": {"weights": [[[[0.0]]]]}})
     assert budget.cost("/check", [check]) == check_cost(body)
+
+
+@pytest.mark.parametrize("body", [
+    {"d_model": 8, "num_heads": 2},
+    {"d_model": 8, "num_heads": 4, "num_kv_heads": 2},
+    {"d_model": 8, "num_heads": 2, "block": "gpt2", "num_layers": 1},
+    {"d_model": 8, "num_heads": 2, "block": "gpt2", "num_layers": 2},
+    {"d_model": 8, "num_heads": 2, "block": "vaswani2017", "num_layers": 3, "d_ff": 12},
+    {"d_model": 8, "num_heads": 2, "num_kv_heads": 1, "block": "llama", "num_layers": 2, "d_ff": 16},
+    {"d_model": 8, "num_heads": 2, "norm": "rms_norm", "norm_position": "post", "num_layers": 2},
+])
+def test_n_parameters_and_n_matrices_count_what_the_docs_say(client, body):
+    """config.n_parameters is as many numbers as include_parameters returns, and both counts follow the formulas
+    of openapi.yaml's ConfigOut and README: every layer's attention and FFN, both norms' γ and β (RMSNorm: γ), the
+    final norm in pre-norm; the norms' vectors are not matrices."""
+    doc = client.post("/trace", json={"sentence": "the cat sat", "include_parameters": True, **body}).get_json()
+    cfg = doc["config"]
+    returned = sum(np.asarray(v, dtype=float).size for v in doc["parameters"].values())
+    assert cfg["n_parameters"] == returned
+    d, h = cfg["d_model"], cfg["num_heads"]
+    g, d_k = body.get("num_kv_heads", h), cfg["d_k"]
+    attention, attention_matrices = 2 * d * d + 2 * g * d_k * d, h + 2 * g + 1
+    if "norm" not in cfg:
+        assert (cfg["n_parameters"], cfg["n_matrices"]) == (attention, attention_matrices)
+        return
+    k = 3 if cfg["ffn"] == "swiglu" else 2
+    norm = 2 * d if cfg["norm"] == "layer_norm" else d
+    final = norm if cfg["norm_position"] == "pre" else 0
+    L = cfg["num_layers"]
+    assert cfg["n_parameters"] == L * (attention + k * cfg["d_ff"] * d + 2 * norm) + final
+    assert cfg["n_matrices"] == L * (attention_matrices + k)
+    if body.get("block") == "gpt2":  # the figures the docs quote
+        assert {1: (816, 9), 2: (1616, 18)}[L] == (cfg["n_parameters"], cfg["n_matrices"])

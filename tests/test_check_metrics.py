@@ -489,7 +489,8 @@ def test_client_reads_the_new_fields_and_a_1_0_0_document():
         if st["first_mismatch"]:
             st["first_mismatch"]["received"] = 0.5
     parsed = CheckResult.from_json(old)
-    assert parsed.tolerance == Tolerance(1e-5, 1e-8, old["tolerance"]["rule"])
+    assert parsed.tolerance == Tolerance(old["tolerance"])  # read as sent, the rest filled in
+    assert (parsed.tolerance.rtol, parsed.tolerance.atol, parsed.tolerance.threshold) == (1e-5, 1e-8, None)
     assert parsed.tolerance.metric == "allclose" and parsed.tolerance.stage_rtol == 0.0
     assert parsed.diagnosis.hints == [] and parsed.stages["weights"].non_finite is None
     assert parsed.stages["weights"].treated_as_masked == 0 and str(parsed.tolerance) == "rtol 1e-05 · atol 1e-08"

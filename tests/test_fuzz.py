@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import typing
 import urllib.parse
 
@@ -20,7 +21,10 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+import yaml
 from schemathesis.checks import CHECKS, load_all_checks
+from schemathesis.core.failures import Failure, FailureGroup
+from schemathesis.openapi.checks import RejectedPositiveData
 
 from conftest import ROOT
 from service import create_app
@@ -33,10 +37,11 @@ MAX_EXAMPLES = 120
 load_all_checks()
 ALL_CHECKS = list(CHECKS.get_all())
 
-# Every rule the JSON Schema can state is in openapi.yaml. Rules it cannot
-# (d_model divisible by num_heads, exactly one of sentence/tokens, token
-# counts after tokenising, the trace-size bound, characters no tokenizer should
-# see, the operator's limits) answer 422, as README documents. So a
+# Every rule the JSON Schema can state is in openapi.yaml (exactly one of
+# sentence/tokens among them). Rules it cannot (d_model divisible by num_heads,
+# token counts after tokenising, the trace-size bound, characters no tokenizer
+# should see, the operator's limits) answer 422, as each operation's 422
+# description lists. So a
 # schema-valid request may get 422, but only from one of those rules: pydantic's
 # built-in error types mean the models and the spec disagree.
 BUILTIN_ERROR_TYPES = frozenset(typing.get_args(pydantic_core.core_schema.ErrorType))
@@ -161,6 +166,64 @@ def no_internals_in_the_answer(ctx, response, case) -> None:
 def test_contract(case):
     case.call_and_validate(checks=ALL_CHECKS,
                            additional_checks=[schema_valid_422_names_a_semantic_rule, no_internals_in_the_answer])
+
+
+# ------------------------------------------- schemathesis' own settings: `run openapi.yaml -c all --mode all`
+
+#: the same run with schemathesis' defaults for every check: a schema-valid request must be answered 2xx, so a
+#: 422 is a failure unless it is a conflict JSON Schema cannot state, which the operation's 422 description lists
+#: with its error types (service/openapi.py, INVALID_REQUESTS)
+STRICT = schemathesis.openapi.from_path(ROOT / "openapi.yaml", config=schemathesis.Config.from_dict(
+    {"seed": SEED, "generation": {"mode": "all"}}))
+STRICT.app = closing(create_app(Settings(compression=())))
+_SPEC = yaml.safe_load((ROOT / "openapi.yaml").read_text(encoding="utf-8"))
+
+
+def documented_types(path: str, method: str) -> set[str]:
+    """The error types an operation's 422 description names (backquoted)."""
+    response = _SPEC["paths"][path][method.lower()]["responses"].get("422", {})
+    return set(re.findall(r"`([a-z][a-z0-9_]*)`", response.get("description", "")))
+
+
+def is_documented_conflict(failure: Failure, case, response) -> bool:
+    """A schema-valid request refused (422) only by rules the operation's 422 description lists."""
+    if not isinstance(failure, RejectedPositiveData) or response.status_code != 422:
+        return False
+    types = {e["type"] for e in orjson.loads(response.content).get("errors") or []}
+    return bool(types) and types <= documented_types(case.operation.path, case.method)
+
+
+@pytest.mark.slow
+@STRICT.parametrize()
+@settings(suppress_health_check=list(HealthCheck), deadline=None)
+def test_contract_with_every_check_at_its_defaults(case):
+    response = case.call()
+    try:
+        case.validate_response(response, checks=ALL_CHECKS, additional_checks=[no_internals_in_the_answer])
+    except (Failure, FailureGroup) as error:
+        failures = error.exceptions if isinstance(error, FailureGroup) else (error,)
+        if not all(is_documented_conflict(f, case, response) for f in failures):
+            raise
+
+
+def test_a_422_is_documented_only_with_the_types_its_description_names():
+    """The filter above lets through nothing else: an undocumented type, or a status other than 422, stays a
+    failure."""
+    import types
+
+    case = types.SimpleNamespace(operation=types.SimpleNamespace(path="/trace"), method="POST")
+    failure = RejectedPositiveData(operation="POST /trace", message="", status_code=422, allowed_statuses=["2xx"])
+
+    def answer(status: int, *kinds: str):
+        body = {"errors": [{"pointer": "", "type": k, "message": ""} for k in kinds]}
+        return types.SimpleNamespace(status_code=status, content=orjson.dumps(body))
+
+    assert {"head_division", "stage_needs_causal", "trace_too_large"} <= documented_types("/trace", "post")
+    assert is_documented_conflict(failure, case, answer(422, "head_division", "stage_needs_causal"))
+    assert not is_documented_conflict(failure, case, answer(422, "head_division", "missing"))
+    assert not is_documented_conflict(failure, case, answer(422))
+    assert not is_documented_conflict(failure, case, answer(400, "head_division"))
+    assert "stage_needs_causal" not in documented_types("/trace/html", "post")  # the page has no stages
 
 
 def test_every_operation_is_fuzzed():

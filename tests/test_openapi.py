@@ -9,8 +9,8 @@ from pydantic.json_schema import models_json_schema
 from answer_values import document_differences
 from conftest import ROOT
 from service.routes.trace import TraceRequest
-from service.openapi import CONTRACT_MODELS
-from service.openapi import REF, render
+from service.models import TraceSpec
+from service.openapi import _ONE_SOURCE, CONTRACT_MODELS, NAMED_ENUMS, REF, refused_fields, render
 
 
 def test_spec_is_valid_openapi_3_1(spec):
@@ -29,15 +29,132 @@ def test_committed_spec_matches_the_models():
         assert not problems, "openapi.yaml is stale: run scripts/gen-openapi\n" + "\n".join(problems[:10])
 
 
-def test_components_equal_the_pydantic_json_schema(spec):
-    _, defs = models_json_schema([(m, "validation") for m in CONTRACT_MODELS], ref_template=REF)
-    assert spec["components"]["schemas"] == defs["$defs"]
+def _expanded(schemas: dict, name: str) -> dict:
+    """A component as pydantic writes it: its allOf parts' properties merged in (its own win: a field the operation
+    refuses), the named enums written out, no per-field titles."""
+    import copy
+
+    schema = copy.deepcopy(schemas[name])
+    if "allOf" in schema:
+        parts = [_expanded(schemas, ref["$ref"].rsplit("/", 1)[1]) for ref in schema.pop("allOf")]
+        schema["properties"] = {k: v for part in parts for k, v in part["properties"].items()} | schema.get(
+            "properties", {})
+        del schema["unevaluatedProperties"]
+        schema["additionalProperties"] = False
+    return _inline_enums(schemas, schema)
+
+
+def _inline_enums(schemas: dict, node):
+    if isinstance(node, list):
+        return [_inline_enums(schemas, v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _inline_enums(schemas, v) for k, v in node.items()}
+    ref = out.get("$ref", "").rsplit("/", 1)[-1]
+    if ref in NAMED_ENUMS:
+        del out["$ref"]
+        out["enum"] = list(NAMED_ENUMS[ref])
+    if tuple(out.get("enum", ())) in NAMED_ENUMS.values():
+        out["type"] = "string"
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {k: {a: b for a, b in v.items() if a != "title"} for k, v in out["properties"].items()}
+    return out
+
+
+def test_components_state_the_pydantic_json_schema_with_each_shared_part_once(spec):
+    """Each request that traces refers to the one TraceSpec (and TraceOptions), each list of names is one enum,
+    and, expanded, every component is pydantic's schema of its model: the only additions are the rules JSON
+    Schema can state between fields, and the fields an operation refuses, admitted only at their default."""
+    import copy
+
+    _, defs = models_json_schema([(m, "validation") for m in (*CONTRACT_MODELS, TraceSpec)], ref_template=REF)
+    pydantic = defs["$defs"]
+    schemas = spec["components"]["schemas"]
+    refused = refused_fields()
+    for name, model in pydantic.items():
+        expected = _inline_enums({}, copy.deepcopy(model))
+        expected["properties"] = {**expected.get("properties", {}), **refused.get(name, {})}
+        if not expected["properties"]:
+            del expected["properties"]
+        if name == "TraceSpec":  # the shared part is open: each request closes itself (unevaluatedProperties)
+            del expected["additionalProperties"]
+            expected.update(copy.deepcopy(_ONE_SOURCE))
+        assert _expanded(schemas, name) == expected, name
+    tracing = ("TraceRequest", "CheckRequest", "ExplainRequest", "NormExplainRequest", "FFNExplainRequest",
+               "ExportRequest", "TracePageRequest")
+    for name in tracing:
+        assert {"$ref": REF.format(model="TraceSpec")} in schemas[name]["allOf"], name
+        assert not set(schemas[name].get("properties", {})) & set(schemas["TraceSpec"]["properties"]), name
+    enums: list[list] = []
+
+    def collect(node) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("enum"), list) and len(node["enum"]) > 1:
+                enums.append(node["enum"])
+            for v in node.values():
+                collect(v)
+        elif isinstance(node, list):
+            for v in node:
+                collect(v)
+
+    collect(spec)
+    for name, names in NAMED_ENUMS.items():  # the stage ids, the mistakes' names …: each list written once
+        assert enums.count(list(names)) == 1, name
+        assert not [e for e in enums if e != list(names) and set(e) & set(names) == set(names)], name
+    text = (ROOT / "openapi.yaml").read_text(encoding="utf-8")
+    assert text.count("urn:attention-trace:problem:malformed-json") == 1  # each problem response once
+    assert len(text.splitlines()) <= 3000
+
+
+def test_the_schema_states_what_json_schema_can_of_the_rules_between_fields(spec):
+    from jsonschema import Draft202012Validator
+
+    def valid(name: str, body: dict) -> bool:
+        schema = {"$ref": REF.format(model=name), "components": spec["components"]}
+        return Draft202012Validator(schema).is_valid(body)
+
+    for name in ("TraceRequest", "CheckRequest", "ExportRequest"):
+        extra = {"CheckRequest": {"submission": {"weights": [[[1.0]]]}},
+                 "ExportRequest": {"format": "bertviz"}}.get(name, {})
+        assert valid(name, {"sentence": "the cat", **extra}), name
+        assert valid(name, {"tokens": ["the"], "sentence": None, **extra}), name
+        assert not valid(name, {**extra}), f"{name}: neither sentence nor tokens"
+        assert not valid(name, {"sentence": "the", "tokens": ["the"], **extra}), f"{name}: both"
+        assert not valid(name, {"sentence": "the", "context_sentence": "le", "context_tokens": ["le"], **extra})
+        assert not valid(name, {"sentence": "the", "nope": 1, **extra}), f"{name}: an unknown field"
+    assert valid("TraceRequest", {"sentence": "the", "stages": ["weights"]})
+    assert not valid("TracePageRequest", {"sentence": "the", "stages": ["weights"]})
+    assert valid("TracePageRequest", {"sentence": "the", "stages": None, "causal": True})
+    assert not valid("ExportRequest", {"sentence": "the", "format": "bertviz", "decode": True})
+    assert valid("ExportRequest", {"sentence": "the", "format": "bertviz", "decode": False})
+    assert not valid("ExplainRequest", {"sentence": "the", "head": 0, "query": 0, "key": 0,
+                                        "inject_bug": "no_scale"})
+
+
+def test_every_published_request_example_is_schema_valid(spec):
+    from jsonschema import Draft202012Validator
+
+    checked = 0
+    for name, schema in spec["components"]["schemas"].items():
+        for example in schema.get("examples", []):
+            validator = Draft202012Validator({"$ref": REF.format(model=name), "components": spec["components"]})
+            assert validator.is_valid(example), (name, example)
+            checked += 1
+    for path, item in spec["paths"].items():
+        for method, op in item.items():
+            media = op.get("requestBody", {}).get("content", {}).get("application/json")
+            for key, example in (media or {}).get("examples", {}).items():
+                validator = Draft202012Validator({**media["schema"], "components": spec["components"]})
+                assert validator.is_valid(example["value"]), (path, key)
+                checked += 1
+    assert checked >= 15
 
 
 def test_every_request_field_is_documented(spec):
-    props = spec["components"]["schemas"]["TraceRequest"]["properties"]
+    schemas = spec["components"]["schemas"]
+    props = schemas["TraceSpec"]["properties"] | schemas["TraceOptions"]["properties"]
     assert set(props) == set(TraceRequest.model_fields)
-    assert spec["components"]["schemas"]["TraceRequest"]["additionalProperties"] is False
+    assert schemas["TraceRequest"]["unevaluatedProperties"] is False
 
 
 def test_examples_validate_against_their_schemas(spec, spec_checker):
@@ -103,7 +220,10 @@ def _observed(spec, docs) -> tuple[dict[str, list[set[str]]], dict[str, set[str]
 
     for path, method, status, mime, body in docs:
         op = spec["paths"].get(path, {}).get(method) or spec["paths"]["/trace"]["post"]
-        walk(op["responses"][str(status)]["content"][mime]["schema"], body)
+        response = op["responses"][str(status)]
+        if "$ref" in response:
+            response = spec["components"]["responses"][response["$ref"].rsplit("/", 1)[1]]
+        walk(response["content"][mime]["schema"], body)
     return seen, nulls
 
 

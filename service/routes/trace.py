@@ -498,7 +498,7 @@ def openapi_paths(parts: Parts) -> dict[str, Any]:
                            "a Content-Security-Policy meta that allows only them (by hash): it opens from disk, "
                            "offline, read-only, and sends no request (docs/viewer.md).",
             "requestBody": {"required": True, "content": {"application/json": {
-                "schema": parts.ref("TraceRequest")}}},
+                "schema": parts.ref("TracePageRequest")}}},
             "responses": {"200": {"description": "The page, as a download.", "headers": {
                 **parts.headers, "Content-Disposition": {"schema": {"type": "string"}, "description":
                                                          'attachment; filename="attention-trace_….html"'}},
