@@ -60,6 +60,9 @@ from .sandbox import Call, Outcome, RunResult, SandboxError, run_base_for, run_c
 MAX_SHOWN_FAILURES = 3  # configurations detailed in one test's message
 MAX_PRINTED_SHOWN = 8000  # characters of the student's own output in the summary
 MAX_VALUE = 1e300  # what /check accepts; larger values fail locally
+#: a process stopped with its address space (VmPeak) at least this share of [limits] memory_mb was at the memory
+#: limit (the interpreter and numpy alone take about a tenth of 1024 MiB)
+MEMORY_LIMIT_NEAR = 0.9
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")  # what a hidden test's hint may not hold
 
 
@@ -659,6 +662,19 @@ class Grader:
             if o.status in ("timeout", "crashed", "output", "protocol") or (o.status == "error" and o.detail):
                 where = f"{key[0]} on '{key[1]}'" if isinstance(key, tuple) and len(key) > 1 else str(key)
                 stops.append((where, o))
+        memory = []  # the memory limit: an allocation refused (MemoryError), or stopped with its address space there
+        limit_mb = self.course.limits.memory_mb
+        for key, o in outcomes.items():
+            where = f"{key[0]} on '{key[1]}'" if isinstance(key, tuple) and len(key) > 1 else str(key)
+            if o.status == "error" and (o.error or {}).get("type") == "MemoryError":
+                memory.append(f"{where}: an allocation went past the memory limit ({limit_mb} MiB of address space) "
+                              "and raised MemoryError")
+            elif o.memory_peak_mb is not None and o.memory_peak_mb >= MEMORY_LIMIT_NEAR * limit_mb:
+                memory.append(f"{where}: {o.status} with its address space at the memory limit "
+                              f"({o.memory_peak_mb:.0f} of {limit_mb} MiB): stopped at the memory limit, not only "
+                              "by the clock")
+        if memory:
+            log["memory"] = {"count": len(memory), "examples": memory[:10]}
         if stops:
             log["limits"] = {"count": len(stops), "examples": [f"{k}: {o.status}: {o.detail}"[:300]
                                                                for k, o in stops[:10]]}
