@@ -766,7 +766,7 @@ class Grader:
         matched: dict[str, list[str]] = {}
         # where a function it runs goes wrong on a configuration its own tests do not reach: that function, not
         # the wiring (probe)
-        unreached = {c: found for c, _ in failures if (found := self.unreached_failures(t, c))}
+        unreached = {c: off for c, _ in failures if (off := self.unreached_failures(t, c))}
         if unreached:
             extra = self.unreached_lines(t, unreached)
             out.shown += extra

@@ -41,6 +41,7 @@ import os
 import sys
 import time
 import traceback
+from typing import Any
 
 MAX_MESSAGE = 4000  # characters of an exception's message sent back
 
@@ -124,7 +125,7 @@ def _install_audit(roots: list[str], student: str) -> None:
             return False
         busy.append(1)
         try:
-            f = getframe(2)  # 0 this, 1 the hook, 2 the code that called sys._getframe (a C call has no frame)
+            f: Any = getframe(2)  # 0 this, 1 the hook, 2 the code that called sys._getframe (a C call has no frame)
             for _ in range(4):
                 if f is None:
                     return False

@@ -493,7 +493,9 @@ class StudentProcess:
     def memory_peak_mb(self) -> float | None:
         """The largest VmPeak (address space, what RLIMIT_AS bounds) among the student's live processes: the
         launcher's descendants, read from /proc. None when none can be read."""
-        peak, todo, seen = None, [self.proc.pid], set()
+        assert self.proc is not None
+        peak: float | None = None
+        todo, seen = [self.proc.pid], set[int]()
         while todo and len(seen) < 256:
             pid = todo.pop()
             if pid in seen:
