@@ -25,7 +25,6 @@ from grading_support import (BLOCK_COURSES, BLOCK_CORRECT, CORRECT_STUDENTS, GRA
                              student_runtime)
 
 from grader import config, core
-from grader.assignment import stages_of_answer
 from grader.sandbox import Outcome, RunResult
 
 _ = student_runtime  # a pytest fixture: tests receive it by name
