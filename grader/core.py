@@ -908,11 +908,12 @@ class Grader:
             parts.append(f"more than {max(ns)} tokens")
         elif n < min(ns):
             parts.append(f"fewer than {min(ns)} tokens")
-        if conf.d_k not in {x.d_k for x in confs}:
-            parts.append("a head size d_k none of them has")
-        if conf.num_heads not in {x.num_heads for x in confs}:
-            parts.append("a number of heads none of them has")
-        if conf.d_model not in {x.d_model for x in confs}:
+        if fname in FUNCTIONS:  # the attention's functions: its heads' sizes
+            if conf.d_k not in {x.d_k for x in confs}:
+                parts.append("a head size d_k none of them has")
+            if conf.num_heads not in {x.num_heads for x in confs}:
+                parts.append("a number of heads none of them has")
+        elif conf.d_model not in {x.d_model for x in confs}:  # a norm or the FFN: the model's width
             parts.append("a d_model none of them has")
         return ", ".join(parts) or "other inputs of the same sizes"
 
