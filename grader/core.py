@@ -594,6 +594,11 @@ class Grader:
             self.log(f"grader: probe run ({'the layer' if layer else 'stage functions'} where a whole function "
                      f"failed unreached): {r.processes} process(es), {r.seconds:.2f} s")
             self.result.extra.setdefault("probes", []).append(sorted({f"{c.function} on '{c.key[1]}'" for c in group}))
+            log = self.result.extra.setdefault("integrity", {})  # what the probe's processes tried: staff only too
+            for kind, entry in r.audit.items():
+                into = log.setdefault(kind, {"count": 0, "examples": []})
+                into["count"] += entry["count"]
+                into["examples"] += [f"probe: {e}" for e in entry["examples"]][: max(0, 10 - len(into["examples"]))]
             by_pair: dict[tuple[str, str], dict[str, np.ndarray]] = {}
             failed: dict[tuple[str, str], dict[str, Verdict]] = {}
             for c in group:
