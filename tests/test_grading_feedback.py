@@ -343,6 +343,24 @@ def test_the_integrity_log_records_what_was_refused_for_the_staff_only(tmp_path,
         assert any(line.startswith("grader: integrity log: ") for line in res.log)
 
 
+def test_a_stage_function_wrong_only_on_a_hidden_configuration_is_named_not_the_layers_wiring(tmp_path,
+                                                                                             student_runtime):
+    """course.toml: scale from a table of √d_k for d_k up to 8 (every visible configuration's) raises on the
+    hidden encoder's d_k 14; multi_head_attention (hidden) names scale there, and never says the wiring."""
+    source = (STUDENTS / "correct.py").read_text(encoding="utf-8")
+    old = "def scale(scores, d_k):\n    return scores / np.sqrt(d_k)\n"
+    table = ("ROOTS = [np.sqrt(d) for d in range(9)]  # every d_k the visible tests use\n\n\n"
+             "def scale(scores, d_k):\n    return scores / ROOTS[d_k]\n")
+    assert old in source
+    r = core.grade(student_dir(tmp_path, source.replace(old, table)), fast_course(), runtime=student_runtime)
+    failed = {t.name: t for t in r.tests if not t.passed}
+    assert set(failed) == {"multi_head_attention (hidden)"}, {n: t.message for n, t in failed.items()}
+    message = failed["multi_head_attention (hidden)"].message
+    assert ("On 'hidden-encoder', your scale raises an exception, although it passes its own test: it goes wrong "
+            "only on a configuration the visible tests do not reach (a head size d_k none of them has)") in message
+    assert "wiring" not in message and "14" not in message, message
+
+
 #: scores() of correct.py, then a way of reaching past it: each a student of its own
 INTEGRITY_SCORES = {
     "getframe": "    import sys\n    sys._getframe(1).f_locals  # the harness's frame\n",
