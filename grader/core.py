@@ -53,12 +53,16 @@ from . import runtime as runtime_mod
 from .assignment import ALL_FUNCTIONS, AXES, BLOCK_STAGES, CALL_ORDER, CALLEES, FUNCTIONS, LAYER, STAGES_OF_CONFIG, \
     WHOLE, Reference, call_arguments, parts_of, reference_from_engine, stages_of_answer
 from .config import Configuration, Course, Test
-from .reference import AnswerRefused, CheckOutcome, EngineSource, ServiceSource, SourceError, source_for, tolerance_of
+from .reference import AnswerRefused, CheckOutcome, EngineSource, ServiceSource, SourceError, configuration_check, \
+    logit_scale, source_for, tolerance_of
 from .sandbox import Call, Outcome, RunResult, SandboxError, run_base_for, run_calls
 
 MAX_SHOWN_FAILURES = 3  # configurations detailed in one test's message
 MAX_PRINTED_SHOWN = 8000  # characters of the student's own output in the summary
 MAX_VALUE = 1e300  # what /check accepts; larger values fail locally
+#: a process stopped with its address space (VmPeak) at least this share of [limits] memory_mb was at the memory
+#: limit (the interpreter and numpy alone take about a tenth of 1024 MiB)
+MEMORY_LIMIT_NEAR = 0.9
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")  # what a hidden test's hint may not hold
 
 
@@ -200,6 +204,25 @@ def outcome_verdict(out: Outcome, function: str) -> Verdict:
     else:
         redacted = text
     return Verdict(False, text, redacted, kind=kind)
+
+
+def failure_words(v: Verdict) -> str:
+    """How a function failed, in words that hold nothing it chose and no value: for naming it."""
+    if v.kind == "error":
+        return "raises an exception"
+    if v.kind == "crashed":
+        return "crashes or exits"
+    if v.kind == "timeout":
+        return "does not finish in time"
+    if v.kind == "plain":
+        if "NaN" in v.redacted or "infinite" in v.redacted:
+            return "returns NaN or infinite values"
+        if "same number" in v.redacted:
+            return "returns the same number everywhere (an unfinished placeholder?)"
+        if "shape" in v.redacted:
+            return "returns the wrong shape"
+        return "returns values that cannot be compared"
+    return "gives wrong numbers"
 
 
 def numpy_words(stage: str, message: str) -> str:
@@ -395,6 +418,11 @@ class Grader:
                          limits=self.course.limits, hide=hide, deadline=deadline, run_base=self.run_base,
                          broken=broken)
 
+    def check_of(self, cname: str) -> dict[str, Any]:
+        """The course's ``[check]`` on one configuration: raised where its logits are so large that a float32
+        softmax's rounding alone would use it up (``reference.configuration_check``)."""
+        return configuration_check(self.course.check, logit_scale(self._refs[cname]))
+
     def check(self, source: EngineSource | ServiceSource, seeds: dict[str, int], refs: dict[str, Reference],
               fname: str, cname: str, answers: dict[str, np.ndarray]) -> dict[str, Verdict]:
         """Check one function's answers on one configuration: a verdict per graded stage."""
@@ -415,12 +443,12 @@ class Grader:
         block_part = {s: v for s, v in submission.items() if s in BLOCK_STAGES}
         attention = {s: v for s, v in submission.items() if s not in BLOCK_STAGES}
         if block_part:  # the block's stages: checked and diagnosed here (block.py)
-            self.read_outcome(block_mod.check(ref, fname, block_part, tolerance_of(self.course.check)), fname, cname,
+            self.read_outcome(block_mod.check(ref, fname, block_part, tolerance_of(self.check_of(cname))), fname, cname,
                               verdicts)
         result: CheckOutcome | None = None
         if attention:
             try:
-                result = source.check(ref, c, seeds[cname], attention, self.course.check)
+                result = source.check(ref, c, seeds[cname], attention, self.check_of(cname))
             except AnswerRefused as e:
                 for stage in attention:
                     verdicts[stage] = Verdict(False, f"{stage}: the grading service refused these numbers: {e}",
@@ -450,6 +478,7 @@ class Grader:
         t0 = time.monotonic()
         source = None
         self._no_match_message: dict[tuple[str, str], str] = {}
+        self._probes: dict[tuple[str, str], dict[str, Verdict]] = {}
         self._answers: dict[tuple[str, str], dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         try:
             source = self._source or make_source(self.course)
@@ -467,6 +496,7 @@ class Grader:
                 self.course.seeds == "student") else "drawn for this submission (unless fixed)"
             used = [n for n in self.course.configurations if any(n in t.configurations for t in self.course.tests)]
             refs = self.references(source, seeds, used)
+            self._refs = refs
             bugs = source.bug_summaries  # the known mistakes' summaries, to name them
             if self.course.block is not None:
                 bugs = {**bugs, **block_mod.summaries()}
@@ -501,6 +531,7 @@ class Grader:
                 outcomes.update(r.outcomes)
             self.integrity(runs, outcomes)
             verdicts = self.verdicts(source, seeds, refs, pairs, outcomes, start)
+            self._probes = self.probe(source, seeds, refs, verdicts, hide, runtime, deadline, broken)
             self.score(verdicts, seeds, bugs, runs, refs)
         except (Ungradable, SourceError) as e:
             return self.ungradable(str(e))
@@ -514,6 +545,89 @@ class Grader:
             if source is not None and self._own_source:
                 source.close()
         return res
+
+    #: a whole function's failures that its own functions may explain: wrong numbers, an exception, a crash,
+    #: NaN or a placeholder (a timeout is not probed: a hang would only cost the time again)
+    PROBED_KINDS = ("wrong", "plain", "error", "crashed")
+
+    def probe(self, source: EngineSource | ServiceSource, seeds: dict[str, int], refs: dict[str, Reference],
+              verdicts: dict[tuple[str, str], dict[str, Verdict]], hide: list[str], runtime: runtime_mod.Runtime,
+              deadline: float, broken: dict[str, str]) -> dict[tuple[str, str], dict[str, Verdict]]:
+        """Where a whole function (multi_head_attention, block) fails on a configuration that the tests of the
+        functions it calls do not reach (a hidden one), those functions are run there too, under the same
+        sandbox (a fresh process, a fresh uid; the whole layer in a process of its own, as in grading), and
+        checked: (function, configuration) -> its verdict per stage. Never graded: only what the message says
+        (a function that goes wrong only there is named, not the wiring)."""
+        course = self.course
+        graded_fns = {t.function for t in course.tests}
+        reached = {(t.function, c) for t in course.tests for c in t.configurations}
+        wanted: dict[str, list[str]] = {}  # configuration -> the functions to run there
+        for (fname, cname), v in verdicts.items():
+            if fname not in WHOLE or not any(not x.passed and x.kind in self.PROBED_KINDS for x in v.values()):
+                continue
+            callees = [f for f in self.callees_of(fname) if f in graded_fns and (f, cname) not in reached]
+            for f in callees:
+                if f not in wanted.setdefault(cname, []) and f not in broken:
+                    wanted[cname].append(f)
+        if not wanted:
+            return {}
+        calls: dict[bool, list[Call]] = {}  # whether the call is the whole layer's (a process of its own)
+        for fname in CALL_ORDER:
+            for cname, fns in wanted.items():
+                if fname not in fns:
+                    continue
+                ref, layer = refs[cname], fname == LAYER
+                if ALL_FUNCTIONS[fname].causal_only and not ref.causal:
+                    continue
+                stages = [s for s in STAGES_OF_CONFIG if s != "masked_scores" or ref.causal]
+                for part in parts_of(ALL_FUNCTIONS[fname], ref):
+                    arrays, args, kwargs = call_arguments(part, ref)
+                    calls.setdefault(layer, []).append(Call((fname, cname, part.stage), fname, arrays, args, kwargs,
+                                                            result="stages" if layer else "array",
+                                                            stages=stages if layer else [],
+                                                            where=f"on configuration '{cname}'"))
+        if course.block is not None and False in calls:
+            calls[False].sort(key=lambda c: refs[c.key[1]].order.get(c.key[2], -1))
+        out: dict[tuple[str, str], dict[str, Verdict]] = {}
+        for layer, group in sorted(calls.items()):
+            r = self.run(group, hide, runtime, deadline, broken)
+            self.log(f"grader: probe run ({'the layer' if layer else 'stage functions'} where a whole function "
+                     f"failed unreached): {r.processes} process(es), {r.seconds:.2f} s")
+            self.result.extra.setdefault("probes", []).append(sorted({f"{c.function} on '{c.key[1]}'" for c in group}))
+            log = self.result.extra.setdefault("integrity", {})  # what the probe's processes tried: staff only too
+            for kind, entry in r.audit.items():
+                into = log.setdefault(kind, {"count": 0, "examples": []})
+                into["count"] += entry["count"]
+                into["examples"] += [f"probe: {e}" for e in entry["examples"]][: max(0, 10 - len(into["examples"]))]
+            by_pair: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+            failed: dict[tuple[str, str], dict[str, Verdict]] = {}
+            for c in group:
+                fname, cname, stage = c.key
+                o = r.outcomes.get(c.key) or Outcome("not_run", detail="not run")
+                if o.status == "ok" and o.arrays is not None:
+                    part = next(p for p in ALL_FUNCTIONS[fname].parts if p.stage == stage)
+                    by_pair.setdefault((fname, cname), {}).update(stages_of_answer(o.arrays, part))
+                else:
+                    failed.setdefault((fname, cname), {})[stage] = outcome_verdict(o, fname)
+            for pair in set(by_pair) | set(failed):
+                v = self.check(source, seeds, refs, pair[0], pair[1], by_pair[pair]) if pair in by_pair else {}
+                v.update(failed.get(pair, {}))
+                graded_stages = self.graded_stages_of(pair[0])
+                out[pair] = {s: x for s, x in v.items() if s in graded_stages}
+        return out
+
+    def callees_of(self, fname: str) -> list[str]:
+        """The functions a whole function runs, its layer's included (block runs multi_head_attention)."""
+        out: list[str] = []
+        for f in CALLEES.get(fname, ()):
+            out += [g for g in self.callees_of(f) if g not in out] if f in WHOLE else []
+            if f not in out:
+                out.append(f)
+        return out
+
+    @staticmethod
+    def graded_stages_of(fname: str) -> list[str]:
+        return list(ALL_FUNCTIONS[fname].stages) if fname != LAYER else ["output"]
 
     def record_runs(self, runs: dict[str, RunResult]) -> None:
         res = self.result
@@ -553,6 +667,19 @@ class Grader:
             if o.status in ("timeout", "crashed", "output", "protocol") or (o.status == "error" and o.detail):
                 where = f"{key[0]} on '{key[1]}'" if isinstance(key, tuple) and len(key) > 1 else str(key)
                 stops.append((where, o))
+        memory = []  # the memory limit: an allocation refused (MemoryError), or stopped with its address space there
+        limit_mb = self.course.limits.memory_mb
+        for key, o in outcomes.items():
+            where = f"{key[0]} on '{key[1]}'" if isinstance(key, tuple) and len(key) > 1 else str(key)
+            if o.status == "error" and (o.error or {}).get("type") == "MemoryError":
+                memory.append(f"{where}: an allocation went past the memory limit ({limit_mb} MiB of address space) "
+                              "and raised MemoryError")
+            elif o.memory_peak_mb is not None and o.memory_peak_mb >= MEMORY_LIMIT_NEAR * limit_mb:
+                memory.append(f"{where}: {o.status} with its address space at the memory limit "
+                              f"({o.memory_peak_mb:.0f} of {limit_mb} MiB): stopped at the memory limit, not only "
+                              "by the clock")
+        if memory:
+            log["memory"] = {"count": len(memory), "examples": memory[:10]}
         if stops:
             log["limits"] = {"count": len(stops), "examples": [f"{k}: {o.status}: {o.detail}"[:300]
                                                                for k, o in stops[:10]]}
@@ -642,21 +769,30 @@ class Grader:
         wrong = [c for c, bad in failures if any(v.kind == "wrong" for v in bad)]
         layer = t.function == "multi_head_attention"
         matched: dict[str, list[str]] = {}
-        if layer and self._wiring and wrong:
+        # where a function it runs goes wrong on a configuration its own tests do not reach: that function, not
+        # the wiring (probe)
+        unreached = {c: off for c, _ in failures if (off := self.unreached_failures(t, c))}
+        if unreached:
+            extra = self.unreached_lines(t, unreached)
+            out.shown += extra
+            out.hidden += extra
+            out.no_pointer = True
+        wired = [c for c in wrong if c not in unreached]  # wrong numbers, every function it runs right there
+        if layer and self._wiring and wired:
             out.shown.append("Every stage function passes, so the wiring in multi_head_attention is wrong: what it "
                              "passes to each function, or which one it calls (or skips), or in what order.")
             out.hidden.append(out.shown[-1])
-            for c in wrong:
-                matched[c] = self.wiring(t, c)
-        else:
-            for c, bad in failures:
-                if c in wrong:
-                    found: list[str] = []
-                    for v in bad:
-                        found += [b for b in v.bugs if b not in found]
-                    matched[c] = found
+        for c, bad in failures:
+            if c in wrong:
+                if layer and self._wiring and c in wired:
+                    matched[c] = self.wiring(t, c)
+                    continue
+                found: list[str] = []
+                for v in bad:
+                    found += [b for b in v.bugs if b not in found]
+                matched[c] = found
         if t.function == "block" and failures:
-            extra = self.block_lines(out)
+            extra = self.block_lines(out, failures, unreached)
             out.shown += extra
             out.hidden += extra
         unknown = {c: (block_mod.cannot_show if self.course.block is not None else diagnosis.cannot_show)(
@@ -666,12 +802,12 @@ class Grader:
                             if all(b in matched[w] or b in unknown[w] for w in wrong)})
         out.shown += lines
         out.hidden += lines
-        if layer and self._wiring and wrong and any(diagnosis.about_position(name) for name in out.named):
+        if layer and self._wiring and wired and any(diagnosis.about_position(name) for name in out.named):
             note = ("(multi_head_attention is given x with the positional encoding already added: the layer itself "
                     "adds no encoding.)")
             out.shown.append(note)
             out.hidden.append(note)
-        if layer and self._wiring and wrong and not plain:
+        if layer and self._wiring and wired and not plain:
             line = ("None of the known wiring mistakes reproduces it. Return the stages as a dict (ASSIGNMENT.md) "
                     "and the grader points at the first one that goes wrong.")
             out.shown.append(line)
@@ -715,20 +851,76 @@ class Grader:
         out.hidden += hint_lines(numberless)
         return out
 
-    def block_lines(self, out: Explained) -> list[str]:
-        """What a failing block's own functions say about it: fix theirs first, or, when they all pass, its
-        wiring (the residual sums, where the norms go, the final norm) is what is wrong."""
+    def block_lines(self, out: Explained, failures: list[tuple[str, list[Verdict]]],
+                    unreached: dict[str, list[tuple[str, Verdict]]]) -> list[str]:
+        """What a failing block's own functions say about it: fix theirs first, or, when they all pass (on its
+        configurations too, where their tests do not reach them: ``probe``) and its numbers are wrong, its
+        wiring (the residual sums, where the norms go, the final norm) is what is wrong. A crash, NaN or a
+        placeholder says so on its own: it says nothing of the wiring."""
         tested = [f for f in CALLEES["block"] if any(t.function == f for t in self.course.tests)]
         failed = [f for f in tested if f in self._failed_any]
         if failed:
             out.no_pointer = True
             return [f"block runs your functions, so it also shows their mistakes: {', '.join(failed)} "
                     f"fail{'s' * (len(failed) == 1)} {'its' if len(failed) == 1 else 'their'} own test. Fix that first."]
-        if not tested:
+        wired = [c for c, bad in failures if c not in unreached and any(v.kind == "wrong" for v in bad)]
+        if not tested or not wired:
             return []
         return [f"Every function block calls passes ({', '.join(tested)}), so the wiring in block is wrong: the "
                 "residual sums, where each norm goes (pre- or post-norm), the final norm, or what it passes to each "
                 "function."]
+
+    def unreached_failures(self, t: Test, cname: str) -> list[tuple[str, Verdict]]:
+        """The functions ``t``'s whole function runs that fail on ``cname``, which their own tests do not reach
+        (``probe``), in the order it runs them: (function, its first failing verdict)."""
+        out = []
+        for f in self.callees_of(t.function):
+            bad = [v for v in self._probes.get((f, cname), {}).values() if not v.passed]
+            if bad:
+                out.append((f, bad[0]))
+        return out
+
+    def unreached_lines(self, t: Test, unreached: dict[str, list[tuple[str, Verdict]]]) -> list[str]:
+        """Each function that goes wrong only where its tests do not reach, named, with what sets that
+        configuration apart from the visible ones (no value, index or input)."""
+        lines = []
+        for c, found in unreached.items():
+            stage = [(f, v) for f, v in found if f not in WHOLE]
+            f, v = (stage or found)[0]
+            where = f"a configuration the visible tests do not reach ({self.unreached_what(f, c)})"
+            if stage:
+                more = [g for g, _ in stage[1:]]
+                also = f" ({', '.join(more)} too)" if more else ""
+                lines.append(f"On '{c}', your {f} {failure_words(v)}{also}, although it passes its own test: it goes "
+                             f"wrong only on {where}. Fix {f} there, and {t.function} may follow.")
+            else:  # only the layer: every function it calls is right there
+                lines.append(f"On '{c}', every function multi_head_attention calls passes, but multi_head_attention "
+                             f"{failure_words(v)}, although it passes its own test: its wiring goes wrong only on "
+                             f"{where}.")
+        return lines
+
+    def unreached_what(self, fname: str, cname: str) -> str:
+        """What sets configuration ``cname`` apart from the ones ``fname``'s tests reach, in words and the visible
+        configurations' own sizes (a hidden configuration's are never said)."""
+        seen = [x for t in self.course.tests if t.function == fname for x in t.configurations if x in self._refs]
+        conf, n = self.course.configurations[cname], self._refs[cname].n
+        if not seen:
+            return "no test of it reaches any configuration"
+        ns = [self._refs[x].n for x in seen]
+        confs = [self.course.configurations[x] for x in seen]
+        parts = []
+        if n > max(ns):
+            parts.append(f"more than {max(ns)} tokens")
+        elif n < min(ns):
+            parts.append(f"fewer than {min(ns)} tokens")
+        if fname in FUNCTIONS:  # the attention's functions: its heads' sizes
+            if conf.d_k not in {x.d_k for x in confs}:
+                parts.append("a head size d_k none of them has")
+            if conf.num_heads not in {x.num_heads for x in confs}:
+                parts.append("a number of heads none of them has")
+        elif conf.d_model not in {x.d_model for x in confs}:  # a norm or the FFN: the model's width
+            parts.append("a d_model none of them has")
+        return ", ".join(parts) or "other inputs of the same sizes"
 
     def wiring(self, t: Test, cname: str) -> list[str]:
         """The known mistakes that reproduce the layer's answers on one configuration, recomputed from the
@@ -739,14 +931,14 @@ class Grader:
         ref = self._refs[cname]
         trace = ref.trace if ref.trace is not None else diagnosis.engine_trace(self.course.configurations[cname],
                                                                                self._seeds[cname])
-        return diagnosis.wiring_matches(trace, answers, tolerance_of(self.course.check))
+        return diagnosis.wiring_matches(trace, answers, tolerance_of(self.check_of(cname)))
 
     def factor_lines(self, t: Test, wrong: list[str]) -> tuple[str, str] | None:
         """When, on every configuration where the test fails, the first wrong stage is the expected one
         times a constant: which (the same c everywhere, or one expression of the sizes)."""
-        tol = tolerance_of(self.course.check)
         found: list[tuple[str, str, float]] = []
         for c in wrong:
+            tol = tolerance_of(self.check_of(c))
             v = self._verdicts[(t.function, c)]
             stage = next((s for s in self.graded_stages(t) if s in v and not v[s].passed), None)
             answers = self._answers.get((t.function, c)) or {}

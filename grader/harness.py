@@ -41,6 +41,7 @@ import os
 import sys
 import time
 import traceback
+from typing import Any
 
 MAX_MESSAGE = 4000  # characters of an exception's message sent back
 
@@ -80,15 +81,22 @@ AUDITED = {
     **dict.fromkeys(("ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.addressof",
                      "ctypes.string_at", "ctypes.call_function"), "native_code"),
     **dict.fromkeys(("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
-                     "object.__setattr__"), "introspection"),
+                     "sys._current_exceptions", "sys._getframe", "object.__setattr__"), "introspection"),
 }
+#: the standard library's frame readers: sys._getframe called from these on the student's behalf (inspect.stack,
+#: inspect.currentframe, traceback.extract_stack) is the student's
+FRAME_READERS = ("inspect.py", "traceback.py")
 AUDIT_EXAMPLES = 20  # events of each kind sent in full; after that, only the count at each power of two
 
 
-def _install_audit(roots: list[str]) -> None:
+def _install_audit(roots: list[str], student: str) -> None:
     """The integrity log's hook. It touches nothing of the student's (no repr of their objects): only
-    strings, bytes and numbers from the event's arguments."""
+    strings, bytes and numbers from the event's arguments, and the file names of the frames that called
+    ``sys._getframe`` (the standard library calls it too: collections.namedtuple, typing; only the student's
+    own calls, directly or through inspect or traceback, are recorded). ``student``: the submission's folder."""
     write, out, dumps, sep = os.write, _OUT, json.dumps, os.sep
+    getframe, readers, mine = sys._getframe, FRAME_READERS, os.path.normpath(student) + os.sep
+    busy: list = []  # the hook's own sys._getframe raises the event again: not recorded
     join, normpath, getcwd = os.path.join, os.path.normpath, os.getcwd
     audited = AUDITED
     counts: dict = {}
@@ -111,11 +119,33 @@ def _install_audit(roots: list[str]) -> None:
         full = normpath(path if path.startswith(sep) else join(getcwd(), path)) + sep
         return not full.startswith(allowed)
 
+    def by_student() -> bool:
+        """Whether the code that called sys._getframe is the student's (or a frame reader it called)."""
+        if busy:
+            return False
+        busy.append(1)
+        try:
+            f: Any = getframe(2)  # 0 this, 1 the hook, 2 the code that called sys._getframe (a C call has no frame)
+            for _ in range(4):
+                if f is None:
+                    return False
+                name = f.f_code.co_filename
+                if name.startswith(mine):
+                    return True
+                if not name.endswith(readers):
+                    return False
+                f = f.f_back
+            return False
+        finally:
+            busy.pop()
+
     def hook(event, args):
         kind = audited.get(event)
         if kind is None:
             return
         try:
+            if event == "sys._getframe" and not by_student():
+                return
             if event == "socket.__new__" and (len(args) < 2 or args[1] == 1):  # AF_UNIX: a local pipe, not the network
                 return
             if event == "object.__setattr__" and not (len(args) > 1 and args[1] in ("__code__", "__globals__")):
@@ -179,7 +209,7 @@ def main(argv: list[str]) -> None:
     run_dir = os.path.dirname(sub_dir)
     _install_audit([run_dir, "/tmp", "/var/tmp", "/dev/shm", "/run/lock", sys.prefix, sys.base_prefix, site,
                     "/dev/null", "/dev/urandom", "/dev/random", "/dev/zero", "/proc/self", "/sys/devices/system/cpu",
-                    "/proc/cpuinfo", "/proc/meminfo", "/etc/localtime", "/usr/share/zoneinfo"])
+                    "/proc/cpuinfo", "/proc/meminfo", "/etc/localtime", "/usr/share/zoneinfo"], sub_dir)
     import types
 
     module = types.ModuleType(os.path.splitext(filename)[0])

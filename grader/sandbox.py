@@ -108,6 +108,9 @@ class Outcome:
     functions: list[str] = field(default_factory=list)
     seconds: float = 0.0
     out_of_total: bool = False  # stopped, or never started, because the whole submission's time ran out
+    #: stopped (a timeout): the largest address space its processes had reached, in MiB (VmPeak), for the
+    #: integrity log's memory-limit entry; None when not measured
+    memory_peak_mb: float | None = None
 
     @property
     def fatal(self) -> bool:
@@ -457,14 +460,16 @@ class StudentProcess:
                 return Outcome("protocol", detail="your code wrote too much to the grader's channel")
             left = deadline - time.monotonic()
             if left <= 0:
+                peak = self.memory_peak_mb()  # before the kill: a process at its memory limit may look hung
                 if deadline >= self.total_deadline:  # the submission's budget ran out, not this call's
                     return Outcome("timeout", detail=f"it was still {doing} when the time for the whole submission "
                                                      f"ran out: {self.limits.total_seconds:g} s for every call "
                                                      "together (each call may take "
                                                      f"{self.limits.call_seconds:g} s, but all of them share this)",
-                                   out_of_total=True)
+                                   out_of_total=True, memory_peak_mb=peak)
                 return Outcome("timeout", detail=f"it was still {doing} when the time limit of "
-                                                 f"{self.limits.call_seconds:g} s per call ran out")
+                                                 f"{self.limits.call_seconds:g} s per call ran out",
+                               memory_peak_mb=peak)
             fds = [fd for fd in (self.ctrl_out, self.out_r, self.pidfd) if fd is not None and fd in self._fds]
             ready, _, _ = select.select(fds, [], [], min(left, 0.5 if self.pidfd is None else left))
             if self.out_r in ready and not self._drain_output():
@@ -484,6 +489,30 @@ class StudentProcess:
                 if b"\n" in self._buf:
                     continue
                 return self._died(doing)
+
+    def memory_peak_mb(self) -> float | None:
+        """The largest VmPeak (address space, what RLIMIT_AS bounds) among the student's live processes: the
+        launcher's descendants, read from /proc. None when none can be read."""
+        assert self.proc is not None
+        peak: float | None = None
+        todo, seen = [self.proc.pid], set[int]()
+        while todo and len(seen) < 256:
+            pid = todo.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            try:
+                with open(f"/proc/{pid}/status", "rb") as f:
+                    for line in f:
+                        if line.startswith(b"VmPeak:"):
+                            mb = int(line.split()[1]) / 1024
+                            peak = mb if peak is None else max(peak, mb)
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                        todo += [int(c) for c in f.read().split()]
+            except (OSError, ValueError):
+                continue
+        return peak
 
     def _died(self, doing: str) -> Outcome:
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import re
 import tomllib
 from pathlib import Path
 from types import ModuleType
@@ -365,3 +366,58 @@ def test_an_answer_cached_from_layer_norm_earns_no_block_points(tmp_path, studen
     r = core.grade(student_dir(tmp_path, CACHES_INPUTS), course, runtime=student_runtime)
     assert {t.name for t in r.tests if not t.passed} == BLOCK_WHOLE and r.score == 13
     assert "looks like a placeholder" in next(t.message for t in r.tests if t.name == "block")
+
+
+# ------------------------------------------------------------------ a mistake only a hidden configuration reaches
+
+
+@pytest.fixture(scope="module")
+def unreached(student_runtime) -> dict[str, core.GradeResult]:
+    """Each block course's student whose mask is right up to 8 tokens only (hidden_only/), and course-block.toml's
+    correct student with a block that fails in a way of its own (an exception, NaN, a placeholder)."""
+    import tempfile
+
+    source = (BLOCK_COURSES["course-block.toml"] / "correct.py").read_text(encoding="utf-8")
+    head = "def block(x, params, causal=False):\n"
+    at = source.index(head) + len(head)
+    broken = {"raises": "    raise ValueError('not finished')\n", "nan": "    return np.full(np.shape(x), np.nan)\n",
+              "zeros": "    return np.zeros(np.shape(x))\n"}
+
+    def job(name: str, student: Path | str):
+        course = config.load(COURSE_FILES[name])
+        return lambda: core.grade(student_dir(Path(tempfile.mkdtemp(prefix="block-unreached-")), student), course,
+                                  runtime=student_runtime)
+
+    jobs = {name: job(name, folder / "hidden_only" / "mask_from_an_8_token_table.py")
+            for name, folder in BLOCK_COURSES.items()}
+    jobs.update({kind: job("course-block.toml", source[:at] + body + source[at:]) for kind, body in broken.items()})
+    return grade_many(jobs)
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize("name", sorted(COURSE_FILES))
+def test_a_mistake_only_a_hidden_configuration_reaches_is_named_not_the_wiring(unreached, name):
+    r = unreached[name]
+    assert r.gradable, r.internal_error
+    assert {t.name for t in r.tests if not t.passed} == {"block (hidden)"}
+    message = next(t.message for t in r.tests if t.name == "block (hidden)")
+    assert ("your mask" in message and "it goes wrong only on a configuration the visible tests do not reach "
+            "(more than 7 tokens" in message and "Fix mask there" in message), message
+    assert "wiring" not in message, message
+    # no value, index, input or seed of the hidden configuration
+    assert "seed" not in message and "expected" not in message and not re.search(r"\[\d|\d\.\d", message), message
+    assert any("mask on 'hidden-decoder'" in run for runs in r.extra["probes"] for run in runs)
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize(("kind", "says"), [("raises", "raised an exception in block"),
+                                             ("nan", "NaN or infinite values"),
+                                             ("zeros", "every value is the same number")])
+def test_a_block_that_raises_or_answers_nan_or_a_placeholder_is_told_so_not_that_its_wiring_is_wrong(unreached,
+                                                                                                      kind, says):
+    r = unreached[kind]
+    failed = {t.name: t for t in r.tests if not t.passed}
+    assert set(failed) == {"block", "block (hidden)"}, failed
+    for t in failed.values():
+        assert says in t.message or says in t.redacted, t.message
+        assert "wiring" not in t.message, t.message

@@ -343,6 +343,71 @@ def test_the_integrity_log_records_what_was_refused_for_the_staff_only(tmp_path,
         assert any(line.startswith("grader: integrity log: ") for line in res.log)
 
 
+def test_a_stage_function_wrong_only_on_a_hidden_configuration_is_named_not_the_layers_wiring(tmp_path,
+                                                                                             student_runtime):
+    """course.toml: scale from a table of √d_k for d_k up to 8 (every visible configuration's) raises on the
+    hidden encoder's d_k 14; multi_head_attention (hidden) names scale there, and never says the wiring."""
+    source = (STUDENTS / "correct.py").read_text(encoding="utf-8")
+    old = "def scale(scores, d_k):\n    return scores / np.sqrt(d_k)\n"
+    table = ("ROOTS = [np.sqrt(d) for d in range(9)]  # every d_k the visible tests use\n\n\n"
+             "def scale(scores, d_k):\n    return scores / ROOTS[d_k]\n")
+    assert old in source
+    r = core.grade(student_dir(tmp_path, source.replace(old, table)), fast_course(), runtime=student_runtime)
+    failed = {t.name: t for t in r.tests if not t.passed}
+    assert set(failed) == {"multi_head_attention (hidden)"}, {n: t.message for n, t in failed.items()}
+    message = failed["multi_head_attention (hidden)"].message
+    assert ("On 'hidden-encoder', your scale raises an exception, although it passes its own test: it goes wrong "
+            "only on a configuration the visible tests do not reach (a head size d_k none of them has)") in message
+    assert "wiring" not in message and "14" not in message, message
+
+
+#: scores() of correct.py, then a way of reaching past it: each a student of its own
+INTEGRITY_SCORES = {
+    "getframe": "    import sys\n    sys._getframe(1).f_locals  # the harness's frame\n",
+    "inspect_stack": "    import inspect\n    [f.frame.f_globals for f in inspect.stack()]\n",
+    "refused_allocation": "    np.ones(1_500_000_000)  # 12 GB: more than the whole address space it may have\n",
+    "hoard_then_hang": ("    hoard = []\n    try:\n        while True:\n"
+                        "            hoard.append(np.empty(8_000_000))  # 64 MB at a time, until the limit says no\n"
+                        "    except MemoryError:\n        pass\n    while True:\n        pass\n"),
+}
+
+
+def integrity_student(kind: str) -> str:
+    """correct.py whose scores() first does ``INTEGRITY_SCORES[kind]``."""
+    source = (STUDENTS / "correct.py").read_text(encoding="utf-8")
+    head = "def scores(q, k):\n"
+    at = source.index(head) + len(head)
+    return source[:at] + INTEGRITY_SCORES[kind] + source[at:]
+
+
+def test_the_integrity_log_records_frame_and_stack_inspection(tmp_path, student_runtime):
+    course = fast_course()
+    jobs = {kind: (lambda kind=kind: core.grade(student_dir(tmp_path / kind, integrity_student(kind)), course))
+            for kind in ("getframe", "inspect_stack")}
+    r = grade_many(jobs)
+    for kind, res in r.items():
+        seen = res.extra["integrity"].get("introspection")
+        assert seen and any("sys._getframe" in e for e in seen["examples"]), (kind, res.extra["integrity"])
+        assert res.score == course.max_score  # evidence for the staff, never a grade
+        assert "integrity" not in student_texts(res).lower() and "_getframe" not in student_texts(res)
+
+
+def test_the_integrity_log_records_the_memory_limit_as_the_memory_limit(tmp_path, student_runtime):
+    course = course_with(call_seconds=3, total_seconds=40)
+    jobs = {kind: (lambda kind=kind: core.grade(student_dir(tmp_path / kind, integrity_student(kind)), course))
+            for kind in ("refused_allocation", "hoard_then_hang")}
+    r = grade_many(jobs)
+    refused = r["refused_allocation"].extra["integrity"]
+    assert any("raised MemoryError" in e for e in refused["memory"]["examples"]), refused
+    hung = r["hoard_then_hang"].extra["integrity"]
+    # stopped by the clock, but at the memory limit: the log says both
+    assert any("timeout" in e for e in hung["limits"]["examples"]), hung
+    assert any("at the memory limit" in e for e in hung["memory"]["examples"]), hung
+    for res in r.values():
+        assert not any(t.passed for t in res.tests if t.function == "scores")
+        assert "integrity" not in student_texts(res).lower()
+
+
 # ------------------------------------------------------------------ the batch command
 
 

@@ -41,7 +41,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dic
     src = base / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv*", ".git", "build", "dist", "*.egg-info",
                                                               "__pycache__", "artifacts", "node_modules"))
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(dist), str(src)], work, env)
+    built = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w", str(dist), str(src)], work, env)
+    # `pip install .` is quiet: setuptools warns of every folder of files it is not told is a package
+    assert "absent from the `packages` configuration" not in built.stdout + built.stderr
     wheels = list(dist.glob("attention_trace-*.whl"))
     assert len(wheels) == 1, wheels
     venv.EnvBuilder(with_pip=True).create(env_dir)

@@ -1,0 +1,82 @@
+"""block_vaswani/correct.py with a causal mask built once as an 8 x 8 table: right on every visible configuration
+(at most 7 tokens), wrong on the hidden decoder (9 tokens), where it masks no key after the 8th (wrong numbers, no exception).
+The grader runs mask there too and names it, instead of blaming the wiring of block."""
+
+import numpy as np
+
+# ---------------------------------------------------------------- the attention (last week's functions)
+
+
+def project(x, W):
+    """Per head i: x @ W[i].T.  x [n, d_model], W [h, d_k, d_model] -> [h, n, d_k]."""
+    return np.einsum("nd,hkd->hnk", x, W)
+
+
+def scores(q, k):
+    return q @ k.transpose(0, 2, 1)  # [h, n, d_k] @ [h, d_k, n] -> [h, n, n]
+
+
+def scale(scores, d_k):
+    return scores / np.sqrt(d_k)
+
+
+#: the causal mask, built once for the longest sentence the student tried (7 tokens, and one to spare)
+FUTURE = np.triu(np.ones((8, 8), dtype=bool), k=1)  # key after query
+
+
+def mask(scores):
+    n = scores.shape[-1]
+    future = np.zeros((n, n), dtype=bool)
+    k = min(n, 8)
+    future[:k, :k] = FUTURE[:k, :k]  # above 8 tokens the keys after the 8th are never masked
+    return np.where(future, -np.inf, scores)
+
+
+def softmax(scores):
+    z = scores - np.max(scores, axis=-1, keepdims=True)  # no overflow in exp
+    e = np.exp(z)
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def attend(weights, v):
+    return weights @ v  # [h, n, n] @ [h, n, d_k] -> [h, n, d_k]
+
+
+def concat(context):
+    h, n, d_k = context.shape
+    return context.transpose(1, 0, 2).reshape(n, h * d_k)  # [h, n, d_k] -> [n, h * d_k]
+
+
+def output(concat, W_O):
+    return concat @ W_O.T  # [n, h * d_k] -> [n, d_model]
+
+
+def multi_head_attention(x, W_Q, W_K, W_V, W_O, causal=False):
+    q, k, v = project(x, W_Q), project(x, W_K), project(x, W_V)
+    s = scale(scores(q, k), W_Q.shape[1])
+    if causal:
+        s = mask(s)
+    return output(concat(attend(softmax(s), v)), W_O)
+
+
+# ---------------------------------------------------------------- the block
+
+
+def layer_norm(x, gamma, beta, eps):
+    """Each token (row) normalised over its d_model features: biased variance, eps inside the root."""
+    mu = x.mean(axis=-1, keepdims=True)  # [n, 1]
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)  # [n, 1], divided by d_model
+    return gamma * (x - mu) / np.sqrt(var + eps) + beta
+
+
+def ffn(x, W_1, W_2, W_3=None):
+    """ReLU between the two projections: [n, d_model] -> [n, d_ff] -> [n, d_model]."""
+    return np.maximum(x @ W_1.T, 0.0) @ W_2.T
+
+
+def block(x, params, causal=False):
+    """Post-norm: h = LN1(x + MHA(x)), out = LN2(h + FFN(h))."""
+    p, eps = params, params["eps"]
+    h = layer_norm(x + multi_head_attention(x, p["W_Q"], p["W_K"], p["W_V"], p["W_O"], causal),
+                   p["norm1_gamma"], p["norm1_beta"], eps)
+    return layer_norm(h + ffn(h, p["W_1"], p["W_2"]), p["norm2_gamma"], p["norm2_beta"], eps)
