@@ -57,14 +57,11 @@ LABEL org.opencontainers.image.title="attention-trace" \
 
 # HOST and PORT are read by gunicorn.conf.py: bind 0.0.0.0:$PORT. One BLAS
 # thread per process: gunicorn's workers are the unit of parallelism.
-# GLIBC_TUNABLES: large answers' memory on transparent huge pages where the
-# host allows them (service/worker.py, MALLOC_TUNABLES).
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PATH=/opt/venv/bin:$PATH \
     HOST=0.0.0.0 \
     PORT=8000 \
-    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 \
     OPENBLAS_NUM_THREADS=1 \
     OMP_NUM_THREADS=1 \
     MKL_NUM_THREADS=1

@@ -7,8 +7,6 @@ BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
-# Large answers' memory on transparent huge pages (service/worker.py, MALLOC_TUNABLES).
-GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 # Tests write nothing into the tree: no bytecode, no caches (see tests/conftest.py).
 TEST_ENV := PYTHONDONTWRITEBYTECODE=1
 
@@ -34,7 +32,7 @@ install-test: $(VENV)/.test
 # Foreground gunicorn with the committed config; SIGTERM or Ctrl-C stops it.
 # exec so the signal reaches gunicorn's master directly.
 run: $(VENV)/.runtime
-	HOST=$(HOST) PORT=$(PORT) GLIBC_TUNABLES=$(GLIBC_TUNABLES) exec $(BIN)/gunicorn -c gunicorn.conf.py service.wsgi:app
+	HOST=$(HOST) PORT=$(PORT) exec $(BIN)/gunicorn -c gunicorn.conf.py service.wsgi:app
 
 # Debian's chromium + chromedriver for the viewer's browser tests (idempotent;
 # installs with apt-get only when they are missing).
