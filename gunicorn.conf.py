@@ -9,8 +9,16 @@ talks to nginx. The app bounds its own costs (body and JSON-value limits, the
 work budget: service/edge.py, service/budget.py). docs/deploy.md has the
 measurement that chose the worker class.
 
+Two listening ports serve the same app: PORT for the work, LIGHT_PORT for
+what must never wait behind it (nginx sends GET, HEAD and OPTIONS there:
+health probes, /version, the viewer's files). A sync worker that finishes a
+request takes a connection waiting on LIGHT_PORT before the next one on
+PORT, so a probe waits for at most the request a worker is computing, never
+for the queue of POSTs behind it.
+
 Environment:
   HOST, PORT          bind address (default 127.0.0.1:8000; the image sets HOST=0.0.0.0)
+  LIGHT_PORT          the second port, on HOST (default PORT + 1)
   WEB_CONCURRENCY     worker processes (default: the CPUs this process may use)
   GUNICORN_TIMEOUT    seconds one request may run before its worker is killed and
                       replaced (default 30): a runaway request
@@ -36,7 +44,9 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
-bind = [f"{os.environ.get('HOST', '127.0.0.1')}:{os.environ.get('PORT', '8000')}"]
+_host, _port = os.environ.get("HOST", "127.0.0.1"), int(os.environ.get("PORT", "8000"))
+# LIGHT_PORT first: a worker accepts from its ready listeners in this order.
+bind = [f"{_host}:{os.environ.get('LIGHT_PORT') or _port + 1}", f"{_host}:{_port}"]
 # The work is CPU-bound numpy with one BLAS thread: one sync worker per core
 # keeps every core busy without oversubscribing them (gthread measured no
 # better behind nginx: docs/deploy.md, "The worker class").

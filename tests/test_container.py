@@ -282,7 +282,7 @@ def test_pip_never_keeps_a_cache():
 def test_runtime_environment():
     env = image_env()
     expected = {
-        "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "HOST": "0.0.0.0", "PORT": "8000",
+        "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "HOST": "0.0.0.0", "PORT": "8000", "LIGHT_PORT": "8001",
         "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
     }
     assert {k: env.get(k) for k in expected} == expected
@@ -322,14 +322,17 @@ def test_cmd_is_exec_form_and_starts_gunicorn_with_the_committed_config():
 
 def test_gunicorn_config_binds_the_image_host_and_port():
     env = image_env()
-    assert gunicorn_settings({"HOST": env["HOST"], "PORT": env["PORT"]})["bind"] == [f"0.0.0.0:{env['PORT']}"]
-    # docker run -e PORT=... moves the bind with it
-    assert gunicorn_settings({"HOST": env["HOST"], "PORT": "18080"})["bind"] == ["0.0.0.0:18080"]
+    # the light port first: a free worker takes a waiting probe before the next POST
+    assert gunicorn_settings({k: env[k] for k in ("HOST", "PORT", "LIGHT_PORT")})["bind"] == \
+        [f"0.0.0.0:{env['LIGHT_PORT']}", f"0.0.0.0:{env['PORT']}"]
+    # docker run -e PORT=... moves the bind with it (and LIGHT_PORT defaults to the next port)
+    assert gunicorn_settings({"HOST": env["HOST"], "PORT": "18080", "LIGHT_PORT": ""})["bind"] == \
+        ["0.0.0.0:18081", "0.0.0.0:18080"]
 
 
-def test_expose_matches_the_bind_port():
+def test_expose_matches_the_bind_ports():
     exposed = [p for i in of(final_stage(), "EXPOSE") for p in i["value"].split()]
-    assert exposed == [image_env()["PORT"]]
+    assert exposed == [image_env()["PORT"], image_env()["LIGHT_PORT"]]
 
 
 def _healthcheck() -> tuple[dict[str, str], list[str]]:
@@ -342,14 +345,15 @@ def _healthcheck() -> tuple[dict[str, str], list[str]]:
     return opts, argv
 
 
-def test_healthcheck_needs_no_curl_and_follows_port():
+def test_healthcheck_needs_no_curl_and_follows_the_light_port():
     opts, argv = _healthcheck()
     assert argv[0] in ("python", "python3")
     assert not any(tool in " ".join(argv) for tool in ("curl", "wget"))
     code = argv[-1]
     assert "/health" in code and "127.0.0.1" in code
-    default = re.search(r"""environ\.get\(\s*['"]PORT['"]\s*,\s*['"](\d+)['"]\s*\)""", code)
-    assert default and default.group(1) == image_env()["PORT"], "the probe's default port is not the image's PORT"
+    default = re.search(r"""environ\.get\(\s*['"]LIGHT_PORT['"]\s*,\s*['"](\d+)['"]\s*\)""", code)
+    assert default and default.group(1) == image_env()["LIGHT_PORT"], \
+        "the probe's default port is not the image's LIGHT_PORT"
     timeout = re.search(r"timeout\s*=\s*(\d+)", code)
     assert timeout and int(timeout.group(1)) < int(opts["timeout"].rstrip("s"))
     assert {"interval", "timeout", "start-period", "retries"} <= set(opts)
@@ -387,7 +391,7 @@ def health_stub() -> Iterator[tuple[int, type[_Health]]]:
 
 def _run_healthcheck(port: int) -> int:
     _, argv = _healthcheck()
-    env = {**os.environ, "PORT": str(port)}
+    env = {**os.environ, "LIGHT_PORT": str(port)}
     return subprocess.run([sys.executable, *argv[1:]], env=env, capture_output=True, timeout=30).returncode
 
 
@@ -501,7 +505,7 @@ def test_compose_runs_three_hardened_replicas_behind_nginx():
     assert app["cap_drop"] == ["ALL"]
     assert "no-new-privileges:true" in app["security_opt"]
     assert _duration_seconds(app["stop_grace_period"]) > gunicorn_settings({})["graceful_timeout"]
-    assert str(image_env()["PORT"]) in [str(p) for p in app["expose"]]
+    assert [str(p) for p in app["expose"]] == [image_env()["PORT"], image_env()["LIGHT_PORT"]]
     assert nginx["depends_on"]["app"]["condition"] == "service_healthy"
     mounts = {v.split(":")[1]: v.split(":")[0] for v in nginx["volumes"]}
     assert (DEPLOY / mounts["/etc/nginx/attention-trace.conf"]).resolve() == DEPLOY / "nginx.conf"
@@ -531,14 +535,12 @@ def test_nginx_conf_parses():
 def test_nginx_proxies_to_the_compose_replicas():
     conf = load_nginx()
     doc = load_compose()
-    # proxy_pass names the two upstream groups (the POST endpoints to "work", the rest to "light"), both the
-    # service name and the image's port; only "work" bounds the requests at once per replica
-    upstreams = {d["args"][0]: d["block"] for d in directives(conf, "upstream")}
+    # proxy_pass names the two upstream groups: the POST endpoints to "work" on the image's PORT, bounded per
+    # replica; the rest to "light" on its LIGHT_PORT
+    upstreams = {d["args"][0]: next(directives(d["block"], "server"))["args"] for d in directives(conf, "upstream")}
+    assert upstreams["work"][0] == f"app:{image_env()['PORT']}" and upstreams["work"][1].startswith("max_conns=")
+    assert upstreams["light"] == [f"app:{image_env()['LIGHT_PORT']}"]
     assert set(upstreams) == {"work", "light"}
-    for name, block in upstreams.items():
-        server = next(directives(block, "server"))["args"]
-        assert server[0] == f"app:{image_env()['PORT']}"
-        assert any(a.startswith("max_conns=") for a in server) == (name == "work")
     targets = {loc["args"][-1]: next(directives(loc["block"], "proxy_pass"))["args"][0]
                for loc in directives(conf, "location") if list(directives(loc["block"], "proxy_pass"))}
     assert targets.pop("/") == "http://light"
@@ -606,7 +608,7 @@ def test_k8s_deployment_probes_resources_and_security():
     assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
     assert proxy["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}  # through to the app
     assert proxy["livenessProbe"]["httpGet"] == {"path": "/nginx-health", "port": "http"}
-    assert "127.0.0.1:8000/health" in " ".join(container["livenessProbe"]["exec"]["command"])
+    assert "127.0.0.1:8001/health" in " ".join(container["livenessProbe"]["exec"]["command"])  # LIGHT_PORT
     resources = container["resources"]
     for kind in ("requests", "limits"):
         assert {"cpu", "memory"} <= set(resources[kind]), kind
@@ -647,9 +649,13 @@ def test_k8s_sidecar_config_is_the_compose_nginx_conf_for_one_pod(tmp_path):
     workers = int(next(e["value"] for e in app["env"] if e["name"] == "WEB_CONCURRENCY"))
     assert workers == mod.WORKERS
     servers = {d["args"][0]: next(directives(d["block"], "server"))["args"] for d in directives(sidecar, "upstream")}
-    assert servers == {"work": ["127.0.0.1:8000", f"max_conns={4 * workers}"], "light": ["127.0.0.1:8000"]}
+    assert servers == {"work": ["127.0.0.1:8000", f"max_conns={4 * workers}"], "light": ["127.0.0.1:8001"]}
     assert not list(directives(sidecar, "resolver")) and not list(directives(sidecar, "user"))
     assert pod["volumes"][1]["configMap"]["name"] == docs["ConfigMap"]["metadata"]["name"]
+
+
+#: the largest answer the default limits allow, in bytes: the largest /trace (tools/measure_limits.py), ~49.6 MB
+LARGEST_ANSWER = 50_000_000
 
 
 def test_nginx_bounds_every_client():
@@ -662,7 +668,7 @@ def test_nginx_bounds_every_client():
     # answers are taken whole from the replica (spooled for a slow reader, up to the largest answer), and a
     # client that hangs up leaves its request counted until the replica answers
     assert one("proxy_buffering") == ["on"]
-    assert int(one("proxy_max_temp_file_size")[0].rstrip("m")) * 2**20 >= 40 * 2**20
+    assert int(one("proxy_max_temp_file_size")[0].rstrip("m")) * 2**20 >= LARGEST_ANSWER
     assert one("proxy_ignore_client_abort") == ["on"]
     assert not list(directives(conf, "proxy_request_buffering"))  # on (the default): bodies arrive whole
     zones = {d["args"][0] for d in directives(conf, "limit_req_zone")} | \
@@ -688,7 +694,7 @@ def test_nginx_bounds_every_client():
     nginx = load_compose()["services"]["nginx"]
     tmp = next(t for t in nginx["tmpfs"] if t.startswith("/tmp:"))
     size = int(re.search(r"size=(\d+)m", tmp).group(1))
-    assert size * 2**20 >= 8 * Settings().max_check_body_bytes + 4 * 40 * 2**20
+    assert size * 2**20 >= 8 * Settings().max_check_body_bytes + 4 * LARGEST_ANSWER
     assert int(nginx["deploy"]["resources"]["limits"]["memory"].rstrip("M")) >= size + 128
 
 

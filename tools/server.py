@@ -111,10 +111,13 @@ class Gunicorn:
                config: str | None, cwd: Path | None, log_name: str, ready_within: float) -> bool:
         """Start on a new free port; True once ready, False if the port was taken meanwhile."""
         self.port = free_port()
+        self.light_port = free_port()  # gunicorn.conf.py's second port (LIGHT_PORT)
+        while self.light_port == self.port:
+            self.light_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = artifacts_dir() / f"{log_name}-{self.port}.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        full_env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port)}
+        full_env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port), "LIGHT_PORT": str(self.light_port)}
         if self.workers is not None:
             full_env["WEB_CONCURRENCY"] = str(self.workers)
         full_env = {**full_env, **(env or {})}
@@ -207,13 +210,17 @@ NGINX = "/usr/sbin/nginx"
 
 class Nginx:
     """The shipped nginx configuration (the Kubernetes sidecar's: deploy/nginx.conf for one backend) on a free
-    127.0.0.1 port in front of a server on ``backend_port``, its files in a directory of its own, ready when
+    127.0.0.1 port in front of a server on ``backend_port`` and ``light_port`` (gunicorn.conf.py's PORT and
+    LIGHT_PORT; ``Gunicorn.port`` and ``.light_port``), its files in a directory of its own, ready when
     /nginx-health answers, stopped by its PID.
 
     ``workers``: the gunicorn workers behind it (the sidecar's max_conns is 4 for each). Only the paths
-    change: the listen address, the pid file, the temp directories and the logs."""
+    change: the listen address, the pid file, the temp directories and the logs; and, with
+    ``per_address_limits=False`` (a benchmark's load comes from one address), the per-address limit_req and
+    limit_conn lines go."""
 
-    def __init__(self, backend_port: int, workers: int = 2, log_name: str = "nginx", ready_within: float = 20.0) -> None:
+    def __init__(self, backend_port: int, light_port: int, workers: int = 2, log_name: str = "nginx",
+                 ready_within: float = 20.0, *, per_address_limits: bool = True) -> None:
         import shutil
         import tempfile
 
@@ -225,15 +232,18 @@ class Nginx:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = self.dir / "error.log"
         self.access_log = self.dir / "access.log"
-        conf = sidecar_conf(f"127.0.0.1:{backend_port}", workers)
+        conf = sidecar_conf(f"127.0.0.1:{backend_port}", f"127.0.0.1:{light_port}", workers)
         conf = conf.replace("listen 8080;", f"listen 127.0.0.1:{self.port};").replace("/tmp/", f"{self.dir}/")
         conf = conf.replace("error_log /dev/stderr", f"error_log {self.log}")
         conf = conf.replace("access_log /dev/stdout", f"access_log {self.access_log}")
+        if not per_address_limits:
+            conf = "".join(line for line in conf.splitlines(keepends=True)
+                           if not line.strip().startswith(("limit_req ", "limit_conn ")))
         (self.dir / "nginx.conf").write_text(conf, encoding="utf-8")
         binary = shutil.which("nginx") or NGINX
-        self.proc = subprocess.Popen([binary, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf"),
-                                      "-g", "daemon off;"], stdout=subprocess.DEVNULL,
-                                     stderr=self.log.open("ab"))
+        with self.log.open("ab") as err:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen([binary, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf"),
+                                          "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + ready_within
         while not self._ready():
             if self.proc.poll() is not None or time.monotonic() > deadline:
