@@ -10,7 +10,7 @@ PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 # Tests write nothing into the tree: no bytecode, no caches (see tests/conftest.py).
 TEST_ENV := PYTHONDONTWRITEBYTECODE=1
 
-.PHONY: run install install-test check test browser bench bench-guard loadtest attack measure-memory clean
+.PHONY: run install install-test check test browser nginx bench bench-guard loadtest attack measure-memory clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,13 +39,19 @@ run: $(VENV)/.runtime
 browser:
 	scripts/install-browser
 
+# Debian's nginx for the tests that run the shipped nginx configuration in front of
+# gunicorn (tests/test_nginx.py); installs with apt-get only when it is missing.
+nginx:
+	command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx \
+	  || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light; }
+
 # The quick suite for every edit (about a minute): in-process tests only, no real
 # gunicorn, browser, sandbox or long runs.
 check: $(VENV)/.test
 	$(TEST_ENV) $(BIN)/python -m pytest -m "not slow and not browser and not sandbox and not integration" $(PYTEST_ARGS)
 
 # Everything, as CI runs it.
-test: $(VENV)/.test browser
+test: $(VENV)/.test browser nginx
 	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Benchmark-only packages (torch CPU build, threadpoolctl), never runtime or test deps.
