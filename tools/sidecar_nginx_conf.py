@@ -2,6 +2,7 @@
 
     scripts/sidecar-nginx-conf            # what deploy/k8s.yaml's ConfigMap holds
     scripts/sidecar-nginx-conf --write    # put it into deploy/k8s.yaml
+    scripts/sidecar-nginx-conf --workers 4    # for one host's `make run` with WEB_CONCURRENCY=4 (README)
     python -m tools.sidecar_nginx_conf ...    # the same, from the repository root
 
 The sidecar proxies to the app container on 127.0.0.1:8000 in the same Pod,
@@ -51,7 +52,13 @@ def sidecar_conf(backend: str = "127.0.0.1:8000", light: str = "127.0.0.1:8001",
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    conf = sidecar_conf()
+    workers = WORKERS
+    if "--workers" in argv:
+        i = argv.index("--workers")
+        if i + 1 >= len(argv) or not argv[i + 1].isdigit() or int(argv[i + 1]) < 1 or "--write" in argv:
+            raise SystemExit("usage: scripts/sidecar-nginx-conf [--write | --workers N]")
+        workers = int(argv[i + 1])
+    conf = sidecar_conf(workers=workers)
     if "--write" not in argv:
         sys.stdout.write(conf)
         return 0
