@@ -59,8 +59,8 @@ $(VENV)/.bench-installed: $(VENV)/.test bench/requirements.txt
 	$(PIP) -r bench/requirements.txt
 	touch $@
 
-# The benchmark table (docs/performance.md); BENCH_ARGS=--quick for a shorter run, BENCH_ARGS=--workers
-# for the worker classes and whole-stack ratios alone (bench/README.md).
+# The benchmark table (docs/performance.md); BENCH_ARGS=--quick for a shorter run, BENCH_ARGS=--server
+# for the server's ratios and the worker classes alone (bench/README.md).
 # wrk from Debian is the load generator; the Python one stands in without it.
 # OPENBLAS_CORETYPE/L2_SIZE are unset for this command alone (they slow current numpy).
 bench: $(VENV)/.bench-installed

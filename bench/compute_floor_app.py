@@ -1,6 +1,6 @@
 """The trace's own floor: a plain Flask app that computes an uncached /trace answer and nothing else.
 
-    gunicorn -k sync -w 2 -b 127.0.0.1:PORT bench.compute_floor_app:app   (bench/worker_bench.py starts it)
+    gunicorn -k sync -w 2 -b 127.0.0.1:PORT bench.compute_floor_app:app   (bench/server_bench.py starts it)
 
 Its one route reads the body, validates it with the service's own request
 model (pydantic) and answers ``render_trace``'s bytes: the same bytes as
@@ -11,8 +11,9 @@ bench/floor_app.py is the trace's own work (validation, the engine, the
 encoding) under Flask, and what the service costs on top of it is everything
 else: the app's edge (factory, hooks, CORS, headers, cache).
 
-Section 6 reports it for reference, beside the fixed floor: it is the most the
-S uncached ratio can reach under Flask with this engine, whatever the server.
+Section 6 holds the service against it under the same worker class (S
+uncached ≥ 0.9× of it), and it is the most the ratio against the plain floor
+can reach under Flask with this engine, whatever the server.
 """
 
 from __future__ import annotations
