@@ -272,7 +272,7 @@ def injected_bug_document(name: str) -> dict[str, str]:
 
 def render_trace(req: TraceRequest) -> bytes:
     """The exact bytes /trace answers for a validated request."""
-    return serialize.dumps(trace_document(req), numbers=req.value_count or None)  # counted when validated
+    return serialize.dumps(trace_document(req))
 
 
 def render_trace_npz(req: TraceRequest) -> list[bytes]:
