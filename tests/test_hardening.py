@@ -153,3 +153,43 @@ def test_weight_cache_is_bounded_by_bytes():
         assert generate_parameters.cache_info().bytes <= 24 * 1024 * 1024
     finally:
         create_app()  # back to the default bound
+
+
+# ------------------------------------------------------------------ the app's own body bounds, in process
+# (the app defends its costs whoever sends the request: nginx refuses the same bodies first in every recipe)
+
+
+class _CountingStream:
+    """A request body of ``size`` bytes of spaces that counts what is read from it."""
+
+    def __init__(self, size: int) -> None:
+        self.left, self.read_bytes = size, 0
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        self.left -= n
+        self.read_bytes += n
+        return b" " * n
+
+
+@pytest.mark.parametrize("path", ["/trace", "/check"])
+def test_a_body_with_no_length_is_read_at_most_to_its_limit(plain, path):
+    """A streamed body (chunked: no Content-Length) over the path's limit is a 413 problem+json, and the app
+    reads at most one byte past the limit to know it."""
+    limit = Settings().body_limit(path)
+    stream = _CountingStream(3 * limit)
+    r = plain.post(path, content_type=JSON, headers={"Transfer-Encoding": "chunked"},
+                   environ_overrides={"wsgi.input": stream, "CONTENT_LENGTH": ""})
+    assert r.status_code == 413 and r.mimetype == PROBLEM
+    assert orjson.loads(r.data)["type"].endswith("payload-too-large")
+    assert stream.read_bytes <= limit + 1
+
+
+@pytest.mark.parametrize("path", ["/trace", "/check"])
+def test_a_declared_length_over_the_limit_is_refused_unread(plain, path):
+    limit = Settings().body_limit(path)
+    stream = _CountingStream(limit + 1)
+    r = plain.post(path, content_type=JSON,
+                   environ_overrides={"wsgi.input": stream, "CONTENT_LENGTH": str(limit + 1)})
+    assert r.status_code == 413 and r.mimetype == PROBLEM
+    assert stream.read_bytes == 0
