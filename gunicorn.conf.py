@@ -10,8 +10,8 @@ work budget: service/edge.py, service/budget.py). docs/deploy.md has the
 measurement that chose the worker class.
 
 Two listening ports serve the same app: PORT for the work, LIGHT_PORT for
-what must never wait behind it (nginx sends GET, HEAD and OPTIONS there:
-health probes, /version, the viewer's files). A sync worker that finishes a
+what must never wait behind it (nginx sends everything but the POST
+endpoints there: health probes, /version, the viewer's files). A sync worker that finishes a
 request takes a connection waiting on LIGHT_PORT before the next one on
 PORT, so a probe waits for at most the request a worker is computing, never
 for the queue of POSTs behind it.
