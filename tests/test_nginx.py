@@ -125,3 +125,24 @@ def test_recycling_loses_no_request():
     assert statuses == {200: 1200}, statuses
     assert all(body in (want, b"batch") for _, body in results)
     assert replaced >= 8, replaced
+
+
+def test_with_the_app_gone_nginx_answers_503_problem_json_with_retry_after():
+    app = Gunicorn(workers=1, log_name="nginx-gone")
+    proxy = None
+    try:
+        proxy = Nginx(app.port, app.light_port, workers=1)
+        app.stop()
+        for method, path, body in (("GET", "/health", None), ("POST", "/trace", CAT)):
+            conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+            conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            doc = json.loads(resp.read())
+            conn.close()
+            assert resp.status == 503 and resp.getheader("Content-Type") == "application/problem+json", path
+            assert resp.getheader("Retry-After") == "1" and doc["status"] == 503
+            assert doc["type"] == "urn:attention-trace:problem:unavailable"
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        app.stop()
