@@ -76,3 +76,63 @@ def test_sigterm_stops_cleanly_within_a_few_seconds():
     took = server.stop()
     assert server.proc.returncode == 0
     assert took < 8, f"gunicorn took {took:.1f}s to stop"
+
+
+def test_a_probe_on_the_light_port_skips_the_queue_of_posts():
+    """gunicorn.conf.py binds LIGHT_PORT first: a free sync worker takes a connection waiting there before the
+    next one on PORT. With one worker and six large traces queued on PORT, /health on LIGHT_PORT waits for the
+    trace being computed at most; /health on PORT waits behind the queue."""
+    import http.client
+    import threading
+    import time
+
+    server = Gunicorn(workers=1)
+    body = b'{"tokens": [' + b",".join(b'"w%d"' % i for i in range(128)) + b'], "d_model": 512, "num_heads": 8}'
+
+    def post() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+        conn.request("POST", "/trace", body=body, headers={"Content-Type": "application/json"})
+        conn.getresponse().read()
+        conn.close()
+
+    def health(port: int) -> float:
+        start = time.monotonic()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 200
+        conn.close()
+        return time.monotonic() - start
+
+    try:
+        post()  # warm: the weights are cached, every trace below costs the same
+        started = time.monotonic()
+        post()
+        one = time.monotonic() - started
+        threads = [threading.Thread(target=post) for _ in range(6)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while _accept_queue(server.port) < 4 and time.monotonic() < deadline:  # the rest wait for the worker
+            time.sleep(0.01)
+        assert _accept_queue(server.port) >= 4
+        light = health(server.light_port)
+        work = health(server.port)
+        for t in threads:
+            t.join(120)
+    finally:
+        server.stop()
+    assert light < 2 * one, (light, one)
+    assert work > 2 * light, (work, light, one)
+
+
+def _accept_queue(port: int) -> int:
+    """Connections waiting in the kernel's accept queue of the listening socket on 127.0.0.1:port
+    (/proc/net/tcp: a listening socket's rx_queue is its backlog)."""
+    from pathlib import Path
+
+    want = f"0100007F:{port:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == want and fields[3] == "0A":  # LISTEN
+            return int(fields[4].split(":")[1], 16)
+    return 0
