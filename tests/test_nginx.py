@@ -54,14 +54,18 @@ def _post(port: int, path: str, body: bytes, timeout: float = 120) -> tuple[int,
         conn.close()
 
 
-def _served(app: Gunicorn, before: int, count: int = 0, within: float = 0.0) -> list[dict]:
-    """The app's access-log entries after the first ``before``; polled until ``count`` of them are /trace
-    answers over 30 MB, or ``within`` seconds have passed."""
+def _served(app: Gunicorn, before: int, count: int = 0, within: float = 120.0) -> list[dict]:
+    """The app's access-log entries after the first ``before``, once every request nginx passed on has been
+    answered (hung-up ones too: nginx waits for them): polled until at least ``count`` of them are /trace
+    answers over 30 MB and no new entry came for 1 s, or ``within`` seconds have passed."""
     deadline = time.monotonic() + within
+    seen, still_since = -1, time.monotonic()
     while True:
         entries = app.log_entries()[before:]
-        if sum(e["path"] == "/trace" and e["bytes"] > 30_000_000 for e in entries) >= count \
-                or time.monotonic() > deadline:
+        if len(entries) != seen:
+            seen, still_since = len(entries), time.monotonic()
+        big = sum(e["path"] == "/trace" and e["bytes"] > 30_000_000 for e in entries)
+        if (big >= count and time.monotonic() - still_since >= 1.0) or time.monotonic() > deadline:
             return entries
         time.sleep(0.1)
 
@@ -81,7 +85,7 @@ def test_health_answers_through_nginx_while_clients_attack(stack, kind, connecti
     r = attack.run_attack(kind, "127.0.0.1", proxy.port, connections, 6.0, settle=1.0, addresses=ADDRESSES)
     print(json.dumps(r))  # shown on failure
     # Every request the attack made nginx pass on is answered, hung-up ones too (nginx waits for them).
-    entries = _served(app, before, count=connections if kind == "slow-read" else 0, within=120)
+    entries = _served(app, before, count=connections if kind == "slow-read" else 0)
     longest = max([e["duration_us"] / 1e6 for e in entries if e["path"] == "/trace"], default=0.0)
     assert r["health_failed"] == 0, r
     assert r["health_max_s"] is not None and r["health_max_s"] < max(1.0, 1.5 * longest), (r, longest)
