@@ -379,6 +379,8 @@ def run_attack(kind: str, host: str, port: int, n: int, duration: float, settle:
 def _run_attack(kind: str, host: str, port: int, n: int, duration: float, settle: float,
                 sources: tuple[str | None, ...]) -> dict:
     stats = {"opened": 0, "connect_failed": 0, "closed_by_server": 0}
+    if kind in ("slow-read", "largest-br", "hangup"):
+        measure_limits.largest_trace()  # searched once, before the clock starts (seconds on a loaded machine)
     probe = Probe(host, port)
     probe.start()
     time.sleep(1.0)  # a baseline sample first
