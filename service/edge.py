@@ -23,6 +23,7 @@ M = TypeVar("M", bound=BaseModel)
 
 _JSON_TYPES = ("application/json",)
 
+
 def settings() -> Settings:
     return current_app.extensions["attention_trace.settings"]
 
