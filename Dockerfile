@@ -55,16 +55,16 @@ LABEL org.opencontainers.image.title="attention-trace" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.licenses="MIT"
 
-# HOST and PORT are read by gunicorn.conf.py: bind 0.0.0.0:$PORT. One BLAS
-# thread per process: gunicorn's workers are the unit of parallelism.
-# GLIBC_TUNABLES: large answers' memory on transparent huge pages where the
-# host allows them (service/worker.py, MALLOC_TUNABLES).
+# HOST, PORT and LIGHT_PORT are read by gunicorn.conf.py: bind 0.0.0.0:$PORT,
+# and 0.0.0.0:$LIGHT_PORT for what must not wait behind the work (probes,
+# GETs: the proxy sends them there). One BLAS thread per process: gunicorn's
+# workers are the unit of parallelism.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PATH=/opt/venv/bin:$PATH \
     HOST=0.0.0.0 \
     PORT=8000 \
-    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 \
+    LIGHT_PORT=8001 \
     OPENBLAS_NUM_THREADS=1 \
     OMP_NUM_THREADS=1 \
     MKL_NUM_THREADS=1
@@ -80,11 +80,12 @@ COPY --from=builder /src/gunicorn.conf.py /src/openapi.yaml ./
 # user up), which keeps this stage free of RUN steps: build-time mounts (such
 # as a CA bundle for pip) can then only ever touch the builder stage.
 USER 10001:10001
-EXPOSE 8000
+EXPOSE 8000 8001
 
-# No curl in the image: python's urllib asks /health on the port gunicorn binds.
+# No curl in the image: python's urllib asks /health on LIGHT_PORT, where it
+# never waits behind a queue of traces.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
-    CMD ["python", "-c", "import json, os, sys, urllib.request; r = urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('PORT', '8000'), timeout=4); sys.exit(0 if json.load(r).get('status') == 'ok' else 1)"]
+    CMD ["python", "-c", "import json, os, sys, urllib.request; r = urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('LIGHT_PORT', '8001'), timeout=4); sys.exit(0 if json.load(r).get('status') == 'ok' else 1)"]
 
 # gunicorn is PID 1 (exec form, no shell), so SIGTERM reaches its master,
 # which stops the workers gracefully and exits.

@@ -7,12 +7,10 @@ BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
-# Large answers' memory on transparent huge pages (service/worker.py, MALLOC_TUNABLES).
-GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 # Tests write nothing into the tree: no bytecode, no caches (see tests/conftest.py).
 TEST_ENV := PYTHONDONTWRITEBYTECODE=1
 
-.PHONY: run install install-test check test browser bench bench-guard loadtest attack measure-memory clean
+.PHONY: run install install-test check test browser nginx bench bench-guard loadtest attack measure-memory clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,12 +32,18 @@ install-test: $(VENV)/.test
 # Foreground gunicorn with the committed config; SIGTERM or Ctrl-C stops it.
 # exec so the signal reaches gunicorn's master directly.
 run: $(VENV)/.runtime
-	HOST=$(HOST) PORT=$(PORT) GLIBC_TUNABLES=$(GLIBC_TUNABLES) exec $(BIN)/gunicorn -c gunicorn.conf.py service.wsgi:app
+	HOST=$(HOST) PORT=$(PORT) exec $(BIN)/gunicorn -c gunicorn.conf.py service.wsgi:app
 
 # Debian's chromium + chromedriver for the viewer's browser tests (idempotent;
 # installs with apt-get only when they are missing).
 browser:
 	scripts/install-browser
+
+# Debian's nginx for the tests that run the shipped nginx configuration in front of
+# gunicorn (tests/test_nginx.py); installs with apt-get only when it is missing.
+nginx:
+	command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx \
+	  || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light; }
 
 # The quick suite for every edit (about a minute): in-process tests only, no real
 # gunicorn, browser, sandbox or long runs.
@@ -47,7 +51,7 @@ check: $(VENV)/.test
 	$(TEST_ENV) $(BIN)/python -m pytest -m "not slow and not browser and not sandbox and not integration" $(PYTEST_ARGS)
 
 # Everything, as CI runs it.
-test: $(VENV)/.test browser
+test: $(VENV)/.test browser nginx
 	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Benchmark-only packages (torch CPU build, threadpoolctl), never runtime or test deps.
@@ -55,8 +59,8 @@ $(VENV)/.bench-installed: $(VENV)/.test bench/requirements.txt
 	$(PIP) -r bench/requirements.txt
 	touch $@
 
-# The benchmark table (docs/performance.md); BENCH_ARGS=--quick for a shorter run, BENCH_ARGS=--workers
-# for the worker classes and whole-stack ratios alone (bench/README.md).
+# The benchmark table (docs/performance.md); BENCH_ARGS=--quick for a shorter run, BENCH_ARGS=--server
+# for the server's ratios and the worker classes alone (bench/README.md).
 # wrk from Debian is the load generator; the Python one stands in without it.
 # OPENBLAS_CORETYPE/L2_SIZE are unset for this command alone (they slow current numpy).
 bench: $(VENV)/.bench-installed

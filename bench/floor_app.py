@@ -1,13 +1,13 @@
 """The whole-stack floor: a plain Flask app that answers a prepared body, for gunicorn's sync worker.
 
-    gunicorn -k sync -w 2 -b 127.0.0.1:PORT bench.floor_app:app   (bench/worker_bench.py starts it)
+    gunicorn -k sync -w 2 -b 127.0.0.1:PORT bench.floor_app:app   (bench/server_bench.py starts it)
 
 It is the least any Flask service on gunicorn can do for a request: read the
 body, answer ``$BENCH_STATIC_DIR/<name>.json`` as it is. Nothing of the
 service is imported here (no factory, hooks, CORS, security headers, error
 handlers, request ids or access log), and gunicorn runs it with its own
 defaults, not the project's gunicorn.conf.py. So the floor stays where it is
-whatever the service or its worker cost: a costlier server lowers the ratio
+whatever the service or its server cost: a costlier server lowers the ratio
 against it and cannot raise it. (The static route of bench/wsgi.py is the
 other floor: the service's own app and server answering the same bytes.)
 """

@@ -4,13 +4,12 @@
 
 ``app`` is the app that ``service.wsgi`` builds for production (same factory,
 same environment handling, same BLAS pinning, same hooks, CORS and error
-handlers), with two routes added for the benchmark only:
+handlers), with one route added for the benchmark only:
 
 * ``/bench/static/<name>`` answers the pre-encoded bytes of file
   ``$BENCH_STATIC_DIR/<name>.json`` (POST reads and drops the request body, as
   /trace reads its body), so the same server, config and Flask app answer a
-  static JSON body of exactly the size of a trace: the framework's floor;
-* ``/bench/blas`` tells which BLAS, kernel and thread count a worker runs.
+  static JSON body of exactly the size of a trace: the framework's floor.
 
 Nothing here is imported by the service or its tests.
 """
@@ -25,13 +24,10 @@ from flask import Flask, Response, abort, request
 import service.wsgi
 
 app = service.wsgi.app
-if not isinstance(app, Flask):  # production wrapped its app: serve the factory's, and say so in /bench/blas
+if not isinstance(app, Flask):  # production wrapped its app: serve the factory's
     from service import create_app
 
     app = create_app()
-    _WRAPPED = True
-else:
-    _WRAPPED = False
 
 _STATIC: dict[str, bytes] = {}
 _dir = os.environ.get("BENCH_STATIC_DIR")
@@ -47,20 +43,3 @@ def bench_static(name: str) -> Response:
     if body is None:
         abort(404)
     return app.response_class(body, mimetype="application/json")
-
-
-@app.get("/bench/blas")
-def bench_blas() -> Response:
-    import numpy  # noqa: F401 (loads the BLAS that threadpoolctl then finds)
-    import orjson
-
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:  # bench/requirements.txt not installed
-        info = [{"internal_api": "unknown (no threadpoolctl)", "version": None, "architecture": None,
-                 "num_threads": os.environ.get("OPENBLAS_NUM_THREADS", "?")}]
-    else:
-        info = [{k: i.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}
-                for i in threadpool_info() if i.get("user_api") == "blas"]
-    return app.response_class(orjson.dumps({"pid": os.getpid(), "blas": info, "service_wsgi_wrapped": _WRAPPED}),
-                              mimetype="application/json")

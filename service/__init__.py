@@ -12,7 +12,6 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from flask import Flask, Response, g, request
 from flask_cors import CORS
@@ -75,7 +74,6 @@ def create_app(settings: Settings | None = None) -> Flask:
     from .compression import add_vary, maybe_compress
     from .problems import ProblemError, register_error_handlers
     from .routes import FAMILIES
-    from .routes.trace import request_cost as trace_request_cost
 
     for family in FAMILIES:  # one blueprint per endpoint family (service/routes/)
         app.register_blueprint(family.bp)
@@ -130,16 +128,6 @@ def create_app(settings: Settings | None = None) -> Flask:
             headers.extend(constant_cors)
             return resp
         return cors(resp)
-
-    def request_cost(method: str, path: str, body: bytes) -> tuple[float, dict[str, Any]] | None:
-        """The CPU seconds a request is expected to cost, judged from its body alone, and what to add to its
-        environ so that the app does not redo the work of judging; None where that is not cheap to say.
-        service/worker.py asks about small bodies, and answers a cheap request on its event loop."""
-        if method == "POST" and path == "/trace":
-            return trace_request_cost(body, settings)
-        return None
-
-    app.request_cost = request_cost  # read by service/worker.py
     return app
 
 

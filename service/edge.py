@@ -9,10 +9,9 @@ listing every problem pydantic and the engine's rules find.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from flask import Response, current_app, has_request_context, request
+from flask import Response, current_app, request
 from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
@@ -23,12 +22,6 @@ from .settings import Settings
 M = TypeVar("M", bound=BaseModel)
 
 _JSON_TYPES = ("application/json",)
-
-#: environ key of a body the app has validated already: (model class, body, model, its CPU estimate). The app's
-#: ``request_cost`` (service/__init__.py) validates a small /trace body to estimate its cost, and
-#: service/worker.py passes what it found on with the request, so that ``parse_body`` does not validate the same
-#: bytes twice (nor the /trace route estimate its cost twice: service/routes/trace.py ``cpu_estimate``).
-VALIDATED = "attention_trace.validated"
 
 
 def settings() -> Settings:
@@ -99,19 +92,10 @@ def bound_json_values(body: bytes) -> None:
                            kind="payload-too-large")
 
 
-def carried(environ: Mapping[str, Any], model: type[M], body: bytes) -> M | None:
-    """The ``model`` the worker validated for this very body (``VALIDATED`` in the WSGI environ), or None."""
-    known = environ.get(VALIDATED)
-    return known[2] if known is not None and known[0] is model and known[1] == body else None
-
-
 def parse_body(model: type[M], body: bytes | None = None) -> M:
     """Validate the JSON body (read here unless given) with pydantic."""
     if body is None:
         body = read_json_body()
-    known = carried(request.environ, model, body) if has_request_context() else None  # (also used outside a request)
-    if known is not None:
-        return known
     try:
         return model.model_validate_json(body, context={"settings": settings()})
     except ValidationError as e:

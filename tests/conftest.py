@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # tools/ and bench/ are not installed packages: they import from the checkout
     sys.path.insert(0, str(ROOT))
 # real gunicorn on a free loopback port: tests import both from here, as they always have
-from tools.server import Gunicorn, free_port  # noqa: E402, F401 (after sys.path names the repository; re-exported)
+from tools.server import Gunicorn, Nginx, free_port  # noqa: E402, F401 (after sys.path names the repository; re-exported)
 #: the BLAS settings of this process (OPENBLAS_CORETYPE picks a kernel, and kernels differ in the last bits): a
 #: subprocess whose answer a test compares byte for byte with this process's must run with the same ones
 BLAS_ENV = {k: v for k, v in os.environ.items() if k.startswith(("OPENBLAS_", "OMP_", "MKL_", "GOTO_"))}

@@ -282,22 +282,11 @@ def test_pip_never_keeps_a_cache():
 def test_runtime_environment():
     env = image_env()
     expected = {
-        "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "HOST": "0.0.0.0", "PORT": "8000",
+        "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "HOST": "0.0.0.0", "PORT": "8000", "LIGHT_PORT": "8001",
         "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
     }
     assert {k: env.get(k) for k in expected} == expected
     assert env["PATH"].startswith("/opt/venv/bin:")
-
-
-def test_the_image_and_make_run_start_with_the_workers_glibc_tunables():
-    """glibc reads GLIBC_TUNABLES once, at exec, so the places that start the server set it: one value,
-    service.worker.MALLOC_TUNABLES (tests and benchmarks start gunicorn with service.worker.server_env)."""
-    from service.worker import MALLOC_TUNABLES
-
-    assert image_env()["GLIBC_TUNABLES"] == MALLOC_TUNABLES
-    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    assert re.search(rf"^GLIBC_TUNABLES \?= {re.escape(MALLOC_TUNABLES)}$", makefile, re.M)
-    assert re.search(r"^run:.*\n\t.*GLIBC_TUNABLES=\$\(GLIBC_TUNABLES\) exec ", makefile, re.M)
 
 
 def test_last_user_is_numeric_and_not_root():
@@ -333,14 +322,17 @@ def test_cmd_is_exec_form_and_starts_gunicorn_with_the_committed_config():
 
 def test_gunicorn_config_binds_the_image_host_and_port():
     env = image_env()
-    assert gunicorn_settings({"HOST": env["HOST"], "PORT": env["PORT"]})["bind"] == [f"0.0.0.0:{env['PORT']}"]
-    # docker run -e PORT=... moves the bind with it
-    assert gunicorn_settings({"HOST": env["HOST"], "PORT": "18080"})["bind"] == ["0.0.0.0:18080"]
+    # the light port first: a free worker takes a waiting probe before the next POST
+    assert gunicorn_settings({k: env[k] for k in ("HOST", "PORT", "LIGHT_PORT")})["bind"] == \
+        [f"0.0.0.0:{env['LIGHT_PORT']}", f"0.0.0.0:{env['PORT']}"]
+    # docker run -e PORT=... moves the bind with it (and LIGHT_PORT defaults to the next port)
+    assert gunicorn_settings({"HOST": env["HOST"], "PORT": "18080", "LIGHT_PORT": ""})["bind"] == \
+        ["0.0.0.0:18081", "0.0.0.0:18080"]
 
 
-def test_expose_matches_the_bind_port():
+def test_expose_matches_the_bind_ports():
     exposed = [p for i in of(final_stage(), "EXPOSE") for p in i["value"].split()]
-    assert exposed == [image_env()["PORT"]]
+    assert exposed == [image_env()["PORT"], image_env()["LIGHT_PORT"]]
 
 
 def _healthcheck() -> tuple[dict[str, str], list[str]]:
@@ -353,14 +345,15 @@ def _healthcheck() -> tuple[dict[str, str], list[str]]:
     return opts, argv
 
 
-def test_healthcheck_needs_no_curl_and_follows_port():
+def test_healthcheck_needs_no_curl_and_follows_the_light_port():
     opts, argv = _healthcheck()
     assert argv[0] in ("python", "python3")
     assert not any(tool in " ".join(argv) for tool in ("curl", "wget"))
     code = argv[-1]
     assert "/health" in code and "127.0.0.1" in code
-    default = re.search(r"""environ\.get\(\s*['"]PORT['"]\s*,\s*['"](\d+)['"]\s*\)""", code)
-    assert default and default.group(1) == image_env()["PORT"], "the probe's default port is not the image's PORT"
+    default = re.search(r"""environ\.get\(\s*['"]LIGHT_PORT['"]\s*,\s*['"](\d+)['"]\s*\)""", code)
+    assert default and default.group(1) == image_env()["LIGHT_PORT"], \
+        "the probe's default port is not the image's LIGHT_PORT"
     timeout = re.search(r"timeout\s*=\s*(\d+)", code)
     assert timeout and int(timeout.group(1)) < int(opts["timeout"].rstrip("s"))
     assert {"interval", "timeout", "start-period", "retries"} <= set(opts)
@@ -398,7 +391,7 @@ def health_stub() -> Iterator[tuple[int, type[_Health]]]:
 
 def _run_healthcheck(port: int) -> int:
     _, argv = _healthcheck()
-    env = {**os.environ, "PORT": str(port)}
+    env = {**os.environ, "LIGHT_PORT": str(port)}
     return subprocess.run([sys.executable, *argv[1:]], env=env, capture_output=True, timeout=30).returncode
 
 
@@ -512,13 +505,11 @@ def test_compose_runs_three_hardened_replicas_behind_nginx():
     assert app["cap_drop"] == ["ALL"]
     assert "no-new-privileges:true" in app["security_opt"]
     assert _duration_seconds(app["stop_grace_period"]) > gunicorn_settings({})["graceful_timeout"]
-    assert str(image_env()["PORT"]) in [str(p) for p in app["expose"]]
+    assert [str(p) for p in app["expose"]] == [image_env()["PORT"], image_env()["LIGHT_PORT"]]
     assert nginx["depends_on"]["app"]["condition"] == "service_healthy"
     mounts = {v.split(":")[1]: v.split(":")[0] for v in nginx["volumes"]}
-    assert (DEPLOY / mounts["/etc/nginx/nginx.conf.in"]).resolve() == DEPLOY / "nginx.conf"
-    # the start command fills in the resolver and runs that file
-    command = " ".join(nginx["command"])
-    assert "@RESOLVER@" in command and "/etc/nginx/nginx.conf.in" in command and "nginx -c /tmp/nginx.conf" in command
+    assert (DEPLOY / mounts["/etc/nginx/attention-trace.conf"]).resolve() == DEPLOY / "nginx.conf"
+    assert nginx["command"][:3] == ["nginx", "-c", "/etc/nginx/attention-trace.conf"]  # runs that file
     for published in nginx["ports"]:
         assert published.startswith("127.0.0.1:"), "the default compose file publishes on loopback only"
 
@@ -544,15 +535,22 @@ def test_nginx_conf_parses():
 def test_nginx_proxies_to_the_compose_replicas():
     conf = load_nginx()
     doc = load_compose()
-    # proxy_pass takes $backend, set to the service name and the image's port
-    sets = {d["args"][0]: d["args"][1] for d in directives(conf, "set")}
-    targets = {sets.get(d["args"][0], d["args"][0]) for d in directives(conf, "proxy_pass")}
-    assert targets == {f"http://app:{image_env()['PORT']}"}
+    # proxy_pass names the two upstream groups: the POST endpoints to "work" on the image's PORT, bounded per
+    # replica; the rest to "light" on its LIGHT_PORT
+    upstreams = {d["args"][0]: next(directives(d["block"], "server"))["args"] for d in directives(conf, "upstream")}
+    assert upstreams["work"][0] == f"app:{image_env()['PORT']}" and upstreams["work"][1].startswith("max_conns=")
+    assert upstreams["light"] == [f"app:{image_env()['LIGHT_PORT']}"]
+    assert set(upstreams) == {"work", "light"}
+    targets = {loc["args"][-1]: next(directives(loc["block"], "proxy_pass"))["args"][0]
+               for loc in directives(conf, "location") if list(directives(loc["block"], "proxy_pass"))}
+    assert targets.pop("/") == "http://light"
+    assert set(targets.values()) == {"http://work"}
+    from service import create_app  # every POST endpoint goes to "work"
+
+    posts = {rule.rule for rule in create_app().url_map.iter_rules() if "POST" in (rule.methods or ())}
+    assert posts and all(any(re.fullmatch(pattern, path) for pattern in targets) for path in posts), posts
     assert "app" in doc["services"]
-    # a resolver, so the replicas are looked up at request time (the container's
-    # nameserver, filled in at start: Docker's 127.0.0.11, podman's aardvark-dns)
-    resolver = next(directives(conf, "resolver"))["args"]
-    assert resolver[0] == "@RESOLVER@" and any(a.startswith("valid=") for a in resolver)
+    assert not list(directives(conf, "resolver"))  # looked up when nginx starts
     # nginx listens where compose publishes it
     listen = {d["args"][0] for d in directives(conf, "listen")}
     published = {p.rsplit(":", 1)[-1] for p in doc["services"]["nginx"]["ports"]}
@@ -610,7 +608,7 @@ def test_k8s_deployment_probes_resources_and_security():
     assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
     assert proxy["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}  # through to the app
     assert proxy["livenessProbe"]["httpGet"] == {"path": "/nginx-health", "port": "http"}
-    assert "127.0.0.1:8000/health" in " ".join(container["livenessProbe"]["exec"]["command"])
+    assert "127.0.0.1:8001/health" in " ".join(container["livenessProbe"]["exec"]["command"])  # LIGHT_PORT
     resources = container["resources"]
     for kind in ("requests", "limits"):
         assert {"cpu", "memory"} <= set(resources[kind]), kind
@@ -646,11 +644,18 @@ def test_k8s_sidecar_config_is_the_compose_nginx_conf_for_one_pod(tmp_path):
     parsed = crossplane.parse(str(conf_file), strict=True, check_ctx=True, check_args=True)
     assert parsed["status"] == "ok", parsed["errors"]
     sidecar = parsed["config"][0]["parsed"]
-    sets = {d["args"][0]: d["args"][1] for d in directives(sidecar, "set")}
-    assert sets["$backend"] == "http://127.0.0.1:8000"
-    assert not list(directives(sidecar, "resolver")) and not list(directives(sidecar, "user"))
     pod = docs["Deployment"]["spec"]["template"]["spec"]
+    app = next(c for c in pod["containers"] if c["name"] == "app")
+    workers = int(next(e["value"] for e in app["env"] if e["name"] == "WEB_CONCURRENCY"))
+    assert workers == mod.WORKERS
+    servers = {d["args"][0]: next(directives(d["block"], "server"))["args"] for d in directives(sidecar, "upstream")}
+    assert servers == {"work": ["127.0.0.1:8000", f"max_conns={4 * workers}"], "light": ["127.0.0.1:8001"]}
+    assert not list(directives(sidecar, "resolver")) and not list(directives(sidecar, "user"))
     assert pod["volumes"][1]["configMap"]["name"] == docs["ConfigMap"]["metadata"]["name"]
+
+
+#: the largest answer the default limits allow, in bytes: the largest /trace (tools/measure_limits.py), ~49.6 MB
+LARGEST_ANSWER = 50_000_000
 
 
 def test_nginx_bounds_every_client():
@@ -658,16 +663,18 @@ def test_nginx_bounds_every_client():
     limits, retries of pure POSTs, and problem+json for its own refusals."""
     conf = load_nginx()
     one = lambda name: next(directives(conf, name))["args"]  # noqa: E731 (a one-line lookup)
-    from service.worker import Limits
-
     for name in ("client_header_timeout", "client_body_timeout", "send_timeout"):
-        assert _duration_seconds(one(name)[0]) <= Limits().send_timeout, name
-    assert one("proxy_max_temp_file_size") == ["0"]  # answers never spool to (tmpfs) disk
+        assert _duration_seconds(one(name)[0]) <= 10, name
+    # answers are taken whole from the replica (spooled for a slow reader, up to the largest answer), and a
+    # client that hangs up leaves its request counted until the replica answers
+    assert one("proxy_buffering") == ["on"]
+    assert int(one("proxy_max_temp_file_size")[0].rstrip("m")) * 2**20 >= LARGEST_ANSWER
+    assert one("proxy_ignore_client_abort") == ["on"]
     assert not list(directives(conf, "proxy_request_buffering"))  # on (the default): bodies arrive whole
     zones = {d["args"][0] for d in directives(conf, "limit_req_zone")} | \
         {d["args"][0] for d in directives(conf, "limit_conn_zone")}
     assert zones == {"$binary_remote_addr"}
-    posts = [d for d in directives(conf, "location") if d["args"][-1].startswith(("^/trace", "^/check"))]
+    posts = [d for d in directives(conf, "location") if d["args"][-1].startswith(("^/(trace", "^/check"))]
     assert len(posts) == 2
     for loc in posts:
         names = {d["directive"] for d in loc["block"]}
@@ -682,11 +689,12 @@ def test_nginx_bounds_every_client():
             assert block["default_type"] == ["application/problem+json"]
             status, body = block["return"]
             assert json.loads(body)["status"] == int(status)
-    # compose: the temp space holds 8 of the largest /check bodies, and counts as the container's memory
+    # compose: the temp space holds 8 of the largest /check bodies and 4 of the largest answers, and counts as
+    # the container's memory
     nginx = load_compose()["services"]["nginx"]
     tmp = next(t for t in nginx["tmpfs"] if t.startswith("/tmp:"))
     size = int(re.search(r"size=(\d+)m", tmp).group(1))
-    assert size * 2**20 >= 8 * Settings().max_check_body_bytes
+    assert size * 2**20 >= 8 * Settings().max_check_body_bytes + 4 * LARGEST_ANSWER
     assert int(nginx["deploy"]["resources"]["limits"]["memory"].rstrip("M")) >= size + 128
 
 

@@ -1,39 +1,25 @@
-"""Slow clients, bounded costs and the smaller findings, each with a test.
+"""Bounded costs and the smaller findings, each with a test.
 
-In process (the Flask app) and over real gunicorn with the committed config
-(service/worker.py's BufferedWorker). docs/reliability.md has the figures.
+In process (the Flask app). Slow clients are nginx's to hold: tests/test_nginx.py
+runs them through the shipped nginx. docs/reliability.md has the figures.
 """
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 
 import orjson
 import pytest
-import requests
 
-from conftest import Gunicorn
 from service import create_app
 from service.settings import Settings
-from test_hostile import CAT_BYTES, JSON, PROBLEM, parse_raw, raw_http, request_bytes
+from test_hostile import CAT_BYTES, JSON, PROBLEM
 
 
 @pytest.fixture(scope="module")
 def plain():
     """A client that does not check answers against openapi.yaml (some statuses here are server-level)."""
     return create_app().test_client()
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = Gunicorn(workers=1, env={"GUNICORN_HEADER_TIMEOUT": "1.5", "GUNICORN_BODY_TIMEOUT": "1.5",
-                                 "GUNICORN_SEND_TIMEOUT": "2", "GUNICORN_WORKER_CONNECTIONS": "16"})
-    try:
-        yield s
-    finally:
-        s.stop()
 
 
 # ------------------------------------------------------------------ small findings, in process
@@ -169,179 +155,41 @@ def test_weight_cache_is_bounded_by_bytes():
         create_app()  # back to the default bound
 
 
-# ------------------------------------------------------------------ over gunicorn (BufferedWorker)
+# ------------------------------------------------------------------ the app's own body bounds, in process
+# (the app defends its costs whoever sends the request: nginx refuses the same bodies first in every recipe)
 
 
-def _health_latency(srv: Gunicorn) -> float:
-    start = time.monotonic()
-    r = requests.get(srv.url + "/health", timeout=10, headers={"Connection": "close"})
-    assert r.status_code == 200
-    return time.monotonic() - start
+class _CountingStream:
+    """A request body of ``size`` bytes of spaces that counts what is read from it."""
+
+    def __init__(self, size: int) -> None:
+        self.left, self.read_bytes = size, 0
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        self.left -= n
+        self.read_bytes += n
+        return b" " * n
 
 
-@pytest.mark.integration
-def test_idle_and_slowloris_clients_never_hold_the_only_worker(server):
-    """Two idle connections or two slowloris clients stopped all traffic for
-    31 s. Here ONE worker keeps answering within a second while ten of each are open,
-    and cuts them off after header_timeout (1.5 s here) with 408s that the access log
-    records with the client's address."""
-    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(10)]
-    loris = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(10)]
-    for s in loris:
-        s.sendall(b"POST /trace HTTP/1.1\r\nHost: x\r\n")
-    try:
-        worst = 0.0
-        deadline = time.monotonic() + 2.5
-        while time.monotonic() < deadline:
-            for s in loris:
-                try:
-                    s.sendall(b"X-a: b\r\n")
-                except OSError:
-                    pass
-            worst = max(worst, _health_latency(server))
-            time.sleep(0.1)
-        assert worst < 1.0, worst
-        for s in loris:  # each got a 408 problem+json, then the close
-            s.settimeout(5)
-            data = b""
-            while chunk := s.recv(65536):
-                data += chunk
-            raw = parse_raw(data, 0.0)
-            assert raw.status == 408 and raw.mime == PROBLEM
-    finally:
-        for s in idle + loris:
-            s.close()
-    logged = server.wait_for_log(lambda e: e["status"] == 408, count=20)
-    assert len(logged) >= 20 and all(e["remote"] == "127.0.0.1" for e in logged)
-    assert "WORKER TIMEOUT" not in server.log_text()
+@pytest.mark.parametrize("path", ["/trace", "/check"])
+def test_a_body_with_no_length_is_read_at_most_to_its_limit(plain, path):
+    """A streamed body (chunked: no Content-Length) over the path's limit is a 413 problem+json, and the app
+    reads at most one byte past the limit to know it."""
+    limit = Settings().body_limit(path)
+    stream = _CountingStream(3 * limit)
+    r = plain.post(path, content_type=JSON, headers={"Transfer-Encoding": "chunked"},
+                   environ_overrides={"wsgi.input": stream, "CONTENT_LENGTH": ""})
+    assert r.status_code == 413 and r.mimetype == PROBLEM
+    assert orjson.loads(r.data)["type"].endswith("payload-too-large")
+    assert stream.read_bytes <= limit + 1
 
 
-@pytest.mark.integration
-def test_a_full_worker_drops_its_slowest_sender_to_make_room(server):
-    """worker_connections is 16 here: 40 idle connections cannot lock a client out."""
-    idle = []
-    try:
-        for _ in range(40):
-            idle.append(socket.create_connection(("127.0.0.1", server.port)))
-        time.sleep(0.6)  # old enough to be dropped (service/worker.py SHED_AGE)
-        assert _health_latency(server) < 1.0
-    finally:
-        for s in idle:
-            s.close()
-
-
-@pytest.mark.integration
-def test_a_client_that_never_reads_is_cut_off_and_logged(server):
-    """Two clients not reading a 19.5 MB trace stopped traffic for 32 s."""
-    body = orjson.dumps({"tokens": [f"w{i}" for i in range(128)], "d_model": 512, "num_heads": 8, "seed": 5})
-    readers = []
-    for _ in range(2):
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        s.connect(("127.0.0.1", server.port))
-        s.sendall(request_bytes("POST", "/trace", body))
-        readers.append(s)
-    try:
-        worst = 0.0
-        deadline = time.monotonic() + 3.5
-        while time.monotonic() < deadline:
-            worst = max(worst, _health_latency(server))
-            time.sleep(0.1)
-        assert worst < 1.0, worst
-    finally:
-        for s in readers:
-            s.close()
-    deadline = time.monotonic() + 10
-    while "cut off" not in server.log_text() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert "client 127.0.0.1 cut off" in server.log_text()
-
-
-@pytest.mark.integration
-def test_expect_100_continue_comes_only_after_the_size_check(server):
-    head = (f"POST /trace HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: {JSON}\r\n"
-            f"Expect: 100-continue\r\nContent-Length: {5 * 1024 * 1024}\r\n\r\n").encode()
-    raw = raw_http(server.port, head, timeout=5)
-    assert raw.interim == [] and raw.status == 413 and raw.mime == PROBLEM  # no "100 Continue" first
-    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
-        s.sendall(request_bytes("POST", "/trace", CAT_BYTES, headers={"Expect": "100-continue"})
-                  [:-len(CAT_BYTES)])
-        assert s.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
-        s.sendall(CAT_BYTES)
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    assert parse_raw(data, 0.0).status == 200
-
-
-@pytest.mark.integration
-def test_server_level_rejections_reach_the_json_access_log(server):
-    marker = f"ua-{time.monotonic_ns()}"
-    cases = [
-        (400, f"get /health HTTP/1.1\r\nHost: x\r\nUser-Agent: {marker}\r\nConnection: close\r\n\r\n".encode()),
-        (414, request_bytes("GET", "/" + "a" * 9000)),
-        (431, request_bytes("GET", "/health", headers={"X-Long": "a" * 9000, "User-Agent": marker})),
-        (400, f"GET /health HTTP/1.1\r\nUser-Agent: {marker}\r\nConnection: close\r\n\r\n".encode()),  # no Host
-        (415, request_bytes("POST", "/trace", CAT_BYTES, headers={"Content-Encoding": "gzip"})),
-    ]
-    ids = []
-    for status, data in cases:
-        raw = raw_http(server.port, data)
-        assert raw.status == status, (status, raw.status, raw.body[:200])
-        assert raw.mime == PROBLEM
-        ids.append(raw.headers["x-request-id"])
-    logged = {e["request_id"]: e for e in server.wait_for_log(lambda e: e["request_id"] in ids, count=len(ids))}
-    for (status, _), rid in zip(cases, ids):
-        assert rid in logged, (status, rid)
-        assert logged[rid]["status"] == status and logged[rid]["remote"] == "127.0.0.1"
-
-
-@pytest.mark.integration
-def test_a_slow_body_is_cut_off_with_408_and_logged(server):
-    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
-        s.sendall(request_bytes("POST", "/trace", b"x" * 4000)[:-4000])
-        start = time.monotonic()
-        data = b""
-        try:
-            while time.monotonic() - start < 8:
-                s.sendall(b" ")
-                time.sleep(0.3)
-        except OSError:
-            pass
-        s.settimeout(5)
-        try:
-            while chunk := s.recv(65536):
-                data += chunk
-        except OSError:
-            pass
-    assert time.monotonic() - start < 6
-    assert parse_raw(data, 0.0).status == 408
-    assert server.wait_for_log(lambda e: e["status"] == 408 and e["path"] == "/trace")
-
-
-@pytest.mark.integration
-def test_health_stays_fast_while_the_only_worker_computes(server):
-    """GETs have their own thread: /health does not wait behind the largest traces."""
-    from tools import measure_limits
-
-    largest = orjson.dumps({**measure_limits.largest_trace(), "seed": 77})
-    stop = threading.Event()
-
-    def hammer() -> None:
-        while not stop.is_set():
-            try:
-                requests.post(server.url + "/trace", data=largest, headers={"Content-Type": JSON}, timeout=30)
-            except requests.RequestException:
-                pass
-
-    threads = [threading.Thread(target=hammer) for _ in range(3)]
-    for t in threads:
-        t.start()
-    try:
-        time.sleep(0.5)
-        worst = max(_health_latency(server) for _ in range(15))
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(60)
-    assert worst < 1.0, worst
+@pytest.mark.parametrize("path", ["/trace", "/check"])
+def test_a_declared_length_over_the_limit_is_refused_unread(plain, path):
+    limit = Settings().body_limit(path)
+    stream = _CountingStream(limit + 1)
+    r = plain.post(path, content_type=JSON,
+                   environ_overrides={"wsgi.input": stream, "CONTENT_LENGTH": str(limit + 1)})
+    assert r.status_code == 413 and r.mimetype == PROBLEM
+    assert stream.read_bytes == 0

@@ -4,7 +4,6 @@ before it is encoded, the small ones together and the large ones each by a sum (
 from __future__ import annotations
 
 import dataclasses
-import tracemalloc
 
 import numpy as np
 import orjson
@@ -62,40 +61,3 @@ def test_the_arrays_outside_stages_are_checked_too():
         serialize.trace_document(dataclasses.replace(t, parameters=bad), include_parameters=True,
                                  parameters_layout="torch")
 
-
-@pytest.mark.parametrize("shape", [(4 * 131_072 + 1,), (3, 300_000), (9, 256, 256), (2, 3, 200, 500)])
-def test_a_large_document_is_encoded_in_pieces_to_the_same_bytes(shape):
-    """orjson held the interpreter lock for a whole 40 MB answer (60-170 ms, which /health
-    waited for); serialize.dumps encodes a large document a piece at a time, and the bytes are orjson's."""
-    rng = np.random.default_rng(1)
-    values = rng.standard_normal(shape) * 10.0 ** rng.integers(-300, 300, shape)
-    masked = np.where(rng.random(shape[-1]) < 0.5, None, values.reshape(-1)[:shape[-1]]).tolist()
-    doc = {"schema_version": "1", "stages": {"big": {"values": values, "shape": list(shape)},
-                                             "masked": {"values": [masked] * 9}, "small": np.arange(3.0)},
-           "tokens": [{"text": "é\u2028<", "index": 0}], "unicode key ü": [1, 2.5, None, True]}
-    assert serialize._numbers(doc) > 4 * serialize._PIECE
-    assert serialize.dumps(doc) == orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
-def test_a_long_flat_list_is_encoded_in_slices_within_twice_its_answer():
-    """A list of floats and nulls longer than a piece used to be encoded one number at a time: ~2 KB of
-    orjson buffers per number, 19 GB for this document (the suite's peak). Now it is sliced like an array."""
-    rng = np.random.default_rng(1)
-    n = 4 * serialize._PIECE + 1
-    flat = np.where(rng.random(n) < 0.5, None, rng.standard_normal(n)).tolist()
-    doc = {"values": [flat] * 9}
-    tracemalloc.start()
-    try:
-        body = serialize.dumps(doc)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert body == orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
-    assert peak <= 2.5 * len(body), f"{peak / 1e6:.0f} MB to encode a {len(body) / 1e6:.0f} MB answer"
-
-
-def test_a_large_answer_is_the_same_bytes_as_one_orjson_call():
-    t = _trace(engine.TraceConfig(d_model=54, num_heads=9, causal=True), 256)
-    doc = serialize.trace_document(t, include_parameters=True)
-    assert serialize._numbers(doc) > 4 * serialize._PIECE
-    assert serialize.dumps(doc) == orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -10,8 +10,9 @@ Without --url, starts gunicorn with the committed gunicorn.conf.py on a free
 attacks that address, which must be on this machine (127.0.0.0/8, or a
 network namespace of one's own): the script refuses any other host.
 With --addresses K (a loopback target only), the connections an attack holds
-come from K source addresses in turn, 127.0.0.2 … 127.0.0.K+1, as from
-several clients: per-address limits count each apart.
+(and the hang-ups' connections) come from K source addresses in turn,
+127.0.0.2 … 127.0.0.K+1, as from several clients: per-address limits count
+each apart.
 
 While each attack runs, a probe does what a well-behaved client does: a
 GET /health and a small POST /trace, one after the other, every 200 ms, each
@@ -23,8 +24,9 @@ probe answer ("outage"). Attacks (each bounded in connections and time):
   slowloris   N connections sending a request head one header line every 2 s
   slow-body   N connections: a complete head with Content-Length 4,000,000,
               then 1 byte a second
-  slow-read   N connections asking for a 19.5 MB trace and never reading it
-              (receive buffer 4 KiB); re-opened when the server closes them
+  slow-read   N connections asking for the largest trace the limits allow
+              (~50 MB) and never reading it (receive buffer 4 KiB);
+              re-opened when the server closes them
   batch-amp   N connections sending, back to back, a 1.5 KB /trace/batch of 32
               one-token items at d_model 512 with distinct seeds (weight
               generation for each)
@@ -83,8 +85,6 @@ HOLDING = ("idle", "slowloris", "slow-body", "slow-read", "neg-chunk", "huge-chu
 #: 313 bytes asking for a 40 MB page: the cost budget refuses it (422 page_too_costly)
 HTML_REQUEST = {"sentence": "!" * 256, "d_model": 512, "num_heads": 4, "causal": True}
 CAT = b'{"sentence":"the cat sat","d_model":24,"num_heads":4}'
-#: a 19.5 MB trace: 128 tokens at d_model 512
-L_TRACE = {"tokens": [f"w{i}" for i in range(128)], "d_model": 512, "num_heads": 8}
 
 
 def check_local(host: str) -> None:
@@ -154,6 +154,7 @@ class Probe:
         return {
             "probes": len(inside),
             "failed": sum(1 for *_, ok in inside if ok is False),
+            "health_failed": sum(1 for _, _, kind, ok in inside if kind == "health" and ok is not True),
             "limited_429": sum(1 for *_, ok in inside if ok == "limited"),
             "health_max_s": None if worst["health"] is None else round(worst["health"], 3),
             "trace_max_s": None if worst["trace"] is None else round(worst["trace"], 3),
@@ -210,6 +211,7 @@ def hold_connections(kind: str, host: str, port: int, n: int, deadline: float, s
     sel = selectors.DefaultSelector()
     socks: dict[socket.socket, dict] = {}
     turn = itertools.cycle(sources)
+    largest = measure_limits.largest_trace() if kind == "slow-read" else None
 
     def open_one() -> None:
         s = _connect(host, port, rcvbuf=4096 if kind == "slow-read" else None, source=next(turn))
@@ -224,7 +226,7 @@ def hold_connections(kind: str, host: str, port: int, n: int, deadline: float, s
             elif kind == "slow-body":
                 s.send(_head(host, "/trace", "Content-Length: 4000000\r\n\r\n"))
             elif kind == "slow-read":
-                seeded = json.dumps({**L_TRACE, "seed": random.randrange(2**31)}).encode()
+                seeded = json.dumps({**largest, "seed": random.randrange(2**31)}).encode()
                 s.send(_head(host, "/trace", f"Content-Length: {len(seeded)}\r\n\r\n") + seeded)
             elif kind == "neg-chunk":
                 s.send(_head(host, "/trace", "Transfer-Encoding: chunked\r\n\r\n") + b"-6\r\n")
@@ -288,8 +290,10 @@ def hold_connections(kind: str, host: str, port: int, n: int, deadline: float, s
     sel.close()
 
 
-def hammer(kind: str, host: str, port: int, deadline: float, stats: dict, lock: threading.Lock) -> None:
-    """batch-amp / largest-br / hangup / html: one connection's worth of back-to-back requests."""
+def hammer(kind: str, host: str, port: int, deadline: float, stats: dict, lock: threading.Lock,
+           source: str | None = None) -> None:
+    """batch-amp / largest-br / hangup / html: one connection's worth of back-to-back requests (a hang-up's
+    from ``source``)."""
     largest = measure_limits.largest_trace() if kind in ("largest-br", "hangup") else None
     rng = random.Random()
     while time.monotonic() < deadline:
@@ -305,7 +309,7 @@ def hammer(kind: str, host: str, port: int, deadline: float, stats: dict, lock: 
             body = json.dumps({**largest, "seed": rng.randrange(2**31)}).encode()
             path, headers = "/trace", {"Accept-Encoding": "br"} if kind == "largest-br" else {}
         if kind == "hangup":  # send it all, then close without reading: nobody wants the answer
-            s = _connect(host, port)
+            s = _connect(host, port, source=source)
             if s is not None:
                 s.setblocking(True)
                 try:
@@ -375,6 +379,8 @@ def run_attack(kind: str, host: str, port: int, n: int, duration: float, settle:
 def _run_attack(kind: str, host: str, port: int, n: int, duration: float, settle: float,
                 sources: tuple[str | None, ...]) -> dict:
     stats = {"opened": 0, "connect_failed": 0, "closed_by_server": 0}
+    if kind in ("slow-read", "largest-br", "hangup"):
+        measure_limits.largest_trace()  # searched once, before the clock starts (seconds on a loaded machine)
     probe = Probe(host, port)
     probe.start()
     time.sleep(1.0)  # a baseline sample first
@@ -382,8 +388,9 @@ def _run_attack(kind: str, host: str, port: int, n: int, duration: float, settle
     deadline = t0 + duration
     lock = threading.Lock()
     if kind not in HOLDING:
-        threads = [threading.Thread(target=hammer, args=(kind, host, port, deadline, stats, lock), daemon=True)
-                   for _ in range(n)]
+        turn = itertools.cycle(sources if kind == "hangup" else (None,))
+        threads = [threading.Thread(target=hammer, args=(kind, host, port, deadline, stats, lock, next(turn)),
+                                    daemon=True) for _ in range(n)]
     else:
         threads = [threading.Thread(target=hold_connections, args=(kind, host, port, n, deadline, stats, sources),
                                     daemon=True)]
@@ -395,7 +402,7 @@ def _run_attack(kind: str, host: str, port: int, n: int, duration: float, settle
     time.sleep(settle)  # let the probe see the recovery
     probe.finish()
     out = {"attack": kind, "connections": n, "duration_s": duration,
-           "source_addresses": len(sources) if kind in HOLDING else 1, **probe.summary(t0, t1 + settle)}
+           "source_addresses": len(sources) if kind in HOLDING or kind == "hangup" else 1, **probe.summary(t0, t1 + settle)}
     lat = stats.pop("latency_s", None)
     if lat:
         out["attacker_requests"] = len(lat)

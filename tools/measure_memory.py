@@ -104,9 +104,6 @@ def client(port: int, pick, deadline: float, stats: dict, lock: threading.Lock) 
                                                            "Connection": "close", **headers})
             resp = conn.getresponse()
             if slow:  # read 1 MiB a second for a few seconds (256 KiB every 0.25 s), then the rest
-                # Never a whole second without reading: the worker may cut off a reader that has read nothing
-                # for 1 s when its output buffer is full (service/worker.py, _make_room), and a pause of exactly
-                # 1 s sat on that edge (a run under load lost the race once).
                 for _ in range(16):
                     resp.read(1 << 18)
                     time.sleep(0.25)

@@ -18,8 +18,6 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from service.worker import server_env
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -84,8 +82,7 @@ class Gunicorn:
     """gunicorn on 127.0.0.1, ready when /health answers 200, its output in ``log``, stopped by its PID.
 
     ``workers`` sets WEB_CONCURRENCY and is also waited for (None: neither, the config's or ``args``' count).
-    ``env`` is added to this process's environment (after service.worker.server_env's glibc tunables, which
-    production starts with). ``args`` go on gunicorn's command line after the config, where they override it
+    ``env`` is added to this process's environment. ``args`` go on gunicorn's command line after the config, where they override it
     (``-k sync`` runs the same config and app under a stock worker class). ``config=None`` starts gunicorn
     with none of the project's configuration: its defaults, the bind address and ``args`` only, run from
     ``cwd`` (which must not hold a gunicorn.conf.py) with the repository on PYTHONPATH so that ``app`` imports.
@@ -114,13 +111,16 @@ class Gunicorn:
                config: str | None, cwd: Path | None, log_name: str, ready_within: float) -> bool:
         """Start on a new free port; True once ready, False if the port was taken meanwhile."""
         self.port = free_port()
+        self.light_port = free_port()  # gunicorn.conf.py's second port (LIGHT_PORT)
+        while self.light_port == self.port:
+            self.light_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = artifacts_dir() / f"{log_name}-{self.port}.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        full_env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port)}
+        full_env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(self.port), "LIGHT_PORT": str(self.light_port)}
         if self.workers is not None:
             full_env["WEB_CONCURRENCY"] = str(self.workers)
-        full_env = server_env({**full_env, **(env or {})})
+        full_env = {**full_env, **(env or {})}
         if config is None:
             path = full_env.get("PYTHONPATH")
             full_env["PYTHONPATH"] = str(ROOT) + (os.pathsep + path if path else "")
@@ -202,3 +202,71 @@ class Gunicorn:
             if len(found) >= count or time.monotonic() > deadline:
                 return found
             time.sleep(0.05)
+
+
+#: Debian's nginx (nginx-light or nginx), as `make test` installs it
+NGINX = "/usr/sbin/nginx"
+
+
+class Nginx:
+    """The shipped nginx configuration (the Kubernetes sidecar's: deploy/nginx.conf for one backend) on a free
+    127.0.0.1 port in front of a server on ``backend_port`` and ``light_port`` (gunicorn.conf.py's PORT and
+    LIGHT_PORT; ``Gunicorn.port`` and ``.light_port``), its files in a directory of its own, ready when
+    /nginx-health answers, stopped by its PID.
+
+    ``workers``: the gunicorn workers behind it (the sidecar's max_conns is 4 for each). Only the paths
+    change: the listen address, the pid file, the temp directories and the logs; and, with
+    ``per_address_limits=False`` (a benchmark's load comes from one address), the per-address limit_req and
+    limit_conn lines go."""
+
+    def __init__(self, backend_port: int, light_port: int, workers: int = 2, log_name: str = "nginx",
+                 ready_within: float = 20.0, *, per_address_limits: bool = True) -> None:
+        import shutil
+        import tempfile
+
+        from tools.sidecar_nginx_conf import sidecar_conf
+
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{log_name}-", dir=artifacts_dir()))
+        self.dir.chmod(0o755)  # nginx's workers (user nobody, when started as root) write its temp files here
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = self.dir / "error.log"
+        self.access_log = self.dir / "access.log"
+        conf = sidecar_conf(f"127.0.0.1:{backend_port}", f"127.0.0.1:{light_port}", workers)
+        conf = conf.replace("listen 8080;", f"listen 127.0.0.1:{self.port};").replace("/tmp/", f"{self.dir}/")
+        conf = conf.replace("error_log /dev/stderr", f"error_log {self.log}")
+        conf = conf.replace("access_log /dev/stdout", f"access_log {self.access_log}")
+        if not per_address_limits:
+            conf = "".join(line for line in conf.splitlines(keepends=True)
+                           if not line.strip().startswith(("limit_req ", "limit_conn ")))
+        (self.dir / "nginx.conf").write_text(conf, encoding="utf-8")
+        binary = shutil.which("nginx") or NGINX
+        with self.log.open("ab") as err:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen([binary, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf"),
+                                          "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + ready_within
+        while not self._ready():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"nginx was not ready in {ready_within:g} s; see {self.log}")
+            time.sleep(0.05)
+
+    def _ready(self) -> bool:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+        try:
+            conn.request("GET", "/nginx-health")
+            return conn.getresponse().status == 200
+        except (OSError, http.client.HTTPException):
+            return False
+        finally:
+            conn.close()
+
+    def stop(self, timeout: float = 10) -> None:
+        """SIGTERM (nginx's fast stop: it would wait for slow readers otherwise) by its PID, SIGKILL after ``timeout`` s."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

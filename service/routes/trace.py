@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from flask import Blueprint, Response, current_app, g, request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 import engine
@@ -26,7 +26,7 @@ from engine.layer import ALL_STAGE_IDS, check_stages
 
 from .. import batch, budget, compression, npz, serialize
 from ..batch import BatchRequest
-from ..edge import VALIDATED, json_response, parse_body, read_json_body, settings
+from ..edge import json_response, parse_body, read_json_body, settings
 from ..models import (BoundedNumber, ConfigOut, InjectableBugName, InjectedBug, StageId, TokenOut, TraceSpec,
                       engine_rules, omitted)
 from ..offline_page import comparison_request, export_filename, render_html_bytes
@@ -34,7 +34,6 @@ from ..problems import ProblemError
 
 if TYPE_CHECKING:
     from ..openapi import Parts
-    from ..settings import Settings
 
 bp = Blueprint("trace", __name__)
 
@@ -273,7 +272,7 @@ def injected_bug_document(name: str) -> dict[str, str]:
 
 def render_trace(req: TraceRequest) -> bytes:
     """The exact bytes /trace answers for a validated request."""
-    return serialize.dumps(trace_document(req), numbers=req.value_count or None)  # counted when validated
+    return serialize.dumps(trace_document(req))
 
 
 def render_trace_npz(req: TraceRequest) -> list[bytes]:
@@ -283,25 +282,8 @@ def render_trace_npz(req: TraceRequest) -> list[bytes]:
 
 def cpu_estimate(req: TraceRequest) -> float:
     """The CPU seconds a validated /trace request is expected to cost (service/budget.py's work units, as
-    compression estimates them); taken from the environ when the worker's request_cost already worked it out
-    for this very request."""
-    known = request.environ.get(VALIDATED)
-    if known is not None and known[2] is req:
-        return known[3]
+    compression estimates them)."""
     return compression.estimate_s(budget.cost("/trace", [req]))
-
-
-def request_cost(body: bytes, limits: Settings) -> tuple[float, dict[str, Any]] | None:
-    """A /trace body's expected CPU seconds, from the body alone (service/budget.py's work units, as compression
-    estimates them), and the validated request with that estimate for the route (edge.VALIDATED); None for a body
-    that is not a valid request (the route answers it). service/worker.py asks, to answer a cheap trace on its
-    event loop."""
-    try:
-        req = TraceRequest.model_validate_json(body, context={"settings": limits})
-    except ValidationError:
-        return None
-    seconds = compression.estimate_s(budget.cost("/trace", [req]))
-    return seconds, {VALIDATED: (TraceRequest, body, req, seconds)}
 
 
 # ------------------------------------------------------------------ the routes

@@ -20,8 +20,8 @@ def test_load_with_a_worker_killed_midway():
     assert rep["valid_sent"] and rep["invalid_sent"]
     assert rep["status_5xx"] == 0 and rep["log_5xx_lines"] == 0
     assert rep["timeouts"] == 0
-    # Only the requests in flight on the killed worker may fail: every connection it held
-    # (service/worker.py reads, queues and writes several at once), at most one per client thread.
+    # Only the request in flight on the killed worker may fail (a sync worker holds one connection),
+    # at most one per client thread.
     assert rep["unexplained_errors"] == 0, rep["error_kinds"]
     assert rep["connection_errors"] == rep["connection_errors_in_flight_at_kill"] <= 6
     # Same question, same answer: every response equals its in-process reference, byte for byte.
