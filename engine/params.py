@@ -143,7 +143,7 @@ class ByteBoundedCache:
         functools.update_wrapper(self, fn)
         self._fn, self._size_of = fn, size_of
         self.max_bytes = max_bytes
-        self._data: OrderedDict[tuple, tuple[Any, int]] = OrderedDict()
+        self._data: OrderedDict[tuple[Any, ...], tuple[Any, int]] = OrderedDict()
         self._bytes = self._hits = self._misses = 0
         self._lock = threading.Lock()
 
