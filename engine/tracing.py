@@ -35,6 +35,7 @@ from functools import lru_cache
 from typing import Any, Literal, cast
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import attention as A
 from . import constructed as C
@@ -157,13 +158,13 @@ def trace(
     *,
     sentence: str | None = None,
     tokens: list[str] | None = None,
-    input: np.ndarray | None = None,
+    input: ArrayLike | None = None,
     parameters: Parameters | None = None,
     bug: str | None = None,
     split: list[Token] | None = None,
     context_sentence: str | None = None,
     context_tokens: list[str] | None = None,
-    context_input: np.ndarray | None = None,
+    context_input: ArrayLike | None = None,
     context_split: list[Token] | None = None,
 ) -> Trace:
     """Run every stage for one sentence (or pre-split tokens) and return them all.

@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from flask import Flask, Response, g, request
 from flask_cors import CORS
@@ -139,7 +139,7 @@ def create_app(settings: Settings | None = None) -> Flask:
             return trace_request_cost(body, settings)
         return None
 
-    app.request_cost = request_cost  # read by service/worker.py
+    app.request_cost = request_cost  # type: ignore[attr-defined]  # an attribute of ours, read by service/worker.py
     return app
 
 
@@ -155,7 +155,7 @@ def _cors_hook(app: Flask, configure: Callable[[], object]) -> Callable[[Respons
     if len(added) != 1:
         raise RuntimeError(f"flask-cors registered {len(added)} after-request hooks, not one")
     hooks.remove(added[0])
-    return added[0]
+    return cast(Callable[[Response], Response], added[0])  # flask-cors's hook (Flask's list types any callable)
 
 
 def _cors_answer(app: Flask, cors: Callable[[Response], Response]) -> list[tuple[str, str]]:

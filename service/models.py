@@ -27,7 +27,7 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import replace
 from functools import lru_cache, partial
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, cast
 
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
                       ValidatorFunctionWrapHandler, WrapValidator, field_validator, model_validator)
@@ -78,6 +78,12 @@ from engine.layer import (
     NORM_WEIGHTS,
     POSITIONAL_ENCODING_CHOICES,
     ROPE_PAIRINGS,
+    FFNKind,
+    NormKind,
+    NormPosition,
+    NormWeights,
+    PositionalEncoding,
+    RopePairing,
     preset_fields,
     trace_value_count,
 )
@@ -144,17 +150,25 @@ def _bad_characters(text: str) -> str | None:
     return f"a control character U+{ord(ch):04X} at character {i}; remove it"
 
 
-BugName = Literal[BUG_NAMES]  # type: ignore[valid-type]
-#: a name /check's diagnosis may give: the attention's known bugs, then a stack of blocks' own (BLOCK_BUGS)
-AnyBugName = Literal[BUG_NAMES + BLOCK_BUG_NAMES]  # type: ignore[valid-type]
+if TYPE_CHECKING:  # mypy cannot read a Literal built from the engine's tuples: the engine's aliases, or str
+    BugName: TypeAlias = str
+    AnyBugName: TypeAlias = str
+    HeadKindName: TypeAlias = str
+    PositionalEncodingName: TypeAlias = PositionalEncoding
+    RopePairingName: TypeAlias = RopePairing
+else:
+    BugName = Literal[BUG_NAMES]
+    #: a name /check's diagnosis may give: the attention's known bugs, then a stack of blocks' own (BLOCK_BUGS)
+    AnyBugName = Literal[BUG_NAMES + BLOCK_BUG_NAMES]
 
 #: inject_bug's names: the attention's known bugs, and a stack of blocks' own (which the engine's refusal rule
 #: refuses without a block field, saying to add one); an unknown one's message lists the request's kind's
 InjectableBugName = Annotated[AnyBugName, _names_of_the_requests_kind(BUG_NAMES, BUG_NAMES + BLOCK_BUG_NAMES)]
 
-PositionalEncodingName = Literal[POSITIONAL_ENCODING_CHOICES]  # type: ignore[valid-type]
-RopePairingName = Literal[tuple(ROPE_PAIRINGS)]  # type: ignore[valid-type]
-HeadKindName = Literal[constructed.HEAD_KINDS]  # type: ignore[valid-type]
+if not TYPE_CHECKING:
+    PositionalEncodingName = Literal[POSITIONAL_ENCODING_CHOICES]
+    RopePairingName = Literal[tuple(ROPE_PAIRINGS)]
+    HeadKindName = Literal[constructed.HEAD_KINDS]
 
 #: a number of an explicit input or weight: bounded, so that products of them stay within float64
 BoundedNumber = Annotated[float, Field(ge=-MAX_EXPLICIT_VALUE, le=MAX_EXPLICIT_VALUE)]
@@ -168,7 +182,7 @@ class _EngineRules:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> Literal[False]:
         if isinstance(error, EngineError):
             ctx: dict[str, Any] = {"message": error.message, "pointer": error.pointer}
             if error.also:  # every other problem found with it: problems.validation_problem lists them too
@@ -360,7 +374,7 @@ class TraceSpec(BaseModel):
     @classmethod
     def _engine_rule(cls, v: Any, info: ValidationInfo) -> Any:
         with engine_rules():
-            _FIELD_RULES[info.field_name](v)
+            _FIELD_RULES[cast(str, info.field_name)](v)  # a field validator's info names its field
         return v
 
     # Before the schema's own checks, so that an empty or blank text gets the engine's type and message
@@ -371,7 +385,7 @@ class TraceSpec(BaseModel):
     def _sentence_text(cls, v: Any, info: ValidationInfo) -> Any:
         if not isinstance(v, str) or len(v) > _SENTENCE_HARD_MAX:
             return v
-        field = info.field_name
+        field = cast(str, info.field_name)  # a field validator's info names its field
         what = field.replace("_", " ")
         limit = settings_of(info).max_sentence_chars
         if len(v) > limit:
@@ -393,7 +407,7 @@ class TraceSpec(BaseModel):
         if not isinstance(v, list) or len(v) > _TOKENS_HARD_MAX or not all(
                 isinstance(t, str) and len(t) <= _TOKEN_HARD_MAX for t in v):
             return v
-        field = info.field_name
+        field = cast(str, info.field_name)  # a field validator's info names its field
         with engine_rules():
             check_token_list(v, settings_of(info).max_tokens, field=field)
         for i, t in enumerate(v):
@@ -468,7 +482,9 @@ class TraceSpec(BaseModel):
             if config.has_block:  # and every layer's weights, generated before anything is computed
                 check_block_cost(count, config.n_parameters, settings.max_request_cost, num_layers=config.num_layers)
         # One update of the private values: each assignment through pydantic's __setattr__ costs ~0.3 µs.
-        self.__pydantic_private__.update(_config=config, _tokens=tokens, _context=context, _value_count=count)
+        private = self.__pydantic_private__  # a model with private attributes has their dict
+        private.update(_config=config, _tokens=tokens, _context=context,  # type: ignore[union-attr]  # typed optional
+                       _value_count=count)
         return self
 
     # Read from __pydantic_private__ itself: pydantic's __getattr__ for a private attribute costs ~1.2 µs
@@ -476,24 +492,24 @@ class TraceSpec(BaseModel):
     @property
     def trace_config(self) -> TraceConfig:
         """The engine's configuration, built (and checked) by the engine during validation."""
-        config = self.__pydantic_private__["_config"]
+        config = self.__pydantic_private__["_config"]  # type: ignore[index]  # typed optional; set in validation
         assert config is not None, "validate the request first"
         return config
 
     @property
     def split(self) -> list[Token]:
         """The tokens, split (and checked) once during validation."""
-        return self.__pydantic_private__["_tokens"]
+        return self.__pydantic_private__["_tokens"]  # type: ignore[index]  # typed optional; set in validation
 
     @property
     def context_split(self) -> list[Token] | None:
         """Cross-attention's context tokens, split once during validation (None for self-attention)."""
-        return self.__pydantic_private__["_context"]
+        return self.__pydantic_private__["_context"]  # type: ignore[index]  # typed optional; set in validation
 
     @property
     def value_count(self) -> int:
         """How many numbers the trace holds (what max_trace_values bounds), counted once during validation."""
-        return self.__pydantic_private__["_value_count"]
+        return self.__pydantic_private__["_value_count"]  # type: ignore[index]  # typed optional; set in validation
 
     def run_trace(self, bug: str | None = None) -> engine.Trace:
         """The engine's trace of this validated request, with its explicit arrays if given.
@@ -511,11 +527,12 @@ class TraceSpec(BaseModel):
 
 
 @lru_cache(maxsize=1024, typed=True)  # a handful of configurations recur: each checked and built once
-def _checked_config(*, d_model: int, num_heads: int, seed: int, scale: bool, causal: bool, positional_encoding: str,
-                    max_tokens: int, num_kv_heads: int | None, window: int | None, rope_base: float,
-                    rope_pairing: str, num_layers: int, block: str | None, norm: str | None,
-                    norm_position: str | None, ffn: str | None, d_ff: int | None, norm_eps: float | None,
-                    norm_weights: str | None, head_weights: tuple[str, ...] | None, sharpness: float, cross: bool,
+def _checked_config(*, d_model: int, num_heads: int, seed: int, scale: bool, causal: bool,
+                    positional_encoding: PositionalEncoding, max_tokens: int, num_kv_heads: int | None,
+                    window: int | None, rope_base: float, rope_pairing: RopePairing, num_layers: int,
+                    block: str | None, norm: NormKind | None, norm_position: NormPosition | None,
+                    ffn: FFNKind | None, d_ff: int | None, norm_eps: float | None, norm_weights: NormWeights | None,
+                    head_weights: tuple[str, ...] | None, sharpness: float, cross: bool,
                     input_given: bool, context_input_given: bool, parameters_given: bool, decode: bool,
                     bug: str | None) -> TraceConfig:
     """A request's TraceConfig, its sizes and every conflict between its settings checked by the engine (an

@@ -330,7 +330,7 @@ def _example() -> dict[str, Any]:
 
     from .trace import TraceRequest, trace_document
 
-    base = {"sentence": "the cat sat", "d_model": 4, "num_heads": 1}
+    base: dict[str, Any] = {"sentence": "the cat sat", "d_model": 4, "num_heads": 1}
     buggy = trace_document(TraceRequest(**base, inject_bug=BUG_NAMES[0], stages=["weights"]))
     submission = {"weights": buggy["stages"]["weights"]["values"].tolist()}
     return check_document(CheckRequest(**base, submission=submission))

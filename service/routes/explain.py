@@ -375,11 +375,11 @@ def explain_document(req: AnyExplainRequest) -> dict[str, Any]:
 
 
 #: the request model of each cell other than an attention weight
-_CELL_REQUESTS: dict[str, type[TraceRequest]] = {**{norm: NormExplainRequest for norm in NORMS},
-                                                 "ffn": FFNExplainRequest}
+_CELL_REQUESTS: dict[str, type[NormExplainRequest | FFNExplainRequest]] = {
+    **{norm: NormExplainRequest for norm in NORMS}, "ffn": FFNExplainRequest}
 
 
-def request_model(raw: bytes) -> type[TraceRequest]:
+def request_model(raw: bytes) -> type[ExplainRequest | NormExplainRequest | FFNExplainRequest]:
     """The model a body is validated with, by its ``cell``: ExplainRequest (an attention cell, as before the
     block's cells existed, for any body without a block cell), NormExplainRequest or FFNExplainRequest."""
     if b"cell" not in raw and b"\\u" not in raw:  # no "cell" key, even escaped: the attention cell
