@@ -159,7 +159,7 @@ def trace(
     sentence: str | None = None,
     tokens: list[str] | None = None,
     input: ArrayLike | None = None,
-    parameters: Parameters | None = None,
+    parameters: Parameters | BlockParameters | None = None,  # BlockParameters for a stack of blocks
     bug: str | None = None,
     split: list[Token] | None = None,
     context_sentence: str | None = None,
@@ -211,7 +211,7 @@ def trace(
         for name, W in vars(parameters).items():
             if not np.isfinite(W).all():
                 raise NonFiniteInputError(f"parameters.{name} contains a non-finite value", field=f"parameters/{name}")
-        params, digest = parameters, parameters_digest(parameters)
+        params, digest = parameters, parameters_digest(cast(Parameters, parameters))  # a single layer's
     if not config.has_block:
         weights = vars(params)
     x = None if input is None else given_input(input, len(toks), config.d_model)
