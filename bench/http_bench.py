@@ -35,9 +35,10 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tools.server import Gunicorn
 
@@ -173,7 +174,7 @@ class LoadGenerator:
         env = {**os.environ, "BENCH_BODY_FILE": str(body_file), "BENCH_REQUEST_ID": tag,
                "BENCH_N0": str(self._next_n0()), "BENCH_ACCEPT": accept or ""}
         secs = max(1, math.ceil(duration_s))
-        cmd = [self.wrk, "-t1", f"-c{conns}", f"-d{secs}s", "--timeout", "60s", "-s", str(LUA), url]
+        cmd = [cast(str, self.wrk), "-t1", f"-c{conns}", f"-d{secs}s", "--timeout", "60s", "-s", str(LUA), url]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=secs + 120, check=False)
         line = next((x for x in p.stdout.splitlines() if x.startswith("BENCH_RESULT ")), None)
         if line is None:
@@ -278,7 +279,7 @@ def check_server(server: Server, fixture: Fixture, workloads: list[Workload], st
 # ------------------------------------------------------------------ section 3
 
 
-def _med(values: list[float | None]) -> float | None:
+def _med(values: Sequence[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
 
@@ -403,7 +404,7 @@ def run_sequential(server: Server, gen: LoadGenerator, fixture: Fixture, workloa
         results[w.name]["bytes"] = len(fixture.responses[w.name])
 
 
-def fit_exponent(xs: list[float], ys: list[float]) -> float:
+def fit_exponent(xs: Sequence[float], ys: Sequence[float]) -> float:
     lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
     mx, my = statistics.fmean(lx), statistics.fmean(ly)
     return sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True)) / sum((a - mx) ** 2 for a in lx)

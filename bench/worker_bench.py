@@ -254,8 +254,8 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
                   ("cached", servers["cached"], "/trace", req("S.req"))]
         load: dict[str, list[Run]] = {k: [] for k, *_ in cells}
         for r in range(rounds):
-            for key, srv, path, body in (cells if r % 2 == 0 else cells[::-1]):
-                load[key].append(gen.run(srv, path, body, conns, duration_s, f"workers-{key}"))
+            for key, srv, path, body_file in (cells if r % 2 == 0 else cells[::-1]):
+                load[key].append(gen.run(srv, path, body_file, conns, duration_s, f"workers-{key}"))
 
         # ---- one connection at a time on the project's server, with the encoding timed in between
         doc = trace_document(service_path.validate(L.body_bytes, settings))
