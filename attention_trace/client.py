@@ -423,7 +423,7 @@ class Trace:
     def __str__(self) -> str:
         """The command line's walkthrough table: every head, for the second token (the first if there is one)."""
         try:
-            from .cli import render_walkthrough
+            from .render import render_walkthrough
         except ImportError:  # a vendored copy of this module alone
             return repr(self)
         try:
@@ -630,7 +630,7 @@ class CheckResult:
     def __str__(self) -> str:
         """The command line's verdict: a line per stage, the first wrong one, the diagnosis and the message."""
         try:
-            from .cli import render_check
+            from .render import render_check
         except ImportError:  # a vendored copy of this module alone
             return f"{self!r}\n{self.message}"
         return render_check(self, "the submission")
@@ -689,7 +689,7 @@ class Explanation:
     def __str__(self) -> str:
         """The command line's lines: each step's formula, its numbers and the stage they come from."""
         try:
-            from .explain_cli import render_explanation
+            from .render import render_explanation
         except ImportError:  # a vendored copy of this module alone
             return repr(self)
         return render_explanation(self)
