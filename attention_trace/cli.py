@@ -257,7 +257,7 @@ def run_trace(args: argparse.Namespace, out: TextIO) -> int:
         return run_explain(args, body, out, args.explain)
     if args.export is not None:  # the trace in a viewer's input format (POST /export)
         return export(args, body, args.export, out)
-    if args.html:  # the viewer's offline page, byte for byte what POST /trace/html answers (service/offline_page.py)
+    if args.html:  # the viewer's offline page, byte for byte what POST /trace/html answers (viewer/offline_page.py)
         return run_html(args, body, out, args.html)
     if args.stages is not None:
         body["stages"] = list(args.stages)
@@ -324,9 +324,9 @@ def run_html_command(args: argparse.Namespace, out: TextIO) -> int:
 def run_html(args: argparse.Namespace, body: dict[str, Any], out: TextIO, path: str) -> int:
     """Trace the request and its scale-flipped comparison (as the viewer does), and write the standalone page."""
     try:
-        from service.offline_page import comparison_request, render_html
+        from viewer.offline_page import comparison_request, render_html
     except ImportError as e:
-        raise UsageError(f"--html needs the service package (service.offline_page): {e}") from None
+        raise UsageError(f"--html needs the service package (viewer.offline_page): {e}") from None
     with make_client(args) as client:
         t = client.trace(body)
         try:

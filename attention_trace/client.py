@@ -460,7 +460,7 @@ class Trace:
         maps, the walkthrough, a cell explained number by number; no network). ``comparison``: the same request with
         ``scale`` flipped, for the "why divide by √d_k" section. Needs the service package (``pip install
         attention-trace``), and a trace with every stage."""
-        from service.offline_page import render_html
+        from viewer.offline_page import render_html
 
         return render_html(self.raw, self.request_body(), comparison=None if comparison is None else comparison.raw)
 

@@ -4,7 +4,7 @@
 trace.js, url-state.js, svg.js) and api.js's unescaping, loaded as the page loads them (classic scripts evaluated
 in order into one namespace, tests/js/load.js), with no bundler and no npm package. This file runs them and fails
 with their output. Then the parts that have a Python twin are compared with it on the same inputs: the export
-file name (service/offline_page.py's export_filename), the comparison request (comparison_request), and an SVG
+file name (viewer/offline_page.py's export_filename), the comparison request (comparison_request), and an SVG
 export of a real trace with hostile tokens, read back by a real XML parser.
 
 Needs Node 20 or later (README, "The commands"); without it these tests are skipped, saying so.
@@ -22,7 +22,7 @@ from decimal import ROUND_HALF_UP, Decimal
 import pytest
 
 from conftest import ROOT
-from service.offline_page import comparison_request, export_filename
+from viewer.offline_page import comparison_request, export_filename
 
 JS_TESTS = ROOT / "tests" / "js"
 NODE = shutil.which("node")
