@@ -33,15 +33,10 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field
-from typing import Any, Generic, TypeVar, Union
+from typing import Any, Generic, TypedDict, TypeVar, Union, cast
 
 import numpy as np
 import requests
-
-try:  # TypedDict lives in typing from 3.8 on
-    from typing import TypedDict
-except ImportError:  # pragma: no cover
-    from typing_extensions import TypedDict  # type: ignore[assignment]
 
 __all__ = [
     "DEFAULT_TIMEOUT", "DEFAULT_RETRIES", "PROBLEM_TYPE_BASE",
@@ -299,7 +294,8 @@ class Stage:
             return None
         if isinstance(self.values, np.ndarray):
             return self.binary_mask.copy() if self.binary_mask is not None else np.zeros(self.shape, dtype=bool)
-        return np.equal(np.array(self.values, dtype=object), None).reshape(self.shape)
+        # numpy's stubs take no None as an operand; an object array compared with None element by element is meant
+        return np.equal(np.array(self.values, dtype=object), None).reshape(self.shape)  # type: ignore[call-overload]
 
     @classmethod
     def from_json(cls, sid: str, doc: Mapping[str, Any]) -> Stage:
@@ -307,7 +303,7 @@ class Stage:
                    doc["values"], doc.get("mask"))
 
 
-class _Stages(dict):  # type: ignore[type-arg]
+class _Stages(dict[str, Stage]):
     """A dict of stages whose KeyError says which stages there are."""
 
     def __missing__(self, key: str) -> Stage:
@@ -373,7 +369,8 @@ class Parameters:
             w_o = _to_array(doc["out_proj.weight"])
             return cls(w_q, w_k, w_v, w_o, layout="torch", sent={"in_proj_weight": stacked, "out_proj.weight": w_o})
         rest = {k: _to_array(v) for k, v in doc.items() if k not in _PER_HEAD}  # a stack's FFN and norms
-        return cls(*(_to_array(doc[k]) for k in _PER_HEAD), sent=rest)
+        w_q, w_k, w_v, w_o = (_to_array(doc[k]) for k in _PER_HEAD)
+        return cls(w_q, w_k, w_v, w_o, sent=rest)
 
 
 @dataclass(frozen=True)
@@ -784,7 +781,7 @@ def encode_npz_check(payload: Mapping[str, Any]) -> bytes:
             except (TypeError, ValueError):  # ragged, or not numbers: sent as JSON, the service says why
                 continue
             if np.isnan(a).any():  # a null (masked) or a NaN as sent: tell them apart
-                nulls = np.equal(np.array(values, dtype=object), None)
+                nulls = np.equal(np.array(values, dtype=object), None)  # type: ignore[call-overload]  # as above
                 mask = nulls if nulls.any() else None
         arrays[key] = np.ascontiguousarray(a)
         submission[sid] = {"npz": key}
@@ -907,6 +904,7 @@ class _Base:
         if len(data) <= _JSON_ALWAYS_BYTES:
             return False
         if self._check_limits is None:
+            v: Mapping[str, Any]
             try:
                 v = self.version()
                 major_minor = tuple(int(p) for p in str(v.get("schema_version", "0.0")).split(".")[:2])
@@ -1156,5 +1154,6 @@ class LocalClient(_Base):
                  accept: str | None = None) -> tuple[Any, str | None]:
         data, headers = _encode_request(payload, request_id, accept)
         resp = self._http.open(path, method=method, data=data, headers=headers)
-        return _answer(resp.status_code, resp.headers, resp.get_data(), resp.status.partition(" ")[2],
-                       method, f"local:{path}")
+        # werkzeug's Headers reads as a mapping of names to values (case-insensitive, as requests' own)
+        return _answer(resp.status_code, cast(Mapping[str, str], resp.headers), resp.get_data(),
+                       resp.status.partition(" ")[2], method, f"local:{path}")
