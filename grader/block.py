@@ -56,6 +56,14 @@ def own_bugs(kind: str) -> list[str]:
             if bug.replaces_for is None and bug.replaces and {base_name(r.name) for r in bug.replaces} <= mine]
 
 
+def about_position(name: str) -> bool:
+    """Whether the known mistake of that name is in the positional encoding: where it is added, or how often."""
+    bug = engine.BUGS.get(name)
+    # the attention's mistakes replace whole Steps (a Rewrite is a block's, and BUGS holds none)
+    return bug is not None and any(s.name == "input" or "token_embedding" in s.inputs  # type: ignore[union-attr]
+                                   for s in bug.replaces)
+
+
 def block_trace(c: Configuration, seed: int) -> engine.Trace:
     """The engine's one-block stack of a block course's configuration, its attention's weights times
     ``weight_scale``."""
@@ -202,8 +210,6 @@ def block_matches(ref: Reference, got: np.ndarray, null: np.ndarray, tol: Tolera
     """The known mistakes (the block's and the attention's) that reproduce a block's output: the whole block
     recomputed from its x with each one swapped in (a mistake in where the positional encoding goes cannot
     be made by a block given x)."""
-    from .diagnosis import about_position
-
     t = ref.stack
     # the block's output: what leaves its one layer (a mistake may rewire which value that is), normalised once
     # more in pre-norm
@@ -231,5 +237,5 @@ def summaries() -> dict[str, str]:
     return {name: bug.summary for name, bug in BLOCK_BUGS.items()}
 
 
-__all__ = ["BLOCK_STAGES", "block_matches", "block_trace", "cannot_show", "check", "function_matches",
+__all__ = ["BLOCK_STAGES", "about_position", "block_matches", "block_trace", "cannot_show", "check", "function_matches",
            "own_bugs", "reference", "summaries"]

@@ -50,14 +50,6 @@ def as_embeddings(bug: engine.Bug) -> bool:
             and any("token_embedding" in s.inputs for s in bug.replaces))  # type: ignore[union-attr]
 
 
-def about_position(name: str) -> bool:
-    """Whether the known mistake of that name is in the positional encoding: where it is added, or how often."""
-    bug = engine.BUGS.get(name)
-    # the attention's mistakes replace whole Steps (a Rewrite is a block's, and BUGS holds none)
-    return bug is not None and any(s.name == "input" or "token_embedding" in s.inputs  # type: ignore[union-attr]
-                                   for s in bug.replaces)
-
-
 def engine_trace(c: Configuration, seed: int) -> engine.Trace:
     """The engine's trace of one configuration with its weights (scaled by ``weight_scale``); in a block course,
     the one-block stack's (``block.block_trace``)."""
