@@ -12,7 +12,7 @@ GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 # Tests write nothing into the tree: no bytecode, no caches (see tests/conftest.py).
 TEST_ENV := PYTHONDONTWRITEBYTECODE=1
 
-.PHONY: run install install-test check test browser bench bench-guard loadtest attack measure-memory clean
+.PHONY: run install install-test lint check test browser bench bench-guard loadtest attack measure-memory clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,13 +41,21 @@ run: $(VENV)/.runtime
 browser:
 	scripts/install-browser
 
-# The quick suite for every edit (about a minute): in-process tests only, no real
-# gunicorn, browser, sandbox or long runs.
-check: $(VENV)/.test
+# The house rules, held by tools (settings in pyproject.toml; .pre-commit-config.yaml runs the same four):
+# ruff's rules, the formatter (but its backlog), mypy (--strict on engine/), the import contracts (ARCHITECTURE.md).
+lint: $(VENV)/.test
+	$(BIN)/ruff check --no-cache .
+	$(BIN)/ruff format --check --no-cache --force-exclude .
+	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache --no-logo
+
+# The quick loop for every edit: lint, then the in-process tests, on two workers (pytest-xdist); no real
+# gunicorn, browser, sandbox or long runs. CHECK_TIMING
+check: lint
 	$(TEST_ENV) $(BIN)/python -m pytest -m "not slow and not browser and not sandbox and not integration" $(PYTEST_ARGS)
 
 # Everything, as CI runs it.
-test: $(VENV)/.test browser
+test: lint browser
 	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Benchmark-only packages (torch CPU build, threadpoolctl), never runtime or test deps.
