@@ -210,7 +210,7 @@ class Config:
     def from_json(cls, doc: Mapping[str, Any]) -> Config:
         # Only the known fields: a newer service may add more; a field with a default may be absent.
         fields = cls.__dataclass_fields__
-        return cls(**{f: doc.get(f) for f in fields  # type: ignore[arg-type]
+        return cls(**{f: doc.get(f) for f in fields  # type: ignore[arg-type]  # the answer's fields, by name
                       if f in doc or fields[f].default is MISSING})
 
 

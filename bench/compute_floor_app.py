@@ -65,4 +65,4 @@ def request_cost(method: str, path: str, body: bytes) -> tuple[float, dict[str, 
     return trace_request_cost(body, _settings) if method == "POST" and path == "/trace" else None
 
 
-app.request_cost = request_cost  # type: ignore[attr-defined]
+app.request_cost = request_cost  # type: ignore[attr-defined]  # an attribute of ours

@@ -176,7 +176,8 @@ def cprofile_top(workloads: list[Workload], calls: dict[str, int], top: int = 10
             wsgi()
         prof.disable()
         st = pstats.Stats(prof)
-        total = st.total_tt  # type: ignore[attr-defined]
+        total = st.total_tt  # type: ignore[attr-defined]  # pstats' own attributes
+        # the ignore below: pstats' own attributes
         rows = sorted(st.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]  # type: ignore[attr-defined]
         for func, (_cc, nc, tt, _ct, _callers) in rows:
             table.add(w.name, _short(func), fmt_time(tt / n), f"{100 * tt / total:.0f}%", f"{nc / n:g}")

@@ -47,7 +47,7 @@ def as_embeddings(bug: engine.Bug) -> bool:
     E): a layer given x = E + PE makes it by taking its x for E, so it is recomputed with E replaced by x."""
     # the attention's mistakes replace whole Steps (a Rewrite is a block's, and BUGS holds none)
     return (all(s.name != "input" for s in bug.replaces)
-            and any("token_embedding" in s.inputs for s in bug.replaces))  # type: ignore[union-attr]
+            and any("token_embedding" in s.inputs for s in bug.replaces))  # type: ignore[union-attr]  # see above
 
 
 def engine_trace(c: Configuration, seed: int) -> engine.Trace:

@@ -126,7 +126,7 @@ def _names_of_the_requests_kind(one_layer: tuple[str, ...], stack: tuple[str, ..
     return WrapValidator(known)
 
 
-StageId = Annotated[Literal[STAGE_ID_CHOICES],  # type: ignore[valid-type]
+StageId = Annotated[Literal[STAGE_ID_CHOICES],  # type: ignore[valid-type]  # Literal of a run-time tuple
                     _names_of_the_requests_kind(ALL_STAGE_IDS, STAGE_ID_CHOICES)]
 
 _SENTENCE_HARD_MAX = 1_000_000  # schema ceiling; the configured max_sentence_chars is lower
@@ -340,7 +340,7 @@ class TraceSpec(BaseModel):
         "otherwise). Every per-layer stage gains a leading `layer` axis; `residual_stream` [depth, token, d_model] "
         "holds the stack's input and each layer's output. The size limits count every layer's numbers and weights.",
     )
-    block: Literal[tuple(BLOCK_PRESETS)] | None = Field(  # type: ignore[valid-type]
+    block: Literal[tuple(BLOCK_PRESETS)] | None = Field(  # type: ignore[valid-type]  # Literal of a run-time tuple
         default=None,
         description="Trace a stack of blocks of this preset: `vaswani2017` (post-norm LayerNorm, ReLU, d_ff "
         "4·d_model), `gpt2` (pre-norm LayerNorm, GELU's tanh approximation, a final norm; sets causal: true unless "
@@ -348,13 +348,13 @@ class TraceSpec(BaseModel):
         "positional_encoding rope and causal: true unless given; GQA with num_kv_heads). The block fields below "
         "override the preset's choices; without a preset they override vaswani2017's.",
     )
-    norm: Literal[NORM_KINDS] | None = Field(  # type: ignore[valid-type]
+    norm: Literal[NORM_KINDS] | None = Field(  # type: ignore[valid-type]  # Literal of a run-time tuple
         default=None, description="The block's norms: layer_norm (mean and biased variance over the features, ε "
         "inside the square root) or rms_norm (mean square); null: the preset's (layer_norm without one).")
-    norm_position: Literal[NORM_POSITIONS] | None = Field(  # type: ignore[valid-type]
+    norm_position: Literal[NORM_POSITIONS] | None = Field(  # type: ignore[valid-type]  # Literal of a run-time tuple
         default=None, description="post (2017: x = Norm(x + Sublayer(x))) or pre (GPT-2, Llama: x = x + "
         "Sublayer(Norm(x)), and a final norm); null: the preset's (post without one).")
-    ffn: Literal[FFN_KINDS] | None = Field(  # type: ignore[valid-type]
+    ffn: Literal[FFN_KINDS] | None = Field(  # type: ignore[valid-type]  # Literal of a run-time tuple
         default=None, description="The feed-forward network's activation: relu, gelu (exact, erf), gelu_tanh (the "
         "tanh approximation) or swiglu (SiLU of the gate W_1 times the up projection W_3); null: the preset's.")
     d_ff: int | None = Field(
@@ -362,7 +362,7 @@ class TraceSpec(BaseModel):
         "for swiglu Llama's ⌊8·d_model/3⌋ rounded up to a multiple of 256.")
     norm_eps: float | None = Field(
         default=None, gt=0, le=1, description="The norms' ε; null: the preset's (1e-5; llama 1e-6).")
-    norm_weights: Literal[NORM_WEIGHTS] | None = Field(  # type: ignore[valid-type]
+    norm_weights: Literal[NORM_WEIGHTS] | None = Field(  # type: ignore[valid-type]  # Literal of a run-time tuple
         default=None, description="The norms' γ and β: unit (γ = 1, β = 0, the default, as torch initialises a "
         "norm) or seeded (drawn from the seed).")
 
@@ -631,13 +631,17 @@ class ConfigOut(BaseModel):
     parameters_layout: Literal["torch"] | None = omitted("Only when not per_head.")
     # A stack of blocks only: its settings as resolved (a preset's choices and the defaults filled in).
     num_layers: int | None = omitted("A stack of blocks only.")
-    block: Literal[tuple(BLOCK_PRESETS)] | None = omitted(  # type: ignore[valid-type]
+    block: Literal[tuple(BLOCK_PRESETS)] | None = omitted(  # type: ignore[valid-type]  # Literal of a run-time tuple
         "A stack of blocks only: the preset asked for, or null.", nullable=True)
+    # the ignore below: Literal of a run-time tuple
     norm: Literal[NORM_KINDS] | None = omitted("A stack of blocks only.")  # type: ignore[valid-type]
+    # the ignore below: Literal of a run-time tuple
     norm_position: Literal[NORM_POSITIONS] | None = omitted("A stack of blocks only.")  # type: ignore[valid-type]
+    # the ignore below: Literal of a run-time tuple
     ffn: Literal[FFN_KINDS] | None = omitted("A stack of blocks only.")  # type: ignore[valid-type]
     d_ff: int | None = omitted("A stack of blocks only: the feed-forward network's width in use.")
     norm_eps: float | None = omitted("A stack of blocks only: the norms' ε in use.")
+    # the ignore below: Literal of a run-time tuple
     norm_weights: Literal[NORM_WEIGHTS] | None = omitted("A stack of blocks only.")  # type: ignore[valid-type]
     head_weights: list[HeadKindName] | None = omitted("Only with a constructed head: each head's kind.")
     sharpness: float | None = omitted("Only with a constructed head.")

@@ -210,7 +210,7 @@ def read(values: list[Any], shape: tuple[int, ...] | None) -> Received:
         pass
     obj = np.array(values, dtype=object)  # [shape]: the lists are regular (scan said so)
     # numpy's stubs take no None as an operand; comparing an object array with None element by element is meant
-    null = np.equal(obj, None)  # type: ignore[call-overload]
+    null = np.equal(obj, None)  # type: ignore[call-overload]  # None, element by element (above)
     filled = np.where(null, 0.0, obj)
     try:
         a = filled.astype(np.float64)  # "NaN", "Infinity", "-Infinity" -> float
