@@ -62,6 +62,40 @@ def _tree_files() -> set[str] | None:
     return {e for e in entries if not e.startswith((".venv/", ".venv-deploy/")) and "__pycache__/" not in e}
 
 
+#: the markers of the tests that may start another process (gunicorn, the CLI, node, git …): make check leaves
+#: them out, so it stays quick. An unmarked test that starts one fails, saying so.
+PROCESS_MARKERS = ("integration", "browser", "sandbox", "slow")
+_may_start_processes = True  # outside a test (collection, the session's own checks) anything may run
+_popen_init = subprocess.Popen.__init__
+
+
+def _guarded_popen_init(self: subprocess.Popen, *args: object, **kwargs: object) -> None:
+    command = args[0] if args else kwargs.get("args")
+    program = command[0] if isinstance(command, (list, tuple)) and command else command
+    # git reads the checkout's file list in a few ms (the lint rules and the source scans use it): not a cost
+    if not _may_start_processes and os.path.basename(str(program)) != "git":
+        raise RuntimeError(f"this test starts a process ({str(command)[:80]}): "
+                           f"mark it with one of {', '.join(PROCESS_MARKERS)} (pyproject.toml), so that make check "
+                           "stays quick")
+    _popen_init(self, *args, **kwargs)  # type: ignore[arg-type]  # the arguments, as given
+
+
+subprocess.Popen.__init__ = _guarded_popen_init  # type: ignore[method-assign]  # the guard above
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the test's fixtures (a module's server is started by its first test's set-up)."""
+    global _may_start_processes
+    _may_start_processes = any(item.get_closest_marker(m) for m in PROCESS_MARKERS)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    global _may_start_processes
+    _may_start_processes = True
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[_TREE] = _tree_files()
 

@@ -15,6 +15,8 @@ import pytest
 
 from conftest import Gunicorn
 
+pytestmark = pytest.mark.integration  # starts another process
+
 
 @pytest.fixture(scope="module")
 def server():
