@@ -194,6 +194,7 @@ def _induction_sentences(count: int, seed: int = 3):
         yield words, a, B
 
 
+@pytest.mark.slow  # 3–7 s each on a shared 2-core machine
 @pytest.mark.parametrize("block, causal, floor", [
     ("vaswani2017", True, 0.95), ("vaswani2017", False, 0.95), ("gpt2", True, 0.95), ("gpt2", False, 0.95),
     ("llama", True, 0.99),
@@ -348,6 +349,7 @@ def test_check_grades_a_hand_built_previous_token_head_correct(client):
     assert answer["passed"] is False and answer["first_wrong_stage"] == "weights"
 
 
+@pytest.mark.integration  # starts another process
 def test_the_cli_asks_for_constructed_heads_and_labels_them():
     run = subprocess.run([sys.executable, "-m", "attention_trace.cli", "the cat sat on the mat", "--d-model", "32",
                           "--heads", "2", "--head-weights", "previous_token", "seeded", "--sharpness", "4",

@@ -368,6 +368,7 @@ CORE_USES = {
 }
 
 
+@pytest.mark.integration  # starts another process
 @pytest.mark.parametrize("module", list(CORE_USES))
 def test_importing_engine_pulls_in_no_web_or_validation_framework(module):
     code = (
