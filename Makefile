@@ -52,7 +52,8 @@ lint: $(VENV)/.test
 # The quick loop for every edit: lint, then the in-process tests, on two workers (pytest-xdist); no real
 # gunicorn, browser, sandbox or long runs. CHECK_TIMING
 check: lint
-	$(TEST_ENV) $(BIN)/python -m pytest -m "not slow and not browser and not sandbox and not integration" $(PYTEST_ARGS)
+	$(TEST_ENV) HYPOTHESIS_PROFILE=check $(BIN)/python -m pytest -n 2 --dist loadfile \
+	  -m "not slow and not browser and not sandbox and not integration" $(PYTEST_ARGS)
 
 # Everything, as CI runs it.
 test: lint browser

@@ -26,8 +26,9 @@ from engine.constructed import (
 )
 from engine.layer import TraceConfig
 from engine.params import generate_parameters, generated_parameters_digest
+from conftest import examples
 
-PROPS = settings(max_examples=40, deadline=None, derandomize=True)
+PROPS = settings(max_examples=examples(40), deadline=None, derandomize=True)
 #: a small vocabulary, so sentences repeat tokens (same-token heads need copies)
 WORDS = [f"w{i}" for i in range(40)]
 #: (d_model, num_heads) with d_k wide enough for every kind
