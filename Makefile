@@ -51,9 +51,11 @@ lint: $(VENV)/.test
 
 # The quick loop for every edit: lint, then the in-process tests, on two workers (pytest-xdist); no real
 # gunicorn, browser, sandbox or long runs. CHECK_TIMING
+# The contract fuzzing (slow) is not even collected: its imports and schemathesis's plugin cost ~4 s a worker.
 check: lint
 	$(TEST_ENV) HYPOTHESIS_PROFILE=check $(BIN)/python -m pytest -n 2 --dist loadfile \
-	  -m "not slow and not browser and not sandbox and not integration" $(PYTEST_ARGS)
+	  -m "not slow and not browser and not sandbox and not integration" \
+	  --ignore=tests/test_fuzz.py -p no:schemathesis $(PYTEST_ARGS)
 
 # Everything, as CI runs it.
 test: lint browser
