@@ -37,6 +37,7 @@ COPY engine/ engine/
 COPY service/ service/
 COPY attention_trace/ attention_trace/
 COPY grader/ grader/
+COPY viewer/ viewer/
 RUN python -m pip install --no-cache-dir --no-deps . \
     && python -m pip uninstall --yes pip setuptools wheel \
     && find /opt/venv -depth -type d -name tests -path '*/site-packages/*' -exec rm -rf {} +

@@ -10,7 +10,7 @@ PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 # Tests write nothing into the tree: no bytecode, no caches (see tests/conftest.py).
 TEST_ENV := PYTHONDONTWRITEBYTECODE=1
 
-.PHONY: run install install-test check test browser nginx bench bench-guard loadtest attack measure-memory clean
+.PHONY: run install install-test lint check test browser nginx bench bench-guard loadtest attack measure-memory clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,13 +45,24 @@ nginx:
 	command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx \
 	  || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light; }
 
-# The quick suite for every edit (about a minute): in-process tests only, no real
+# The house rules, held by tools (settings in pyproject.toml; .pre-commit-config.yaml runs the same four):
+# ruff's rules, the formatter (but its backlog), mypy (--strict on engine/), the import contracts (ARCHITECTURE.md).
+lint: $(VENV)/.test
+	$(BIN)/ruff check --no-cache .
+	$(BIN)/ruff format --check --no-cache --force-exclude .
+	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache --no-logo
+
+# The quick loop for every edit: lint, then the in-process tests, on two workers (pytest-xdist); no real
 # gunicorn, browser, sandbox or long runs.
-check: $(VENV)/.test
-	$(TEST_ENV) $(BIN)/python -m pytest -m "not slow and not browser and not sandbox and not integration" $(PYTEST_ARGS)
+# The contract fuzzing (slow) is not even collected: its imports and schemathesis's plugin cost ~4 s a worker.
+check: lint
+	$(TEST_ENV) HYPOTHESIS_PROFILE=check $(BIN)/python -m pytest -n 2 --dist loadfile \
+	  -m "not slow and not browser and not sandbox and not integration" \
+	  --ignore=tests/test_fuzz.py -p no:schemathesis $(PYTEST_ARGS)
 
 # Everything, as CI runs it.
-test: $(VENV)/.test browser nginx
+test: lint browser nginx
 	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Benchmark-only packages (torch CPU build, threadpoolctl), never runtime or test deps.

@@ -32,16 +32,9 @@ from .cli_common import (
     EXIT_SERVICE,
     EXIT_USAGE,
     PROG,
-    Style,
     UsageError,
-    _rjust,
-    _visible_len,
     connection_options,
-    fmt_number,
-    fmt_percent,
-    fmt_vector,
     make_client,
-    percent_decimals,
     read_submission,
     resolve_query,
     write_file,
@@ -49,13 +42,12 @@ from .cli_common import (
 from engine import fields
 from engine.layer import preset_fields
 
-from .client import CheckResult, ClientError, ProblemError, Trace, TransportError
+from .client import ClientError, ProblemError, TransportError
 from .explain_cli import run_explain
+from .render import ROW_LAYOUT_MAX_KEYS, Style, render_check, render_walkthrough
 
 #: the stages the walkthrough table reads
 TABLE_STAGES = ["scores", "scaled_scores", "masked_scores", "weights", "context"]
-#: how many keys the seed-style row layout shows before "auto" switches to one key per line
-ROW_LAYOUT_MAX_KEYS = 8
 #: the formats of --export and of the export subcommand (POST /export)
 EXPORT_FORMATS = ("bertviz", "circuitsvis", "transformer-explainer")
 #: the subcommands; anything else first is a sentence to trace
@@ -66,161 +58,6 @@ _OPTION_FLAGS = {"/decode": "--decode", "/head": "--head", "/query": "--explain"
                  "/format": "--export", "/stages": "--stages", "/inject_bug": "--inject-bug", "/layer": "--layer"}
 #: request fields as the command-line options that set them (for error messages): the declared ones' own
 FIELD_FLAGS = {**{f"/{f.name}": f.flag for f in fields.FIELDS if f.flag is not None}, **_OPTION_FLAGS}
-
-
-# --------------------------------------------------------------- walkthrough
-
-
-def _cell_rows(labels: list[str], cells: list[list[str]], keys: list[str], prefix_of: dict[str, str]) -> list[str]:
-    """Seed-style rows: "Label | key → value · key → value", columns aligned across rows."""
-    widths = [max(_visible_len(row[j]) for row in cells) for j in range(len(keys))]
-    return [prefix_of[label] + " · ".join(f"{k} → {_rjust(row[j], widths[j])}" for j, k in enumerate(keys))
-            for label, row in zip(labels, cells)]
-
-
-def render_walkthrough(t: Trace, query: int, heads: Sequence[int], *, decimals: int = 3,
-                       layout: str = "auto", style: Style | None = None, sentence: str | None = None,
-                       layer: int = 0) -> str:
-    """The classic walkthrough's table for one query token, for each of the given heads (in a stack of blocks,
-    of ``layer``'s attention)."""
-    style = style or Style(False)
-    cfg = t.config
-    texts = t.texts
-    # The keys: the sentence's own tokens, or the context's in cross-attention.
-    keys = [k["text"] for k in t.raw["context_tokens"]] if t.raw.get("context_tokens") else texts
-    n = len(keys)
-    pdec = percent_decimals(decimals)
-
-    def of_layer(a: Any) -> Any:
-        """A stack's stages have a leading layer axis: the table shows one layer's."""
-        return a[layer] if cfg.stack and a is not None else a
-
-    scores = of_layer(t.array("scores"))  # [head, query, key]
-    scaled = of_layer(t.array("scaled_scores"))
-    weights = of_layer(t.array("weights"))
-    context = of_layer(t.array("context"))  # [head, token, d_k]
-    masked = of_layer(t.stages["masked_scores"].mask) if cfg.causal else None  # [head, query, key]
-    scale_txt = (f"scores ÷ √{cfg.d_k} = {fmt_number(cfg.scale_factor, decimals)}" if cfg.scale
-                 else "scores not scaled (÷ 1)")
-    subject = f'"{sentence}"' if sentence is not None else " ".join(texts)
-    head_word = "head" if cfg.num_heads == 1 else "heads"
-    raw_cfg = t.raw["config"]
-    variants = "".join([
-        f" · RoPE ({raw_cfg['rope_pairing']}, base {raw_cfg['rope_base']:g})" if "rope_base" in raw_cfg else "",
-        f" · {raw_cfg['num_kv_heads']} K/V heads {raw_cfg['query_heads_of_kv_head']}" if "num_kv_heads" in raw_cfg
-        else "",
-        f" · window {raw_cfg['window']}" if "window" in raw_cfg else "",
-        f" · head weights {', '.join(raw_cfg['head_weights'])} (sharpness {raw_cfg['sharpness']:g})"
-        if "head_weights" in raw_cfg
-        else "",
-        f" · cross-attention to {json.dumps(' '.join(keys), ensure_ascii=False)}" if keys is not texts else "",
-        f" · {cfg.num_layers} {cfg.norm_position}-norm block{'s' if cfg.num_layers != 1 else ''} "
-        f"({cfg.block or 'no preset'}: {cfg.norm}, {cfg.ffn}, d_ff {cfg.d_ff}), layer {layer}'s attention"
-        if cfg.stack else "",
-    ])
-    out = [style.bold(subject) + f" · {len(texts)} token{'s' if len(texts) != 1 else ''} · d_model {cfg.d_model} · "
-           f"{cfg.num_heads} {head_word} · d_k {cfg.d_k} · seed {cfg.seed} · {scale_txt}"
-           + (" · causal" if cfg.causal else "") + variants]
-    out.append(f"Query: {json.dumps(texts[query], ensure_ascii=False)} (token {query})")
-    if layout == "auto":
-        layout = "rows" if n <= ROW_LAYOUT_MAX_KEYS else "table"
-    scale_label = "Scale ÷√d_k" if cfg.scale else "Scale ÷1"
-    for h in heads:
-        out.append("")
-        out.append(style.bold(f"Head {h} of {cfg.num_heads}") if cfg.num_heads > 1 else style.bold("Head 0"))
-        is_masked = [bool(masked[h, query, j]) if masked is not None else False for j in range(n)]
-        raw = [fmt_number(scores[h, query, j], decimals) for j in range(n)]
-        sc = [fmt_number(scaled[h, query, j], decimals) for j in range(n)]
-        soft = ["masked" if is_masked[j] else fmt_percent(weights[h, query, j], pdec) for j in range(n)]
-        ctx = context[h, query]
-        if layout == "rows":
-            labels, cells = ["Score QKᵀ", scale_label], [raw, sc]
-            if masked is not None:
-                labels.append("Mask (window)" if "window" in raw_cfg else "Mask (causal)")
-                cells.append(["masked" if m else s for m, s in zip(is_masked, sc)])
-            labels.append("Softmax")
-            cells.append(soft)
-            width = max(len(label) for label in [*labels, "Weight V"])
-            prefix_of = {label: f"  {label.ljust(width)} | " for label in [*labels, "Weight V"]}
-            out.extend(_cell_rows(labels, cells, keys, prefix_of))
-            prefix = prefix_of["Weight V"] + "context = "
-            out.append(prefix + fmt_vector(ctx, decimals, len(prefix)))
-        else:
-            headers = ["#", "key", "score QKᵀ", "scaled ÷√d_k" if cfg.scale else "scaled ÷1"]
-            headers += (["mask"] if masked is not None else []) + ["softmax"]
-            rows = []
-            for j in range(n):
-                row = [str(j), keys[j], raw[j], sc[j]]
-                if masked is not None:
-                    row.append("masked" if is_masked[j] else "")
-                row.append(soft[j])
-                rows.append(row)
-            widths = [max(len(headers[c]), *(len(r[c]) for r in rows)) for c in range(len(headers))]
-            left = {1}  # the key column reads left to right; numbers align right
-            if masked is not None:
-                left.add(4)
-
-            def line(cols: list[str]) -> str:
-                return "  " + "  ".join(c.ljust(w) if i in left else c.rjust(w)
-                                        for i, (c, w) in enumerate(zip(cols, widths))).rstrip()
-
-            out.append(line(headers))
-            out.extend(line(r) for r in rows)
-            prefix = "  Weight V: context = "
-            out.append(prefix + fmt_vector(ctx, decimals, len(prefix)))
-        if t.raw.get("decode"):
-            step = t.raw["decode"][query]
-            cached = step["cache_positions"]
-            out.append(f"  KV-cache decoding, step {query}: the cache holds the keys and values of positions "
-                       f"{cached[0]}…{cached[-1]} ({len(cached)} of {len(texts)}); this query's weights over them: "
-                       + " ".join(fmt_percent(w, pdec) for w in step["weights"][h]))
-    return "\n".join(out)
-
-
-# --------------------------------------------------------------------- check
-
-
-def render_check(r: CheckResult, source: str, style: Style | None = None) -> str:
-    """Per-stage pass/fail lines, the first wrong stage, the diagnosis and the message."""
-    style = style or Style(False)
-    cfg = r.config
-    out = [style.bold(f"Check of {source}") + f": {cfg.n_tokens} tokens · d_model {cfg.d_model} · "
-           f"{cfg.num_heads} head{'s' if cfg.num_heads != 1 else ''} · d_k {cfg.d_k} · seed {cfg.seed}"
-           + ("" if cfg.scale else " · not scaled") + (" · causal" if cfg.causal else "")
-           + f" · {r.tolerance}", ""]
-    headers = ["step", "stage", "result", "wrong", "message"]
-    rows = [[str(s.step), sid, "pass" if s.passed else "FAIL", f"{s.mismatches}/{s.n_values}", s.message]
-            for sid, s in r.stages.items()]
-    widths = [max(len(headers[c]), *(len(row[c]) for row in rows)) for c in range(4)]
-    right = {0, 3}
-
-    def line(cols: list[str], colour: bool) -> str:
-        cells = []
-        for i, c in enumerate(cols[:4]):
-            cell = c.rjust(widths[i]) if i in right else c.ljust(widths[i])
-            if colour and i == 2:
-                cell = style.green(cell) if c == "pass" else style.red(cell)
-            cells.append(cell)
-        return "  " + "  ".join(cells + [cols[4]])
-
-    out.append(line(headers, False))
-    out.extend(line(row, True) for row in rows)
-    out.append("")
-    d = r.diagnosis
-    if r.passed:
-        verdict = style.green("passed")
-        first = "none"
-        diagnosis = "no bug"
-    else:
-        verdict = style.red("not passed")
-        first = f"{r.first_wrong_stage} (step {r.stages[r.first_wrong_stage].step})" if r.first_wrong_stage else "?"
-        diagnosis = f"{d.bug}: {d.summary}" if d.bug else "none of the known bugs"
-        if len(d.matches) > 1:
-            diagnosis += f" (also matches: {', '.join(m for m in d.matches if m != d.bug)})"
-    labels = [("Result", verdict), ("First wrong stage", first), ("Diagnosis", diagnosis), ("Message", r.message)]
-    w = max(len(k) for k, _ in labels) + 1
-    out.extend(f"{(k + ':').ljust(w)} {v}" for k, v in labels)
-    return "\n".join(out)
 
 
 # ----------------------------------------------------------------- arguments
@@ -392,7 +229,7 @@ def run_trace(args: argparse.Namespace, out: TextIO) -> int:
         return run_explain(args, body, out, args.explain)
     if args.export is not None:  # the trace in a viewer's input format (POST /export)
         return export(args, body, args.export, out)
-    if args.html:  # the viewer's offline page, byte for byte what POST /trace/html answers (service/offline_page.py)
+    if args.html:  # the viewer's offline page, byte for byte what POST /trace/html answers (viewer/offline_page.py)
         return run_html(args, body, out, args.html)
     if args.stages is not None:
         body["stages"] = list(args.stages)
@@ -459,9 +296,9 @@ def run_html_command(args: argparse.Namespace, out: TextIO) -> int:
 def run_html(args: argparse.Namespace, body: dict[str, Any], out: TextIO, path: str) -> int:
     """Trace the request and its scale-flipped comparison (as the viewer does), and write the standalone page."""
     try:
-        from service.offline_page import comparison_request, render_html
+        from viewer.offline_page import comparison_request, render_html
     except ImportError as e:
-        raise UsageError(f"--html needs the service package (service.offline_page): {e}") from None
+        raise UsageError(f"--html needs the service package (viewer.offline_page): {e}") from None
     with make_client(args) as client:
         t = client.trace(body)
         try:

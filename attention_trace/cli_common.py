@@ -1,5 +1,6 @@
-"""What every ``attention-trace`` subcommand shares: exit codes, usage errors, colours, number
-formats, resolving a query token, the client (in process or --url) and its options, and files.
+"""What every ``attention-trace`` subcommand shares: exit codes, usage errors, resolving a query
+token, the client (in process or --url) and its options, and files (colours, number formats and the
+rendered text are in ``attention_trace.render``).
 
 ``attention_trace.cli`` (the parser and the trace/check/export/html commands) and
 ``attention_trace.explain_cli`` (one cell's numbers) both import from here, and neither from the
@@ -11,91 +12,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import sys
-from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import Any
 
 from .client import DEFAULT_RETRIES, DEFAULT_TIMEOUT, Client, LocalClient
 
 PROG = "attention-trace"
 EXIT_OK, EXIT_NOT_PASSED, EXIT_USAGE, EXIT_SERVICE = 0, 1, 2, 3
-CONTEXT_PER_LINE = 8
 
 
 class UsageError(Exception):
     """A mistake in the command line or its files: exit 2 with this message."""
-
-
-# -------------------------------------------------------------------- styling
-
-
-class Style:
-    """ANSI bold/green/red when enabled (a TTY by default, never with NO_COLOR)."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-
-    @classmethod
-    def for_stream(cls, stream: TextIO, mode: str) -> Style:
-        if mode == "always":
-            return cls(True)
-        if mode == "never":
-            return cls(False)
-        tty = hasattr(stream, "isatty") and stream.isatty()
-        return cls(tty and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb")
-
-    def _wrap(self, code: str, text: str) -> str:
-        return f"\x1b[{code}m{text}\x1b[0m" if self.enabled else text
-
-    def bold(self, text: str) -> str:
-        return self._wrap("1", text)
-
-    def green(self, text: str) -> str:
-        return self._wrap("32", text)
-
-    def red(self, text: str) -> str:
-        return self._wrap("31;1", text)
-
-
-def _visible_len(text: str) -> int:
-    return len(re.sub(r"\x1b\[[0-9;]*m", "", text))
-
-
-def _ljust(text: str, width: int) -> str:
-    return text + " " * max(0, width - _visible_len(text))
-
-
-def _rjust(text: str, width: int) -> str:
-    return " " * max(0, width - _visible_len(text)) + text
-
-
-# ------------------------------------------------------------------- numbers
-
-
-def fmt_number(x: float, decimals: int) -> str:
-    """Fixed decimals, without a "-0.000"."""
-    s = f"{x:.{decimals}f}"
-    return s[1:] if s.startswith("-") and float(s) == 0 else s
-
-
-def fmt_percent(w: float, decimals: int) -> str:
-    return fmt_number(100.0 * w, decimals) + "%"
-
-
-def percent_decimals(decimals: int) -> int:
-    """Softmax percentages: two decimals fewer than the scores (3 -> 7.7%), at least one."""
-    return max(1, decimals - 2)
-
-
-def fmt_vector(values: Sequence[float], decimals: int, indent: int) -> str:
-    """[a, b, c, …], CONTEXT_PER_LINE numbers a line, continuation lines indented."""
-    parts = [fmt_number(v, decimals) for v in values]
-    width = max(len(p) for p in parts)
-    lines = [", ".join(p.rjust(width) for p in parts[i:i + CONTEXT_PER_LINE])
-             for i in range(0, len(parts), CONTEXT_PER_LINE)]
-    return "[" + (",\n" + " " * (indent + 1)).join(lines) + "]"
 
 
 # ------------------------------------------------------------------ query tokens

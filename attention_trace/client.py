@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, make_dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, ClassVar, Dict, Generic, TypeVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, Generic, TypeVar, Union, cast
 
 import numpy as np
 import requests
@@ -175,7 +175,7 @@ class Answer:
 
     _read: ClassVar[Mapping[str, Callable[[Any], Any]]] = {}
     _absent: ClassVar[Mapping[str, Any]] = {}
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # read-only but compared by value: unhashable, as a dict
 
     def __init__(self, raw: Mapping[str, Any]) -> None:
         object.__setattr__(self, "raw", raw)
@@ -229,8 +229,8 @@ class _ConfigReader:
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Config:
         # Only the known fields: a newer service may add more; a field with a default may be absent.
-        fields = cls.__dataclass_fields__  # type: ignore[attr-defined]
-        return cls(**{f: doc.get(f) for f in fields  # type: ignore[return-value]
+        fields = cls.__dataclass_fields__  # type: ignore[attr-defined]  # Config is a dataclass made from the declaration
+        return cls(**{f: doc.get(f) for f in fields  # type: ignore[return-value]  # cls is that dataclass
                       if f in doc or fields[f].default is MISSING})
 
 
@@ -338,7 +338,8 @@ class Stage(Answer):
         if isinstance(self.values, np.ndarray):  # an npz answer: its own boolean mask, if the stage is masked
             sent = self.raw.get("mask")
             return sent.copy() if sent is not None else np.zeros(self.shape, dtype=bool)
-        return np.equal(np.array(self.values, dtype=object), None).reshape(self.shape)
+        # numpy's stubs take no None as an operand; an object array compared with None element by element is meant
+        return np.equal(np.array(self.values, dtype=object), None).reshape(self.shape)  # type: ignore[call-overload]
 
     def __repr__(self) -> str:
         return f"Stage({self.id!r}, step={self.step}, axes={self.axes}, shape={self.shape})"
@@ -348,7 +349,7 @@ class Stage(Answer):
         return cls(sid, doc)
 
 
-class _Stages(dict):  # type: ignore[type-arg]
+class _Stages(dict[str, Stage]):
     """A dict of stages whose KeyError says which stages there are."""
 
     def __missing__(self, key: str) -> Stage:
@@ -412,7 +413,8 @@ class Parameters:
             w_o = _to_array(doc["out_proj.weight"])
             return cls(w_q, w_k, w_v, w_o, layout="torch", sent={"in_proj_weight": stacked, "out_proj.weight": w_o})
         rest = {k: _to_array(v) for k, v in doc.items() if k not in _PER_HEAD}  # a stack's FFN and norms
-        return cls(*(_to_array(doc[k]) for k in _PER_HEAD), sent=rest)
+        w_q, w_k, w_v, w_o = (_to_array(doc[k]) for k in _PER_HEAD)
+        return cls(w_q, w_k, w_v, w_o, sent=rest)
 
 
 class InjectedBug(Answer):
@@ -464,7 +466,7 @@ class Trace(Answer):
     def __str__(self) -> str:
         """The command line's walkthrough table: every head, for the second token (the first if there is one)."""
         try:
-            from .cli import render_walkthrough
+            from .render import render_walkthrough
         except ImportError:  # a vendored copy of this module alone
             return repr(self)
         try:
@@ -501,7 +503,7 @@ class Trace(Answer):
         maps, the walkthrough, a cell explained number by number; no network). ``comparison``: the same request with
         ``scale`` flipped, for the "why divide by √d_k" section. Needs the service package (``pip install
         attention-trace``), and a trace with every stage."""
-        from service.offline_page import render_html
+        from viewer.offline_page import render_html
 
         return render_html(self.raw, self.request_body(), comparison=None if comparison is None else comparison.raw)
 
@@ -605,7 +607,7 @@ class CheckResult(Answer):
     def __str__(self) -> str:
         """The command line's verdict: a line per stage, the first wrong one, the diagnosis and the message."""
         try:
-            from .cli import render_check
+            from .render import render_check
         except ImportError:  # a vendored copy of this module alone
             return f"{self!r}\n{self.message}"
         return render_check(self, "the submission")
@@ -644,7 +646,7 @@ class Explanation(Answer):
     def __str__(self) -> str:
         """The command line's lines: each step's formula, its numbers and the stage they come from."""
         try:
-            from .explain_cli import render_explanation
+            from .render import render_explanation
         except ImportError:  # a vendored copy of this module alone
             return repr(self)
         return render_explanation(self)
@@ -737,7 +739,7 @@ def encode_npz_check(payload: Mapping[str, Any]) -> bytes:
             except (TypeError, ValueError):  # ragged, or not numbers: sent as JSON, the service says why
                 continue
             if np.isnan(a).any():  # a null (masked) or a NaN as sent: tell them apart
-                nulls = np.equal(np.array(values, dtype=object), None)
+                nulls = np.equal(np.array(values, dtype=object), None)  # type: ignore[call-overload]  # as above
                 mask = nulls if nulls.any() else None
         arrays[key] = np.ascontiguousarray(a)
         submission[sid] = {"npz": key}
@@ -860,6 +862,7 @@ class _Base:
         if len(data) <= _JSON_ALWAYS_BYTES:
             return False
         if self._check_limits is None:
+            v: Mapping[str, Any]
             try:
                 v = self.version()
                 major_minor = tuple(int(p) for p in str(v.get("schema_version", "0.0")).split(".")[:2])
@@ -1109,5 +1112,6 @@ class LocalClient(_Base):
                  accept: str | None = None) -> tuple[Any, str | None]:
         data, headers = _encode_request(payload, request_id, accept)
         resp = self._http.open(path, method=method, data=data, headers=headers)
-        return _answer(resp.status_code, resp.headers, resp.get_data(), resp.status.partition(" ")[2],
-                       method, f"local:{path}")
+        # werkzeug's Headers reads as a mapping of names to values (case-insensitive, as requests' own)
+        return _answer(resp.status_code, cast(Mapping[str, str], resp.headers), resp.get_data(),
+                       resp.status.partition(" ")[2], method, f"local:{path}")

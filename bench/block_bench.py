@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 import engine
-from engine.params import set_cache_bytes
+from engine.params import BlockParameters, NormParameters, set_cache_bytes
 
 from . import torch_compare
 from .common import Table, fmt_ratio, fmt_time, interleaved
@@ -60,14 +60,16 @@ class TorchGPT2:
         d = c.d_model
         T = self._tensor
         self.blocks = []
-        for i, p in enumerate(t.parameters.layers):
+        stack = cast(BlockParameters, t.parameters)  # a stack's
+        for i, p in enumerate(stack.layers):
             b = GPT2Block(cfg, layer_idx=i).double().eval()
             torch_compare.load_gpt2_block(b, p, d, T)
             self.blocks.append(b)
         self.ln_f = torch.nn.LayerNorm(d, eps=c.eps, dtype=torch.float64)
         with torch.no_grad():
-            self.ln_f.weight.copy_(T(t.parameters.final_norm.gamma))
-            self.ln_f.bias.copy_(T(t.parameters.final_norm.beta))
+            final = cast(NormParameters, stack.final_norm)  # GPT-2: pre-norm, LayerNorm
+            self.ln_f.weight.copy_(T(final.gamma))
+            self.ln_f.bias.copy_(T(cast(np.ndarray, final.beta)))
         self.kept: list[Any] = []
         for b in self.blocks:
             for module in (b.ln_1, b.attn.c_attn, b.ln_2, b.mlp.c_fc, b.mlp.act, b.mlp.c_proj, b):
@@ -110,7 +112,7 @@ def run(repeats: int, budget_s: float, results: dict[str, Any], *, d_model: int 
     def run_engine() -> Any:
         return engine.trace(config, tokens=tokens)
 
-    values = sum(st.values.size for sid, st in t.stages.items() if sid != "tokens")
+    values = sum(st.array.size for sid, st in t.stages.items() if sid != "tokens")
     row: dict[str, Any] = {"shape": [d_model, num_heads, num_layers, n_tokens], "values": values}
     torch, why = torch_compare.load()
     if torch is None:
@@ -121,7 +123,7 @@ def run(repeats: int, budget_s: float, results: dict[str, Any], *, d_model: int 
         results.update(row)
         return table
     ref = TorchGPT2(t)
-    x = ref._tensor(t.stages["input"].values)[None]  # [1, n, d_model]
+    x = ref._tensor(t.stages["input"].array)[None]  # [1, n, d_model]
     out = ref(x)
     diff = float(np.abs(out[0].numpy() - t.stages["final_norm"].values).max())
     kept = sum(k.numel() for k in ref.kept)

@@ -45,4 +45,3 @@ def trace() -> Response:
 @app.get("/health")
 def health() -> Response:
     return Response(b'{"status":"ok"}', mimetype="application/json")
-

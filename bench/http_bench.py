@@ -32,9 +32,10 @@ import subprocess
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tools.server import Gunicorn
 
@@ -160,7 +161,7 @@ class LoadGenerator:
         env = {**os.environ, "BENCH_BODY_FILE": str(body_file), "BENCH_REQUEST_ID": tag,
                "BENCH_N0": str(self._next_n0()), "BENCH_ACCEPT": accept or ""}
         secs = max(1, math.ceil(duration_s))
-        cmd = [self.wrk, "-t1", f"-c{conns}", f"-d{secs}s", "--timeout", "60s", "-s", str(LUA), url]
+        cmd = [cast(str, self.wrk), "-t1", f"-c{conns}", f"-d{secs}s", "--timeout", "60s", "-s", str(LUA), url]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=secs + 120, check=False)
         line = next((x for x in p.stdout.splitlines() if x.startswith("BENCH_RESULT ")), None)
         if line is None:
@@ -234,7 +235,7 @@ class Fixture:
 # ------------------------------------------------------------------ rounds
 
 
-def _med(values: list[float | None]) -> float | None:
+def _med(values: Sequence[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
 

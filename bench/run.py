@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
     blas_default = blas_summary()
     limiter = threadpool_limits(1, user_api="blas")  # noqa: F841  (kept for the whole run)
-    held = sorted({i.get("num_threads") for i in blas_info()})
+    held = sorted({i.get("num_threads") for i in blas_info()})  # type: ignore[type-var]  # each pool has a count
 
     from . import engine_bench, http_bench, serialize_bench, server_bench, torch_compare
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -141,14 +142,16 @@ def run_serialization(workloads: list[Workload], repeats: int, budget_s: float, 
         def render(raw: bytes = raw) -> bytes:
             return service_path.render(raw, s)
 
-        def render_npz(raw: bytes = raw) -> bytes:
+        def render_npz(raw: bytes = raw) -> list[bytes]:
             return service_path.render_npz(raw, s)
 
         if render() != a:
             check += "; render_trace differs from trace_document!"
         npz_size = len(render_npz())
         big = w.n_tokens >= 128 or is_stack(w)
-        fns = [lambda: serialize.dumps(doc), render, render_npz] + ([lambda: stdlib_dumps(doc)] if with_stdlib else [])
+        fns: list[Callable[[], Any]] = [lambda: serialize.dumps(doc), render, render_npz]
+        if with_stdlib:
+            fns.append(lambda: stdlib_dumps(doc))
         t_orjson, t_render, t_npz, *rest = interleaved(fns, max(3, repeats // 3) if big else repeats,
                                                        budget_s=budget_s)
         t_std = rest[0] if rest else None

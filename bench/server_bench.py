@@ -59,17 +59,25 @@ GTHREAD = ("-k", "gthread", "--threads", "4")
 TARGETS: dict[str, tuple[str, float, bool]] = {
     "S_uncached_vs_plain_floor": (
         "S uncached (a new sentence every request), req/s ÷ a plain Flask app under gunicorn sync "
-        "answering a prepared body of the same size", 0.4, True),
-    "S_uncached_vs_compute_floor": (
-        "S uncached, req/s ÷ the trace's own floor under the same worker class", 0.9, True),
+        "answering a prepared body of the same size",
+        0.4,
+        True,
+    ),
+    "S_uncached_vs_compute_floor": ("S uncached, req/s ÷ the trace's own floor under the same worker class", 0.9, True),
     "check_vs_trace_S": ("/check S (a wrong 5-stage submission), req/s ÷ /trace S", 0.45, True),
     "L_server_vs_encode": ("L: server time ÷ orjson's encoding of its arrays", 1.3, False),
     "L_less_static_vs_encode": (
         "L: time on one connection less the same server's for a prepared body of the same bytes, "
-        "÷ orjson's encoding of its arrays", 1.8, False),
+        "÷ orjson's encoding of its arrays",
+        1.8,
+        False,
+    ),
     "L_npz_vs_json": ("L as application/x-npz ÷ as JSON, server time", 0.5, False),
-    "per_byte_spread": (f"server time per byte, 32 … 256 tokens (d_model {NARROW_D_MODEL}), largest ÷ smallest",
-                        1.6, False),
+    "per_byte_spread": (
+        f"server time per byte, 32 … 256 tokens (d_model {NARROW_D_MODEL}), largest ÷ smallest",
+        1.6,
+        False,
+    ),
     "nginx_vs_direct": ("/trace S req/s through nginx ÷ direct", 0.8, True),
 }
 
@@ -88,7 +96,7 @@ class Behind:
 
 
 def verdict(key: str, value: float | None) -> str:
-    """"met", "not met", or "not measured" for a ratio of TARGETS."""
+    """ "met", "not met", or "not measured" for a ratio of TARGETS."""
     if value is None:
         return "not measured"
     _, limit, higher = TARGETS[key]
@@ -142,8 +150,15 @@ def _spread(per_byte: dict[int, float], sizes: int) -> float | None:
     return max(per_byte.values()) / min(per_byte.values())
 
 
-def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_rounds: int,
-        results: dict[str, Any], attack_s: float = 6.0) -> list[Table]:
+def run(
+    gen: LoadGenerator,
+    rounds: int,
+    duration_s: float,
+    conns: int,
+    seq_rounds: int,
+    results: dict[str, Any],
+    attack_s: float = 6.0,
+) -> list[Table]:
     """Section 6: the ratios, and the worker classes side by side, from one run."""
     from service import serialize
     from service.routes.trace import trace_document
@@ -175,13 +190,20 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
 
         servers["sync"] = Server(d, env=SERVER_ENV, label="the service (sync, the committed config)")
         servers["gthread"] = Server(d, env=SERVER_ENV, label="the service under gthread, 4 threads", args=GTHREAD)
-        servers["floor"] = Server(d, label="plain Flask floor", args=["-k", "sync", "-w", "2"],
-                                  app="bench.floor_app:app", plain=True)
-        servers["compute"] = Server(d, label="the trace's own floor", args=["-k", "sync", "-w", "2"],
-                                    app="bench.compute_floor_app:app", plain=True)
+        servers["floor"] = Server(
+            d, label="plain Flask floor", args=["-k", "sync", "-w", "2"], app="bench.floor_app:app", plain=True
+        )
+        servers["compute"] = Server(
+            d,
+            label="the trace's own floor",
+            args=["-k", "sync", "-w", "2"],
+            app="bench.compute_floor_app:app",
+            plain=True,
+        )
         for key in ("sync", "gthread"):
-            proxies[key] = Nginx(servers[key].port, servers[key].light_port, workers=2, log_name="bench-nginx",
-                                 per_address_limits=False)
+            proxies[key] = Nginx(
+                servers[key].port, servers[key].light_port, workers=2, log_name="bench-nginx", per_address_limits=False
+            )
         service = servers["sync"]
 
         # ---- before any load: every server answers, with the same bytes
@@ -189,16 +211,20 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
         for url in (service.url, servers["gthread"].url, proxies["sync"].url, proxies["gthread"].url):
             status, _, got = _post(url + "/trace", S.body_bytes)
             if status != 200 or got != want_s:
-                raise RuntimeError(f"{url}/trace answered S {status} with {len(got):,} bytes, not the in-process "
-                                   f"render's {len(want_s):,}")
+                raise RuntimeError(
+                    f"{url}/trace answered S {status} with {len(got):,} bytes, not the in-process "
+                    f"render's {len(want_s):,}"
+                )
         status, _, got = _post(servers["floor"].url + "/floor/Sstar", s_star.body_bytes)
         if status != 200 or got != floor_body:
-            raise RuntimeError(f"the floor answered {status} with {len(got):,} bytes, not the prepared "
-                               f"{len(floor_body):,}")
+            raise RuntimeError(
+                f"the floor answered {status} with {len(got):,} bytes, not the prepared {len(floor_body):,}"
+            )
         status, _, got = _post(servers["compute"].url + "/trace", first_star)
         if status != 200 or got != floor_body:
-            raise RuntimeError(f"the trace's own floor answered {status} with {len(got):,} bytes, not /trace's "
-                               f"{len(floor_body):,}")
+            raise RuntimeError(
+                f"the trace's own floor answered {status} with {len(got):,} bytes, not /trace's {len(floor_body):,}"
+            )
         status, _, got = _post(service.url + "/check", files["check"])
         if status != 200:
             raise RuntimeError(f"/check S answered {status}")
@@ -228,7 +254,7 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
         ]
         load: dict[str, list[Run]] = {k: [] for k, *_ in cells}
         for r in range(rounds):
-            for key, srv, path, req_file in (cells if r % 2 == 0 else cells[::-1]):
+            for key, srv, path, req_file in cells if r % 2 == 0 else cells[::-1]:
                 load[key].append(gen.run(srv, path, req_file, conns, duration_s, f"server-{key.replace(' ', '-')}"))
 
         # ---- one connection at a time on the service, with the encoding timed in between
@@ -248,23 +274,37 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
                     break
 
         Item = tuple[str, str, str, str | None]  # key, path, request body's name, Accept
-        seq_items: list[Item] = [("L", "/trace", "L", None), ("L npz", "/trace", "L", NPZ),
-                                 ("L static", "/bench/static/L", "L", None)]
+        seq_items: list[Item] = [
+            ("L", "/trace", "L", None),
+            ("L npz", "/trace", "L", NPZ),
+            ("L static", "/bench/static/L", "L", None),
+        ]
         seq_items += [(f"n{w.n_tokens}", "/trace", f"n{w.n_tokens}", None) for w in series]
         seq: dict[str, list[Run]] = {k: [] for k, *_ in seq_items}
         for r in range(seq_rounds):
             order: list[Item | None] = [*seq_items, None]  # None: the encoding
-            for item in (order if r % 2 == 0 else order[::-1]):
+            for item in order if r % 2 == 0 else order[::-1]:
                 if item is None:
                     encode_for(duration_s)
                     continue
                 key, path, name, accept = item
-                seq[key].append(gen.run(service, path, req(f"{name}.req"), 1, duration_s,
-                                        f"server-seq-{key.replace(' ', '-')}", accept=accept))
+                seq[key].append(
+                    gen.run(
+                        service,
+                        path,
+                        req(f"{name}.req"),
+                        1,
+                        duration_s,
+                        f"server-seq-{key.replace(' ', '-')}",
+                        accept=accept,
+                    )
+                )
 
         # ---- slow readers of the largest answers through nginx: /health's worst latency, per worker class
-        slow = {key: attack.run_attack("slow-read", "127.0.0.1", proxies[key].port, 8, attack_s, settle=1.0,
-                                       addresses=8) for key in ("sync", "gthread")}
+        slow = {
+            key: attack.run_attack("slow-read", "127.0.0.1", proxies[key].port, 8, attack_s, settle=1.0, addresses=8)
+            for key in ("sync", "gthread")
+        }
         replaced = {key: srv.log_text().count("Autorestarting worker") for key, srv in servers.items()}
     finally:
         for proxy in proxies.values():
@@ -294,16 +334,31 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
         "nginx_vs_direct": rps_ratio(load["S nginx"], load["S"]),
     }
     out: dict[str, Any] = {
-        "rounds": rounds, "duration_s": duration_s, "connections": conns, "seq_rounds": seq_rounds, "sizes": sizes,
-        "load": summ, "ratios": ratios, "round_ratios": {
+        "rounds": rounds,
+        "duration_s": duration_s,
+        "connections": conns,
+        "seq_rounds": seq_rounds,
+        "sizes": sizes,
+        "load": summ,
+        "ratios": ratios,
+        "round_ratios": {
             "S_uncached_vs_plain_floor": round_ratios(load["S*"], load["floor"]),
             "S_uncached_vs_compute_floor": round_ratios(load["S*"], load["compute"]),
             "check_vs_trace_S": round_ratios(load["check"], load["S"]),
-            "nginx_vs_direct": round_ratios(load["S nginx"], load["S"])},
-        "L": {"server_s": l_srv, "npz_server_s": npz_srv, "wall_p50_s": l_wall, "static_wall_p50_s": static_wall,
-              "encode_wall_s": enc_wall, "encode_cpu_s": enc_cpu, "encode_clock": "cpu" if cpu_clock() else "wall"},
+            "nginx_vs_direct": round_ratios(load["S nginx"], load["S"]),
+        },
+        "L": {
+            "server_s": l_srv,
+            "npz_server_s": npz_srv,
+            "wall_p50_s": l_wall,
+            "static_wall_p50_s": static_wall,
+            "encode_wall_s": enc_wall,
+            "encode_cpu_s": enc_cpu,
+            "encode_clock": "cpu" if cpu_clock() else "wall",
+        },
         "per_byte_s": {str(n): v for n, v in per_byte.items()},
-        "slow_readers": slow, "workers_replaced": replaced,
+        "slow_readers": slow,
+        "workers_replaced": replaced,
     }
     results.update(out)
 
@@ -313,50 +368,75 @@ def run(gen: LoadGenerator, rounds: int, duration_s: float, conns: int, seq_roun
 
     how = {
         "S_uncached_vs_plain_floor": f"{summ['S*']['rps']:,.0f} vs {summ['floor']['rps']:,.0f} req/s; "
-                                     f"{fmt_bytes(len(floor_body))} answers" + rounds_of("S_uncached_vs_plain_floor"),
+        f"{fmt_bytes(len(floor_body))} answers" + rounds_of("S_uncached_vs_plain_floor"),
         "S_uncached_vs_compute_floor": f"{summ['S*']['rps']:,.0f} vs {summ['compute']['rps']:,.0f} req/s"
-                                       + rounds_of("S_uncached_vs_compute_floor"),
+        + rounds_of("S_uncached_vs_compute_floor"),
         "check_vs_trace_S": f"{summ['check']['rps']:,.0f} vs {summ['S']['rps']:,.0f} req/s"
-                            + rounds_of("check_vs_trace_S"),
+        + rounds_of("check_vs_trace_S"),
         "L_server_vs_encode": f"{fmt_time(l_srv)} vs {fmt_time(enc)}; the encoding {fmt_time(enc_cpu)} of CPU, "
-                              f"{fmt_time(enc_wall)} wall",
+        f"{fmt_time(enc_wall)} wall",
         "L_less_static_vs_encode": f"({fmt_time(l_wall)} − {fmt_time(static_wall)}) vs {fmt_time(enc)}",
         "L_npz_vs_json": f"{fmt_time(npz_srv)} vs {fmt_time(l_srv)}; {fmt_bytes(sizes['L npz'])} vs "
-                         f"{fmt_bytes(sizes['L'])}",
+        f"{fmt_bytes(sizes['L'])}",
         "per_byte_spread": ", ".join(f"{n}: {fmt_time(v * 1e6)}/MB" for n, v in per_byte.items())
-                           + (f"; each added byte: {m}" if (m := _marginal(per_byte, sizes)) else ""),
+        + (f"; each added byte: {m}" if (m := _marginal(per_byte, sizes)) else ""),
         "nginx_vs_direct": f"{summ['S nginx']['rps']:,.0f} vs {summ['S']['rps']:,.0f} req/s"
-                           + rounds_of("nginx_vs_direct"),
+        + rounds_of("nginx_vs_direct"),
     }
-    t = Table("6. The server from stock parts (gunicorn sync, nginx in front) against fixed floors, this run",
-              ["ratio", "measured", "from", "target", "met?"])
+    t = Table(
+        "6. The server from stock parts (gunicorn sync, nginx in front) against fixed floors, this run",
+        ["ratio", "measured", "from", "target", "met?"],
+    )
     for key, (what, _, _) in TARGETS.items():
         t.add(what, fmt_ratio(ratios[key]), how[key], limit_text(key), verdict(key, ratios[key]))
     errors = sum(s["errors"] for s in summ.values()) + sum(r.errors for v in seq.values() for r in v)
-    t.notes.append(f"load generator: {gen.name}, closed loop, {conns} connections, {rounds} interleaved round(s) of "
-                   f"{duration_s:g} s per cell; req/s ratios are the median of each round's ratio. S uncached is "
-                   "\"the cat sat<N>\" with a new N every request; the plain floor is bench/floor_app.py and the "
-                   "trace's own floor bench/compute_floor_app.py, both under `gunicorn -k sync -w 2` with "
-                   "gunicorn's defaults; nginx is the shipped sidecar configuration without its per-address limits")
-    t.notes.append(f"L and the series: one connection, {seq_rounds} interleaved round(s) of {duration_s:g} s per item; "
-                   "server time = the median of gunicorn's access-log duration_us (the request parsed to the answer "
-                   "written); L less a prepared body = wrk's median latency for /trace L less that for "
-                   "/bench/static/L (the same server answering L's bytes, prepared); the encoding = "
-                   f"service.serialize.dumps of L's document in this process, {len(encode_wall)} times between the "
-                   f"HTTP runs, median of this thread's {'CPU time' if cpu_clock() else 'wall-clock time'}")
+    t.notes.append(
+        f"load generator: {gen.name}, closed loop, {conns} connections, {rounds} interleaved round(s) of "
+        f"{duration_s:g} s per cell; req/s ratios are the median of each round's ratio. S uncached is "
+        '"the cat sat<N>" with a new N every request; the plain floor is bench/floor_app.py and the '
+        "trace's own floor bench/compute_floor_app.py, both under `gunicorn -k sync -w 2` with "
+        "gunicorn's defaults; nginx is the shipped sidecar configuration without its per-address limits"
+    )
+    t.notes.append(
+        f"L and the series: one connection, {seq_rounds} interleaved round(s) of {duration_s:g} s per item; "
+        "server time = the median of gunicorn's access-log duration_us (the request parsed to the answer "
+        "written); L less a prepared body = wrk's median latency for /trace L less that for "
+        "/bench/static/L (the same server answering L's bytes, prepared); the encoding = "
+        f"service.serialize.dumps of L's document in this process, {len(encode_wall)} times between the "
+        f"HTTP runs, median of this thread's {'CPU time' if cpu_clock() else 'wall-clock time'}"
+    )
     if errors:
         t.notes.append(f"{errors} requests failed")
 
-    t2 = Table("6b. The worker class: the committed config under sync and under gthread (4 threads), each behind "
-               "the shipped nginx",
-               ["worker class", "/trace S req/s through nginx", "p99", "worker CPU / request",
-                "/health worst while 8 slow readers of the largest answer (8 addresses)", "/health p50",
-                "probe /trace worst", "workers replaced"])
+    t2 = Table(
+        "6b. The worker class: the committed config under sync and under gthread (4 threads), each behind "
+        "the shipped nginx",
+        [
+            "worker class",
+            "/trace S req/s through nginx",
+            "p99",
+            "worker CPU / request",
+            "/health worst while 8 slow readers of the largest answer (8 addresses)",
+            "/health p50",
+            "probe /trace worst",
+            "workers replaced",
+        ],
+    )
     for key, cell in (("sync", "S nginx"), ("gthread", "S nginx gthread")):
         s, a = summ[cell], slow[key]
-        t2.add(key, f"{s['rps']:,.0f}", fmt_time(s["p99_s"]), fmt_time(s["cpu_per_request_s"]),
-               f"{a['health_max_s']} s", f"{a['health_p50_s']} s", f"{a['trace_max_s']} s", replaced[key])
-    t2.notes.append(f"slow readers: tools/attack.py slow-read, 8 connections for {attack_s:g} s, each asking for the "
-                    "largest /trace the limits allow and never reading it; the probe asks /health and a small /trace "
-                    "every 200 ms from 127.0.0.1")
+        t2.add(
+            key,
+            f"{s['rps']:,.0f}",
+            fmt_time(s["p99_s"]),
+            fmt_time(s["cpu_per_request_s"]),
+            f"{a['health_max_s']} s",
+            f"{a['health_p50_s']} s",
+            f"{a['trace_max_s']} s",
+            replaced[key],
+        )
+    t2.notes.append(
+        f"slow readers: tools/attack.py slow-read, 8 connections for {attack_s:g} s, each asking for the "
+        "largest /trace the limits allow and never reading it; the probe asks /health and a small /trace "
+        "every 200 ms from 127.0.0.1"
+    )
     return [t, t2]

@@ -28,7 +28,7 @@ def render(raw: bytes, settings: Settings) -> bytes:
     return render_trace(validate(raw, settings))
 
 
-def render_npz(raw: bytes, settings: Settings) -> bytes:
+def render_npz(raw: bytes, settings: Settings) -> list[bytes]:
     """What POST /trace does for ``Accept: application/x-npz`` (service/npz.py), without HTTP."""
     return trace_route.render_trace_npz(validate(raw, settings))
 

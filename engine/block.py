@@ -17,6 +17,7 @@ orders them (the one recipe); ``engine.bugs`` holds the wrong ones.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -24,7 +25,7 @@ import numpy as np
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _SQRT_HALF = math.sqrt(0.5)
 #: erf from the C library (math.erf), one element at a time: numpy has no erf ufunc
-_erf = np.frompyfunc(math.erf, 1, 1)
+_erf: Callable[[np.ndarray], np.ndarray] = np.frompyfunc(math.erf, 1, 1)
 
 
 def feature_mean(x: np.ndarray) -> np.ndarray:

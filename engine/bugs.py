@@ -152,7 +152,7 @@ def _split_heads_without_transpose(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     return y.reshape(h, x.shape[0], d_k)  # [n, h·d_k] -> [h, n, d_k] with no transpose: heads mix tokens
 
 
-def _mask_with_diagonal(scores: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _mask_with_diagonal(scores: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     own = np.eye(mask.shape[-1], dtype=bool)  # [n, n]: each query's own key
     return A.apply_mask(scores, mask | own)  # causal: j >= i, so a query cannot see itself (a window stays)
 

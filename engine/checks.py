@@ -407,9 +407,10 @@ def _list_shape(value: Any) -> tuple[int, ...] | None:
     if not value:
         return (0,)
     inner = [_list_shape(v) for v in value]
-    if any(s is None or s != inner[0] for s in inner):
+    first = inner[0]
+    if first is None or any(s != first for s in inner):
         return None
-    return (len(value), *inner[0])
+    return (len(value), *first)
 
 
 def check_shape(name: str, value: Any, expected: tuple[int, ...], axes: str) -> None:

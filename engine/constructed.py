@@ -235,6 +235,7 @@ def rope_previous_token_head(lay: Layout, d_k: int, gain: float) -> tuple[np.nda
     W_Q reads the constant 1 into the first coordinate a_p of each pair, u = (1, 0); W_K reads it as
     (cos θ_p, sin θ_p), u turned by one position. RoPE turns qᵢ by i·θ_p and kⱼ by j·θ_p, so
     qᵢ·kⱼ = Σ_p cos((j − i + 1)·θ_p): every pair at its peak for j = i − 1."""
+    assert lay.rope is not None  # built under RoPE only (the layout of a RoPE trace carries it)
     pairing, base = lay.rope
     half = d_k // 2
     theta = rope_frequencies(d_k, base)  # [d_k/2]

@@ -28,6 +28,7 @@ import numpy as np
 
 from .checks import check_decodable
 from .layer import TraceConfig, decode_steps, initial_state, run
+from .params import Parameters
 from .tokenize import Token
 from .tracing import Trace
 
@@ -60,6 +61,7 @@ def decode(t: Trace) -> list[DecodeStep]:
     steps = decode_steps(config)
     x = t.state["input"]  # [n, d_model], generated or given
     base = initial_state(config, [], vars(t.parameters))
+    assert isinstance(t.parameters, Parameters)  # check_decodable refused a stack of blocks
     g, d_k = t.parameters.num_kv_heads, config.d_k
     k_cache = v_cache = np.zeros((g, 0, d_k))  # [kv_head, 0, d_k]: nothing cached yet
     out: list[DecodeStep] = []

@@ -10,6 +10,8 @@ one definition.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class EngineError(ValueError):
     """Base class: the request cannot be traced as given."""
@@ -45,7 +47,7 @@ class EngineError(ValueError):
         return "/" + self.field if self.field else ""
 
 
-def raise_all(problems: list[EngineError]) -> None:
+def raise_all(problems: Sequence[EngineError]) -> None:
     """Raise the first of ``problems`` carrying the others (``also``), so that a request hears of every
     conflict at once instead of one per attempt; nothing when the list is empty."""
     if problems:

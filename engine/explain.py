@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -118,6 +118,7 @@ def mask_reason(config: TraceConfig, query: int, key: int, query_text: str, key_
         return (f"causal mask: key {key} {key_text!r} comes after query {query} {query_text!r} (key > query), "
                 "and a token may not attend to later tokens")
     w, back = config.window, query - key
+    assert w is not None  # not a later key, so the window hid it
     return (f"sliding window of {w}: key {key} {key_text!r} is {back} position{'s' if back != 1 else ''} before "
             f"query {query} {query_text!r}, and a query sees only its own key and the {w - 1} before it "
             "(query − key ≥ window)")
@@ -139,7 +140,7 @@ def check_layer(trace: Trace, layer: int) -> None:
     _check_index("layer", layer, trace.num_layers, "layers")
 
 
-class _LayerState(dict):
+class _LayerState(dict[str, Any]):
     """One layer's values of a stack under their base names (``q`` for ``q@2``), as a single layer's state."""
 
     def __init__(self, state: dict[str, Any], layer: int) -> None:
@@ -159,7 +160,7 @@ def explain_cell(trace: Trace, head: int, query: int, key: int, *, decode: Seque
     check_layer(trace, layer)
     cfg = trace.config
     st = _LayerState(trace.state, layer) if cfg.has_block else trace.state
-    key_tokens = trace.context_tokens if trace.cross else trace.tokens
+    key_tokens = trace.context_tokens if trace.context_tokens is not None else trace.tokens  # trace.cross
     n, m = trace.n_tokens, len(key_tokens)
     check_cell(cfg, n, m, head, query, key, cross=trace.cross)
 
@@ -194,7 +195,7 @@ def explain_cell(trace: Trace, head: int, query: int, key: int, *, decode: Seque
     v_rows = st["v"][kv_head]  # [g, m, d_k] -> [m, d_k]
     contrib = contributions(weights_row, v_rows)  # [m, d_k]
     visible = ~row_mask  # [m]
-    contrib_sum = sum_in_order(contrib[visible])  # [visible, d_k] -> [d_k]
+    contrib_sum = cast(np.ndarray, sum_in_order(contrib[visible]))  # [visible, d_k] -> [d_k]
     context = st["context"][head, query]  # [h, n, d_k] -> [d_k]
     exponent = None if masked else scaled - row_max
     exp_recomputed = None if exponent is None else _f(np.exp(np.float64(exponent)))
@@ -297,7 +298,7 @@ def _source(trace: Trace, step_name: str) -> tuple[np.ndarray, str, list[int]]:
     if base in ("input", "stack_output", "layer_output", "attention_input"):
         # the residual stream: the stack's input, a layer's output, or (post-norm) the stream a layer reads
         depth = 0 if base == "input" else L if base == "stack_output" else int(at) + (base == "layer_output")
-        return trace.stages["residual_stream"].values[depth], "residual_stream", [depth]
+        return trace.stages["residual_stream"].array[depth], "residual_stream", [depth]
     return trace.state[name], base, [int(at)]
 
 
@@ -329,12 +330,12 @@ def explain_norm_cell(trace: Trace, which: str, token: int, feature: int, *, lay
     d = cfg.d_model
     eps = float(trace.state["norm_eps"])
     gamma = trace.state[f"{which}_gamma{at}"]
-    value = _f(trace.stages[which].values[(*index, feature)])
+    value = _f(trace.stages[which].array[(*index, feature)])
     text = trace.tokens[token].text
     steps: list[dict[str, Any]] = []
     if cfg.norm_kind == "layer_norm":
-        mean = _f(trace.stages[f"{which}_mean"].values[tuple(index)])
-        variance = _f(trace.stages[f"{which}_variance"].values[tuple(index)])
+        mean = _f(trace.stages[f"{which}_mean"].array[tuple(index)])
+        variance = _f(trace.stages[f"{which}_variance"].array[tuple(index)])
         mean_re = _f(sum_in_order(x)) / d
         centred = x - mean  # [d_model]
         squares = centred * centred  # [d_model]
@@ -360,7 +361,7 @@ def explain_norm_cell(trace: Trace, which: str, token: int, feature: int, *, lay
                      "seeded"},
         ]
     else:
-        ms = _f(trace.stages[f"{which}_mean_square"].values[tuple(index)])
+        ms = _f(trace.stages[f"{which}_mean_square"].array[tuple(index)])
         squares = x * x  # [d_model]
         ms_re = _f(sum_in_order(squares)) / d
         normalised = float(x[feature]) / float(np.sqrt(ms + eps))
@@ -424,9 +425,9 @@ def explain_ffn_cell(trace: Trace, token: int, unit: int, *, layer: int = 0) -> 
     cell = [layer, token, unit]
     W_1, W_2 = st[f"W_1{at}"], st[f"W_2{at}"]
     prods = products(x, W_1[unit])  # [d_model]
-    pre = _f(trace.stages["ffn_pre_activation"].values[tuple(cell)])
+    pre = _f(trace.stages["ffn_pre_activation"].array[tuple(cell)])
     pre_re = _f(sum_in_order(prods))
-    act = _f(trace.stages["ffn_activation"].values[tuple(cell)])
+    act = _f(trace.stages["ffn_activation"].array[tuple(cell)])
     act_re = _activation(kind, pre)
     steps: list[dict[str, Any]] = [
         {"id": "products", "stage": "ffn_pre_activation", "index": cell, "value": None, "values": _vec(prods),
@@ -439,9 +440,9 @@ def explain_ffn_cell(trace: Trace, token: int, unit: int, *, layer: int = 0) -> 
     hidden = act
     if kind == "swiglu":
         W_3 = st[f"W_3{at}"]
-        up = _f(trace.stages["ffn_up"].values[tuple(cell)])
+        up = _f(trace.stages["ffn_up"].array[tuple(cell)])
         up_re = _f(sum_in_order(products(x, W_3[unit])))
-        gated = _f(trace.stages["ffn_gated"].values[tuple(cell)])
+        gated = _f(trace.stages["ffn_gated"].array[tuple(cell)])
         steps.append({"id": "up", "stage": "ffn_up", "index": cell, "formula": "b = Σⱼ x[j]·W_3[u, j]", "value": up,
                       "recomputed": up_re, "exact": up_re == up, "note": "SwiGLU's up projection (Llama's up_proj)"})
     steps.append({"id": "activation", "stage": "ffn_activation", "index": cell,
@@ -455,7 +456,7 @@ def explain_ffn_cell(trace: Trace, token: int, unit: int, *, layer: int = 0) -> 
                       "note": "the gate (the activated W_1 projection) times the up projection"})
         hidden = gated
     contribution = hidden * W_2[:, unit]  # [d_model]: this unit's share of the FFN's output row
-    output = trace.stages["ffn_output"].values[layer, token]  # [d_model]
+    output = trace.stages["ffn_output"].array[layer, token]  # [d_model]
     steps.append({"id": "contribution", "stage": "ffn_output", "index": [layer, token], "value": None,
                   "formula": f"h[{unit}]·W_2[:, {unit}]; ffn_output[{layer}, {token}] = Σᵤ h[u]·W_2[:, u]",
                   "values": _vec(contribution), "vector": _vec(output),

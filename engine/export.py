@@ -134,14 +134,14 @@ def circuitsvis_props(weights: np.ndarray, queries: list[str], causal: bool,
 
 def bertviz(t: Trace, decimals: int | None = None) -> dict[str, Any]:
     """bertviz head_view's and model_view's keyword arguments: every layer's weights (:func:`bertviz_layout`)."""
-    return bertviz_layout(t.stages["weights"].values, _texts(t.tokens),
+    return bertviz_layout(t.stages["weights"].array, _texts(t.tokens),
                           _texts(t.context_tokens) if t.cross else None, decimals)
 
 
 def circuitsvis(t: Trace, decimals: int | None = None) -> dict[str, Any]:
     """CircuitsVis AttentionHeads' props (:func:`circuitsvis_props` of its weights)."""
     check_export("circuitsvis", cross=t.cross, num_layers=t.num_layers)
-    weights = t.stages["weights"].values  # [h, n, n], or [1, h, n, n] for one block
+    weights = t.stages["weights"].array  # [h, n, n], or [1, h, n, n] for one block
     return circuitsvis_props(weights[0] if t.config.has_block else weights, _texts(t.tokens), t.config.causal,
                              decimals)
 
@@ -150,7 +150,8 @@ def _masked_rows(values: np.ndarray, mask: np.ndarray | None) -> list[Any]:
     """One head's masked scores as nested lists: None where the mask excludes a key (never −inf or NaN)."""
     if mask is None:
         return values.tolist()
-    return np.where(mask, None, values).tolist()  # [n, n] object array: floats and None
+    # numpy's stubs take no None as a fill value; the object array of floats and None is what is meant
+    return np.where(mask, None, values).tolist()  # type: ignore[call-overload]  # [n, n] object array
 
 
 def transformer_explainer(t: Trace, decimals: int | None = None, block: int = 0) -> dict[str, Any]:
@@ -161,14 +162,15 @@ def transformer_explainer(t: Trace, decimals: int | None = None, block: int = 0)
     if t.config.has_block:
         out: dict[str, Any] = {}
         for layer in range(t.num_layers):
-            out |= _te_block(*(None if s.get(sid) is None else s[sid].values[layer]
-                               for sid in ("scores", "scaled_scores", "masked_scores", "weights")),
-                             None if s.get("masked_scores") is None else s["masked_scores"].mask[layer],
+            masked = s.get("masked_scores")
+            out |= _te_block(s["scores"].array[layer], s["scaled_scores"].array[layer],
+                             None if masked is None else masked.array[layer], s["weights"].array[layer],
+                             None if masked is None or masked.mask is None else masked.mask[layer],
                              decimals, block + layer)
         return out
     masked_stage = s.get("masked_scores")  # absent when nothing is masked
-    return _te_block(s["scores"].values, s["scaled_scores"].values,
-                     None if masked_stage is None else masked_stage.values, s["weights"].values,
+    return _te_block(s["scores"].array, s["scaled_scores"].array,
+                     None if masked_stage is None else masked_stage.array, s["weights"].array,
                      None if masked_stage is None else masked_stage.mask, decimals, block)
 
 

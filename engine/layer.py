@@ -710,7 +710,7 @@ def _steps(positional_encoding: str, mask: str, scale: bool, explicit_input: boo
             Step("output", A.output_projection, ("concat", "W_O"), "{concat}·W_Oᵀ"))
 
 
-def initial_state(config: TraceConfig, texts: list[str], weights: dict[str, np.ndarray],
+def initial_state(config: TraceConfig, texts: list[str], weights: Mapping[str, np.ndarray | None],
                   x: np.ndarray | None = None, *, context_texts: list[str] | None = None,
                   context_x: np.ndarray | None = None) -> dict[str, Any]:
     """What the steps start from: tokens, sizes, settings, weights, and x when it is given."""
@@ -1027,7 +1027,7 @@ def check_stages(wanted: list[str], config: TraceConfig, *, explicit_input: bool
     ``field`` is where they were asked for; ``keyed`` when it is an object keyed
     by stage id (a /check submission), so the pointer can name the stage.
     """
-    at = (lambda sid: f"{field}/{sid}") if keyed else (lambda sid: field)
+    at: Callable[[str], str] = (lambda sid: f"{field}/{sid}") if keyed else (lambda sid: field)
     asked = set(wanted)
     problems: list[EngineError] = []  # every stage this configuration does not compute, in walkthrough order
     computed = stage_ids(config, explicit_input=explicit_input, cross=cross) if config.has_block else ()

@@ -59,6 +59,7 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .checks import explicit_array, parameter_shapes
 
@@ -143,7 +144,7 @@ class ByteBoundedCache:
         functools.update_wrapper(self, fn)
         self._fn, self._size_of = fn, size_of
         self.max_bytes = max_bytes
-        self._data: OrderedDict[tuple, tuple[Any, int]] = OrderedDict()
+        self._data: OrderedDict[tuple[Any, ...], tuple[Any, int]] = OrderedDict()
         self._bytes = self._hits = self._misses = 0
         self._lock = threading.Lock()
 
@@ -278,7 +279,7 @@ def parameters_digest(params: Parameters) -> str:
 
 
 def explicit_parameters(
-    W_Q: np.ndarray, W_K: np.ndarray, W_V: np.ndarray, W_O: np.ndarray, *, d_model: int, num_heads: int,
+    W_Q: ArrayLike, W_K: ArrayLike, W_V: ArrayLike, W_O: ArrayLike, *, d_model: int, num_heads: int,
     num_kv_heads: int | None = None,
 ) -> Parameters:
     """Caller-supplied weights (arrays or nested lists), checked against the configuration's shapes."""

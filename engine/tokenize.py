@@ -84,7 +84,9 @@ def _tokenize_unicode(sentence: str, limit: int | None = None) -> list[Token]:
             # One grapheme cluster (emoji sequence, punctuation mark + marks).
             # One grapheme cluster: a punctuation mark or symbol with any
             # marks on it, or a whole emoji sequence. It is what a reader sees.
-            end = _GRAPHEME_RE.match(sentence, pos).end()
+            grapheme = _GRAPHEME_RE.match(sentence, pos)
+            assert grapheme is not None  # \X matches one character at least, and pos < len(sentence)
+            end = grapheme.end()
             # A "prepend" character (e.g. U+0600 ARABIC NUMBER SIGN) joins the
             # next character into its cluster, even a space or the first digit
             # of a number: cut it there, so the word after it stays whole.

@@ -32,9 +32,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import attention as A
 from . import constructed as C
@@ -93,6 +94,11 @@ class Stage:
     def shape(self) -> tuple[int, ...]:
         return (len(self.values),) if isinstance(self.values, list) else self.values.shape
 
+    @property
+    def array(self) -> np.ndarray:
+        """``values`` of a numeric stage (every stage but the token lists), typed as the array it is."""
+        return cast(np.ndarray, self.values)
+
 
 @dataclass(frozen=True)
 class Trace:
@@ -129,7 +135,7 @@ class Trace:
 
     @property
     def _weights(self) -> np.ndarray:
-        return self.stages["weights"].values if self.config.has_block else self.state["weights"]
+        return self.stages["weights"].array if self.config.has_block else self.state["weights"]
 
     @property
     def num_layers(self) -> int:
@@ -152,13 +158,13 @@ def trace(
     *,
     sentence: str | None = None,
     tokens: list[str] | None = None,
-    input: np.ndarray | None = None,
-    parameters: Parameters | None = None,
+    input: ArrayLike | None = None,
+    parameters: Parameters | BlockParameters | None = None,  # BlockParameters for a stack of blocks
     bug: str | None = None,
     split: list[Token] | None = None,
     context_sentence: str | None = None,
     context_tokens: list[str] | None = None,
-    context_input: np.ndarray | None = None,
+    context_input: ArrayLike | None = None,
     context_split: list[Token] | None = None,
 ) -> Trace:
     """Run every stage for one sentence (or pre-split tokens) and return them all.
@@ -188,6 +194,7 @@ def trace(
     n_context = None if ctx is None else len(ctx)
     wrong = (check_bug(bug, config, len(toks), explicit_input=input is not None, n_context=n_context)
              if bug is not None else None)
+    params: Parameters | BlockParameters
     if config.has_block:
         params, digest, weights = _block_parameters(config, parameters)
     elif config.constructed:  # seeded heads' weights, with the constructed heads' written in
@@ -204,7 +211,7 @@ def trace(
         for name, W in vars(parameters).items():
             if not np.isfinite(W).all():
                 raise NonFiniteInputError(f"parameters.{name} contains a non-finite value", field=f"parameters/{name}")
-        params, digest = parameters, parameters_digest(parameters)
+        params, digest = parameters, parameters_digest(cast(Parameters, parameters))  # a single layer's
     if not config.has_block:
         weights = vars(params)
     x = None if input is None else given_input(input, len(toks), config.d_model)
@@ -221,7 +228,7 @@ def trace(
     return inject_bug(t, wrong) if wrong is not None else t
 
 
-def _block_parameters(config: TraceConfig, given: Any) -> tuple[BlockParameters, str, dict[str, np.ndarray]]:
+def _block_parameters(config: TraceConfig, given: Any) -> tuple[BlockParameters, str, dict[str, np.ndarray | None]]:
     """A stack's weights (seeded, or ``given`` BlockParameters), their digest, and the state's names for them:
     ``W_Q@l`` … per layer, ``final_norm_gamma``/``final_norm_beta``."""
     if given is None:
@@ -237,7 +244,8 @@ def _block_parameters(config: TraceConfig, given: Any) -> tuple[BlockParameters,
         params = given
         _check_block_parameters(params, config)
         digest = block_parameters_digest(params)
-    weights = {f"{name}@{layer}": a for layer, p in enumerate(params.layers) for name, a in p.named()}
+    weights: dict[str, np.ndarray | None] = {f"{name}@{layer}": a for layer, p in enumerate(params.layers)
+                                             for name, a in p.named()}
     if params.final_norm is not None:
         weights["final_norm_gamma"] = params.final_norm.gamma
         weights["final_norm_beta"] = params.final_norm.beta
@@ -266,7 +274,7 @@ def _check_block_parameters(params: Any, config: TraceConfig) -> None:
                       {f"final_norm_{w}": shape for w, shape in norm.items()}, "parameters")
 
 
-def _check_arrays(got: dict[str, Any], expected: dict[str, tuple[int, ...] | None], where: str) -> None:
+def _check_arrays(got: dict[str, Any], expected: Mapping[str, tuple[int, ...] | None], where: str) -> None:
     for name, shape in expected.items():
         a = got[name]
         if (a is None) != (shape is None) or (a is not None and np.shape(a) != shape):
@@ -369,16 +377,17 @@ def same_numbers(a: Trace, b: Trace, stage_ids: list[str]) -> bool:
     """Whether two traces hold identical values (and masks) in the given stages."""
     for sid in stage_ids:
         x, y = a.stages.get(sid), b.stages.get(sid)
-        if x is None or y is None or isinstance(x.values, list):  # the token lists
+        if x is None or y is None or isinstance(x.values, list) or isinstance(y.values, list):  # the token lists
             continue
         if x.shape != y.shape or not np.array_equal(x.values, y.values):
             return False
-        if (x.mask is None) != (y.mask is None) or (x.mask is not None and not np.array_equal(x.mask, y.mask)):
+        if (x.mask is None) != (y.mask is None) or (x.mask is not None and y.mask is not None
+                                                         and not np.array_equal(x.mask, y.mask)):
             return False
     return True
 
 
-def _assemble(config: TraceConfig, toks: list[Token], params: Parameters, digest: str, steps: tuple[Step, ...],
+def _assemble(config: TraceConfig, toks: list[Token], params: Parameters | BlockParameters, digest: str, steps: tuple[Step, ...],
               state: dict[str, Any], *, explicit_parameters: bool, bug: str | None = None,
               context: list[Token] | None = None) -> Trace:
     """The Trace of a finished run: its stages, in walkthrough order, and the weights' statistics."""

@@ -69,7 +69,7 @@ def setup_sandbox(args: argparse.Namespace) -> int:
     for k, v in result.notes.items():
         print(f"  {k}: {v}")
     if result.start.status != "ready" or out is None or out.status != "ok" \
-            or out.arrays["result"].tolist() != [0.0, 0.5, 1.0]:
+            or out.arrays is None or out.arrays["result"].tolist() != [0.0, 0.5, 1.0]:
         print(f"sandbox: FAILED: start {result.start}, call {out}, output {result.output!r}", file=sys.stderr)
         return 1
     print(f"sandbox: works ({result.seconds:.2f} s for one sandboxed process)")

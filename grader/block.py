@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any, cast
 
 import numpy as np
 
@@ -34,6 +35,7 @@ from engine import TraceConfig
 from engine.bugs import ALL_BUGS, BLOCK_BUGS, applicable_bugs
 from engine.checking import Tolerance, compare
 from engine.layer import base_name, layer_of, swapped
+from engine.params import BlockParameters, NormParameters
 
 from .assignment import BLOCK_STAGES, Reference, reference_from_engine
 from .config import Configuration
@@ -54,6 +56,14 @@ def own_bugs(kind: str) -> list[str]:
             if bug.replaces_for is None and bug.replaces and {base_name(r.name) for r in bug.replaces} <= mine]
 
 
+def about_position(name: str) -> bool:
+    """Whether the known mistake of that name is in the positional encoding: where it is added, or how often."""
+    bug = engine.BUGS.get(name)
+    # the attention's mistakes replace whole Steps (a Rewrite is a block's, and BUGS holds none)
+    return bug is not None and any(s.name == "input" or "token_embedding" in s.inputs  # type: ignore[union-attr]
+                                   for s in bug.replaces)
+
+
 def block_trace(c: Configuration, seed: int) -> engine.Trace:
     """The engine's one-block stack of a block course's configuration, its attention's weights times
     ``weight_scale``."""
@@ -63,18 +73,20 @@ def block_trace(c: Configuration, seed: int) -> engine.Trace:
     if c.weight_scale == 1.0:
         return t
     s = c.weight_scale
+    stack = cast(BlockParameters, t.parameters)  # a block course's trace is a stack
     layers = tuple(dataclasses.replace(p, attention=engine.Parameters(
         W_Q=p.attention.W_Q * s, W_K=p.attention.W_K * s, W_V=p.attention.W_V * s, W_O=p.attention.W_O * s))
-        for p in t.parameters.layers)
+        for p in stack.layers)
     return engine.trace(config, sentence=c.sentence, tokens=tokens,
-                        parameters=dataclasses.replace(t.parameters, layers=layers))
+                        parameters=dataclasses.replace(stack, layers=layers))
 
 
 def reference(c: Configuration, seed: int) -> Reference:
     """A block configuration's reference (module docstring)."""
     t = block_trace(c, seed)
     cfg, st = t.config, t.state
-    p = t.parameters.layers[0]
+    stack = cast(BlockParameters, t.parameters)  # a block course's trace is a stack
+    p = stack.layers[0]
     attention = engine.trace(TraceConfig(d_model=cfg.d_model, num_heads=cfg.num_heads, causal=cfg.causal, seed=seed),
                              tokens=[tok.text for tok in t.tokens], input=st["attention_input@0"],
                              parameters=p.attention)
@@ -87,17 +99,17 @@ def reference(c: Configuration, seed: int) -> Reference:
              ffn_input=st["norm2@0"] if pre else st["norm1@0"],
              block_input=st["input"], W_1=p.W_1, W_2=p.W_2,
              block_output=st["final_norm"] if pre else st["layer_output@0"])
-    norms = {"norm1": p.norm1, "norm2": p.norm2}
+    norms: dict[str, NormParameters] = {"norm1": p.norm1, "norm2": p.norm2}
     if pre:
         a.update(final_norm=st["final_norm"], final_norm_input=st["stack_output"])
-        norms["final_norm"] = t.parameters.final_norm
+        norms["final_norm"] = cast(NormParameters, stack.final_norm)  # a pre-norm stack has one
     for which, n in norms.items():
         a[f"{which}_gamma"] = n.gamma
         if layer_norm:
-            a[f"{which}_beta"] = n.beta
+            a[f"{which}_beta"] = cast(np.ndarray, n.beta)  # LayerNorm has a bias
     if p.W_3 is not None:
         a["W_3"] = p.W_3
-    params = {**{name: getattr(p.attention, name) for name in ("W_Q", "W_K", "W_V", "W_O")},
+    params: dict[str, Any] = {**{name: getattr(p.attention, name) for name in ("W_Q", "W_K", "W_V", "W_O")},
               **{name: a[name] for name in ("W_1", "W_2", "W_3") if name in a},
               **{f"{which}_{w}": a[f"{which}_{w}"] for which in norms for w in ("gamma", "beta")
                  if f"{which}_{w}" in a},
@@ -198,8 +210,6 @@ def block_matches(ref: Reference, got: np.ndarray, null: np.ndarray, tol: Tolera
     """The known mistakes (the block's and the attention's) that reproduce a block's output: the whole block
     recomputed from its x with each one swapped in (a mistake in where the positional encoding goes cannot
     be made by a block given x)."""
-    from .diagnosis import about_position
-
     t = ref.stack
     # the block's output: what leaves its one layer (a mistake may rewire which value that is), normalised once
     # more in pre-norm
@@ -227,5 +237,5 @@ def summaries() -> dict[str, str]:
     return {name: bug.summary for name, bug in BLOCK_BUGS.items()}
 
 
-__all__ = ["BLOCK_STAGES", "block_matches", "block_trace", "cannot_show", "check", "function_matches",
+__all__ = ["BLOCK_STAGES", "about_position", "block_matches", "block_trace", "cannot_show", "check", "function_matches",
            "own_bugs", "reference", "summaries"]

@@ -802,7 +802,7 @@ class Grader:
                             if all(b in matched[w] or b in unknown[w] for w in wrong)})
         out.shown += lines
         out.hidden += lines
-        if layer and self._wiring and wired and any(diagnosis.about_position(name) for name in out.named):
+        if layer and self._wiring and wired and any(block_mod.about_position(name) for name in out.named):
             note = ("(multi_head_attention is given x with the positional encoding already added: the layer itself "
                     "adds no encoding.)")
             out.shown.append(note)

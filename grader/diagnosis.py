@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,13 +45,9 @@ FACTOR_MATCH = 1e-4
 def as_embeddings(bug: engine.Bug) -> bool:
     """A known mistake in which stages get the positional encoding (a step after x reads the bare embeddings
     E): a layer given x = E + PE makes it by taking its x for E, so it is recomputed with E replaced by x."""
-    return all(s.name != "input" for s in bug.replaces) and any("token_embedding" in s.inputs for s in bug.replaces)
-
-
-def about_position(name: str) -> bool:
-    """Whether the known mistake of that name is in the positional encoding: where it is added, or how often."""
-    bug = engine.BUGS.get(name)
-    return bug is not None and any(s.name == "input" or "token_embedding" in s.inputs for s in bug.replaces)
+    # the attention's mistakes replace whole Steps (a Rewrite is a block's, and BUGS holds none)
+    return (all(s.name != "input" for s in bug.replaces)
+            and any("token_embedding" in s.inputs for s in bug.replaces))  # type: ignore[union-attr]  # see above
 
 
 def engine_trace(c: Configuration, seed: int) -> engine.Trace:
@@ -135,7 +131,7 @@ def _show(expr: Mapping[str, float]) -> str:
     return top if not den else f"{top}/{'·'.join(den)}"
 
 
-def factor_expression(factors: list[tuple[float, Mapping[str, int]]]) -> tuple[str, dict[str, float]] | None:
+def factor_expression(factors: Sequence[tuple[float, Mapping[str, int]]]) -> tuple[str, dict[str, float]] | None:
     """The one expression of the sizes that gives every (factor, sizes) pair; None when none does or
     more than one of the simplest kind does (the configurations cannot tell them apart)."""
     if len(factors) < 2:
@@ -225,10 +221,10 @@ def naming(wrong: list[str], matched: Mapping[str, list[str]], summaries: Mappin
         on = tuple(c for c in wrong if b in matched.get(c, []))
         partial.setdefault((on, tuple(off(b))), []).append(b)
     for (on, off_), names in partial.items():
-        off = list(off_)
+        missed = list(off_)
         which = " and ".join(f"'{b}'" for b in names)
         lines.append(f"Only on {_names(list(on))} do your numbers match the known mistake{'s' * (len(names) > 1)} "
-                     f"{which}; on {_names(off)}, where this function is wrong too, they do not, so "
+                     f"{which}; on {_names(missed)}, where this function is wrong too, they do not, so "
                      f"{'neither is' if len(names) > 1 else 'it is not'} what your code does.")
     return lines, bool(everywhere)
 

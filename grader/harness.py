@@ -258,9 +258,9 @@ def main(argv: list[str]) -> None:
                        for k, v in value.items() if str(k) in wanted}
             else:
                 out = {"result": _to_array(np, value, f"what {msg['function']} returned")}
-            with open(os.path.join(out_dir, f"{seq}.npz"), "r+b") as f:  # the file the grader made for this call
-                f.truncate(0)
-                np.savez(f, **out)
+            with open(os.path.join(out_dir, f"{seq}.npz"), "r+b") as answer:  # the file the grader made for this call
+                answer.truncate(0)
+                np.savez(answer, **out)
         except BaseException as e:  # noqa: BLE001 - the student's error, reported for their call
             _send({"event": "error", "seq": seq, "error": _error(e, sub_dir)})
             continue

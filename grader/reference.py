@@ -194,7 +194,9 @@ class ServiceSource:
 
     def check(self, ref: Reference, c: Configuration, seed: int, answers: dict[str, tuple[np.ndarray, np.ndarray]],
               check: Mapping[str, Any]) -> CheckOutcome:
-        submission = {sid: (np.where(null, None, got).tolist() if null.any() else got.tolist())
+        # numpy's stubs take no None as a fill value: an object array of floats and None is meant
+        submission = {sid: (np.where(null, None, got).tolist()  # type: ignore[call-overload]  # see above
+                            if null.any() else got.tolist())
                       for sid, (got, null) in answers.items()}
         result = self._call("/check", self.client.check, {**c.request(seed), "submission": submission, **check})
         return outcome_of(result.raw)

@@ -42,6 +42,7 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 BUILD_VERSION = 1
 #: what students may import besides the standard library
@@ -196,9 +197,9 @@ def _build(root: Path, packages: tuple[str, ...]) -> Runtime:
     site.mkdir(mode=0o755, exist_ok=True)
     for name in packages:
         dist = importlib.metadata.distribution(name)
-        base = Path(dist.locate_file("")).resolve()
+        base = Path(cast(Path, dist.locate_file(""))).resolve()  # an installed distribution's files are Paths
         for f in dist.files or ():
-            src = Path(dist.locate_file(f)).resolve()
+            src = Path(cast(Path, dist.locate_file(f))).resolve()
             if not src.is_file() or not src.is_relative_to(base):  # scripts in bin/ and the like
                 continue
             dst = site / src.relative_to(base)

@@ -47,7 +47,7 @@ import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -368,15 +368,16 @@ class StudentProcess:
             self.notes.update(doc.get("notes", {}))
             raise SandboxError(f"the sandbox could not start the student's process: {doc.get('error')}"
                                + (" (uid_unmapped)" if doc.get("code") == "uid_unmapped" else ""))
-        if first.status != "message" or first.error.get("event") != "launched":
+        launched = cast(dict[str, Any], first.error)  # a message's document (read when the status is "message")
+        if first.status != "message" or launched.get("event") != "launched":
             if first.status == "message":
                 raise SandboxError(f"the sandbox's launcher answered {first.error!r}")
             # the launcher died or hung before saying anything: our fault, not the student's
             raise SandboxError(f"the sandbox's launcher failed ({first.detail}); its output: "
                                f"{bytes(self.output[:2000]).decode('utf-8', 'replace')}")
-        self.notes.update(first.error.get("notes", {}))
+        self.notes.update(launched.get("notes", {}))
         started = self._wait_message(time.monotonic() + STARTUP_SECONDS, "starting")
-        if started.status != "message" or started.error.get("event") != "started":
+        if started.status != "message" or cast(dict[str, Any], started.error).get("event") != "started":
             raise SandboxError(f"the student's interpreter did not start ({started.detail or started.error}); its "
                                f"output: {bytes(self.output[:2000]).decode('utf-8', 'replace')}")
         deadline = min(deadline, time.monotonic() + self.limits.call_seconds)
@@ -384,16 +385,16 @@ class StudentProcess:
         second.seconds = time.monotonic() - start
         if second.status != "message":
             return second
-        doc = second.error
+        doc = cast(dict[str, Any], second.error)  # a message's document
         event = doc.get("event")
         if event == "ready":
-            funcs = doc.get("functions")
+            funcs: Any = doc.get("functions")
             ok = isinstance(funcs, list) and all(isinstance(f, str) for f in funcs)
             return Outcome("ready", functions=list(funcs) if ok else [], seconds=second.seconds)
         if event == "import_failed" and doc.get("phase") in ("missing", "syntax", "import"):
             out = Outcome(doc["phase"], error=_clean_error(doc.get("error")), seconds=second.seconds)
             if doc["phase"] == "missing":
-                found = doc.get("found") if isinstance(doc.get("found"), list) else []
+                found: Any = doc.get("found") if isinstance(doc.get("found"), list) else []
                 out.detail = ", ".join(str(f)[:100] for f in found[:20]) or "nothing"
             return out
         return Outcome("protocol", detail="your code wrote something unexpected to the grader's channel")
@@ -484,7 +485,8 @@ class StudentProcess:
                     self._buf += b
                     continue
                 self._close(self.ctrl_out)
-            if (self.pidfd is not None and self.pidfd in ready) or self.proc.poll() is not None \
+            proc = cast(subprocess.Popen[bytes], self.proc)  # started
+            if (self.pidfd is not None and self.pidfd in ready) or proc.poll() is not None \
                     or self.ctrl_out not in self._fds:
                 if b"\n" in self._buf:
                     continue
@@ -515,11 +517,13 @@ class StudentProcess:
         return peak
 
     def _died(self, doing: str) -> Outcome:
+        proc = self.proc
+        assert proc is not None  # started
         try:
-            code = self.proc.wait(timeout=2)
+            code = proc.wait(timeout=2)
         except subprocess.TimeoutExpired:  # the channel closed but the process lives: kill it
             self.kill()
-            self.proc.wait()
+            proc.wait()
             return Outcome("protocol", detail=f"your code closed the grader's channel while {doing}")
         if code < 0:
             sig = -code
@@ -528,7 +532,8 @@ class StudentProcess:
                     signal.SIGXFSZ: f"tried to write a file larger than {self.limits.file_size_mb} MiB",
                     signal.SIGKILL: "was killed (it went over the memory or CPU limit)",
                     signal.SIGABRT: "aborted", signal.SIGBUS: "crashed (bus error)",
-                    signal.SIGFPE: "crashed (floating-point exception)"}.get(sig, f"was killed by {_signal_name(sig)}")
+                    signal.SIGFPE: "crashed (floating-point exception)"}.get(cast(signal.Signals, sig),
+                                                                             f"was killed by {_signal_name(sig)}")
             return Outcome("crashed", detail=f"your code {what} while {doing}")
         return Outcome("crashed", detail=f"your code exited (status {code}) while {doing}: does it call exit(), "
                                          "sys.exit() or os._exit()?")
@@ -545,7 +550,7 @@ class StudentProcess:
         path = self.dir / "in" / f"{seq}.npz"
         tmp = self.dir / "in" / f".{seq}.npz"
         with open(tmp, "wb") as f:
-            np.savez(f, **call.arrays)
+            np.savez(f, **call.arrays)  # type: ignore[arg-type]  # numpy's stubs read **kwds as allow_pickle
         os.chmod(tmp, 0o644)
         os.rename(tmp, path)
         msg = {"op": "call", "seq": seq, "function": call.function, "input": str(path), "args": call.args,
@@ -566,7 +571,7 @@ class StudentProcess:
                 path.unlink(missing_ok=True)
                 answer.unlink(missing_ok=True)
                 return out
-            doc = out.error
+            doc = cast(dict[str, Any], out.error)  # a message's document
             if doc.get("seq") != seq:  # stray or forged messages for other calls are ignored
                 continue
             path.unlink(missing_ok=True)

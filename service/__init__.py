@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from flask import Flask, Response, g, request
 from flask_cors import CORS
@@ -143,7 +144,7 @@ def _cors_hook(app: Flask, configure: Callable[[], object]) -> Callable[[Respons
     if len(added) != 1:
         raise RuntimeError(f"flask-cors registered {len(added)} after-request hooks, not one")
     hooks.remove(added[0])
-    return added[0]
+    return cast(Callable[[Response], Response], added[0])  # flask-cors's hook (Flask's list types any callable)
 
 
 def _cors_answer(app: Flask, cors: Callable[[Response], Response]) -> list[tuple[str, str]]:

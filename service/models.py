@@ -26,7 +26,7 @@ import re
 import unicodedata
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, cast
 
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
                       ValidatorFunctionWrapHandler, WrapValidator, create_model, field_validator, model_validator)
@@ -94,7 +94,7 @@ def _names_of_the_requests_kind(one_layer: tuple[str, ...], stack: tuple[str, ..
     return WrapValidator(known)
 
 
-StageId = Annotated[Literal[STAGE_ID_CHOICES],  # type: ignore[valid-type]
+StageId = Annotated[Literal[STAGE_ID_CHOICES],  # type: ignore[valid-type]  # Literal of a run-time tuple
                     _names_of_the_requests_kind(ALL_STAGE_IDS, STAGE_ID_CHOICES)]
 
 
@@ -115,9 +115,13 @@ def _bad_characters(text: str) -> str | None:
     return f"a control character U+{ord(ch):04X} at character {i}; remove it"
 
 
-BugName = Literal[BUG_NAMES]  # type: ignore[valid-type]
-#: a name /check's diagnosis may give: the attention's known bugs, then a stack of blocks' own (BLOCK_BUGS)
-AnyBugName = Literal[BUG_NAMES + BLOCK_BUG_NAMES]  # type: ignore[valid-type]
+if TYPE_CHECKING:  # mypy cannot read a Literal built from the engine's tuples: str
+    BugName: TypeAlias = str
+    AnyBugName: TypeAlias = str
+else:
+    BugName = Literal[BUG_NAMES]
+    #: a name /check's diagnosis may give: the attention's known bugs, then a stack of blocks' own (BLOCK_BUGS)
+    AnyBugName = Literal[BUG_NAMES + BLOCK_BUG_NAMES]
 
 #: inject_bug's names: the attention's known bugs, and a stack of blocks' own (which the engine's refusal rule
 #: refuses without a block field, saying to add one); an unknown one's message lists the request's kind's
@@ -136,7 +140,7 @@ class _EngineRules:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> Literal[False]:
         if isinstance(error, EngineError):
             ctx: dict[str, Any] = {"message": error.message, "pointer": error.pointer}
             if error.also:  # every other problem found with it: problems.validation_problem lists them too
@@ -173,9 +177,9 @@ def _annotation(f: fields.Field, *, echo: bool = False) -> Any:
     bounds (``Annotated``), or the answer echo's (the type alone)."""
     kind = f.kind
     if kind == "choice":
-        t: Any = Literal[f.choices]  # type: ignore[valid-type,name-defined]
+        t: Any = Literal[f.choices]
     elif kind == "choices":
-        t = list[Literal[f.choices]]  # type: ignore[valid-type,name-defined]
+        t = list[Literal[f.choices]]  # type: ignore[name-defined]  # a Literal of the declaration's choices, built at run time
     elif kind == "text":
         t = Annotated[str, Field(min_length=1, max_length=f.max_chars)]
     elif kind == "tokens":
@@ -246,7 +250,7 @@ class TraceSpec(_SpecFields):  # type: ignore[valid-type,misc]
     def _sentence_text(cls, v: Any, info: ValidationInfo) -> Any:
         if not isinstance(v, str) or len(v) > fields.SENTENCE_HARD_MAX:
             return v
-        field = info.field_name
+        field = cast(str, info.field_name)  # a field validator's info names its field
         what = field.replace("_", " ")
         limit = settings_of(info).max_sentence_chars
         if len(v) > limit:
@@ -268,7 +272,7 @@ class TraceSpec(_SpecFields):  # type: ignore[valid-type,misc]
         if not isinstance(v, list) or len(v) > fields.TOKENS_HARD_MAX or not all(
                 isinstance(t, str) and len(t) <= fields.TOKEN_HARD_MAX for t in v):
             return v
-        field = info.field_name
+        field = cast(str, info.field_name)  # a field validator's info names its field
         with engine_rules():
             check_token_list(v, settings_of(info).max_tokens, field=field)
         for i, t in enumerate(v):
@@ -319,7 +323,9 @@ class TraceSpec(_SpecFields):  # type: ignore[valid-type,misc]
             if config.has_block:  # and every layer's weights, generated before anything is computed
                 check_block_cost(count, config.n_parameters, settings.max_request_cost, num_layers=config.num_layers)
         # One update of the private values: each assignment through pydantic's __setattr__ costs ~0.3 µs.
-        self.__pydantic_private__.update(_config=config, _tokens=tokens, _context=context, _value_count=count)
+        private = self.__pydantic_private__  # a model with private attributes has their dict
+        private.update(_config=config, _tokens=tokens, _context=context,
+                       _value_count=count)
         return self
 
     # Read from __pydantic_private__ itself: pydantic's __getattr__ for a private attribute costs ~1.2 µs
@@ -463,10 +469,14 @@ def _echo_field(f: fields.Field) -> tuple[Any, Any]:
 
 
 #: an answer's config: the declared fields' echo (engine/fields.py, config_echo), variant by variant
-ConfigOut: type[BaseModel] = create_model(  # type: ignore[call-overload]
-    "ConfigOut", **{name: spec for v in fields.VARIANTS for name, spec in (
-        *((f.name, _echo_field(f)) for f in fields.of_variant(v.name) if f.echoed),
-        *_CONFIG_OUT_AFTER.get(v.name, {}).items())})
+if TYPE_CHECKING:  # a model built at import time is no type to mypy: its fields are checked by the tests
+    class ConfigOut(BaseModel):
+        pass
+else:
+    ConfigOut = create_model(
+        "ConfigOut", **{name: spec for v in fields.VARIANTS for name, spec in (
+            *((f.name, _echo_field(f)) for f in fields.of_variant(v.name) if f.echoed),
+            *_CONFIG_OUT_AFTER.get(v.name, {}).items())})
 
 
 class InjectedBug(BaseModel):

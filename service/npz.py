@@ -128,7 +128,7 @@ def dump_parts(doc: Any) -> list[bytes]:
                 # np.lib.format.write_array's bytes: its version 1.0 header (what it picks for every header
                 # under 64 KiB), then the data, here straight from the array's memory rather than a copy
                 np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(a))
-                f.write(memoryview(a).cast("B"))
+                f.write(memoryview(a).cast("B"))  # type: ignore[arg-type]  # numpy types no buffer for py3.11
     return buf.parts
 
 

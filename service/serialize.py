@@ -10,13 +10,14 @@ fails the request loudly instead of reaching a grader as null.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
 
 from engine import Trace, fields
 from engine.decoding import DecodeStep
+from engine.params import BlockParameters, Parameters
 from engine.tokenize import Token
 
 SCHEMA_VERSION = "1.3.0"
@@ -78,7 +79,8 @@ def _array(a: np.ndarray, where: str, precision: int | None, finite: Finite) -> 
 
 def _masked(values: np.ndarray, mask: np.ndarray, where: str, precision: int | None, finite: Finite) -> list[Any]:
     """Masked entries become None (JSON null); never -inf, NaN or a fill value."""
-    return np.where(mask, None, _array(values, where, precision, finite)).tolist()  # object array: floats and None
+    # numpy's stubs take no None as a fill value; the object array of floats and None is what is meant
+    return np.where(mask, None, _array(values, where, precision, finite)).tolist()  # type: ignore[call-overload]
 
 
 def trace_document(
@@ -137,19 +139,20 @@ def trace_document(
         },
     }
     if include_parameters and t.config.has_block:  # each layer's arrays on a leading layer axis, then the final norm's
-        doc["parameters"] = {name: _array(a, name, precision, finite) for name, a in t.parameters.stacked().items()}
+        stack = cast(BlockParameters, t.parameters)
+        doc["parameters"] = {name: _array(a, name, precision, finite) for name, a in stack.stacked().items()}
     elif include_parameters and parameters_layout == "torch":
-        p = t.parameters
+        p = cast(Parameters, t.parameters)  # a single layer's
         d_model = t.config.d_model
         stacked = np.concatenate([W.reshape(-1, d_model) for W in (p.W_Q, p.W_K, p.W_V)])  # -> [3·d_model, d_model]
         doc["parameters"] = {"in_proj_weight": _array(stacked, "in_proj_weight", precision, finite),
                              "out_proj.weight": _array(p.W_O, "out_proj.weight", precision, finite)}
     elif include_parameters:
-        p = t.parameters
+        p = cast(Parameters, t.parameters)  # a single layer's
         doc["parameters"] = {name: _array(getattr(p, name), name, precision, finite)
                              for name in ("W_Q", "W_K", "W_V", "W_O")}
     if t.cross:
-        doc["context_tokens"] = tokens_document(t.context_tokens)
+        doc["context_tokens"] = tokens_document(cast(list[Token], t.context_tokens))  # t.cross: given
     # Options that change the answer's shape are echoed in config only when used (1.0 answers keep theirs).
     if include_parameters and parameters_layout != "per_head":
         doc["config"]["parameters_layout"] = parameters_layout

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 ENV_PREFIX = "ATTENTION_TRACE_"
 #: the paths whose bodies may be as large as max_check_body_bytes (a whole submission)
@@ -71,7 +72,7 @@ class Settings:
     def from_env(cls, environ: os._Environ[str] | dict[str, str] | None = None) -> Settings:
         """Read ATTENTION_TRACE_<FIELD> variables; unset ones keep their defaults."""
         env = os.environ if environ is None else environ
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}
         for f in fields(cls):
             raw = env.get(ENV_PREFIX + f.name.upper())
             if raw is None or raw.strip() == "":

@@ -66,7 +66,7 @@ MACHINE_FLAGS = frozenset({"exact"})
 MACHINE = "\x00m"
 JSON_TYPES = ("application/json", "application/problem+json")
 NPZ = "application/x-npz"
-#: the offline page embeds its trace and request as JSON data blocks (service/offline_page.py)
+#: the offline page embeds its trace and request as JSON data blocks (viewer/offline_page.py)
 EMBEDDED = re.compile(rb'(<script type="application/json" id="(trace-data|trace-json)">)(.*?)(</script>)', re.S)
 
 

@@ -48,7 +48,14 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 settings.register_profile("dev", max_examples=300, deadline=None, database=None)
+# make check's quick loop: the same, with a quarter of the examples (examples() below); make test runs them all
+settings.register_profile("check", parent=settings.get_profile("ci"), max_examples=15)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def examples(n: int) -> int:
+    """A property's number of examples: ``n``, or a quarter of it (at least 10) under the ``check`` profile."""
+    return max(10, n // 4) if os.environ.get("HYPOTHESIS_PROFILE") == "check" else n
 
 
 def _tree_files() -> set[str] | None:
@@ -60,6 +67,40 @@ def _tree_files() -> set[str] | None:
         return None
     entries = {e[3:] for e in out.split("\0") if e[:2] in ("??", "!!")}
     return {e for e in entries if not e.startswith((".venv/", ".venv-deploy/")) and "__pycache__/" not in e}
+
+
+#: the markers of the tests that may start another process (gunicorn, the CLI, node, git …): make check leaves
+#: them out, so it stays quick. An unmarked test that starts one fails, saying so.
+PROCESS_MARKERS = ("integration", "browser", "sandbox", "slow")
+_may_start_processes = True  # outside a test (collection, the session's own checks) anything may run
+_popen_init = subprocess.Popen.__init__
+
+
+def _guarded_popen_init(self: subprocess.Popen, *args: object, **kwargs: object) -> None:
+    command = args[0] if args else kwargs.get("args")
+    program = command[0] if isinstance(command, (list, tuple)) and command else command
+    # git reads the checkout's file list in a few ms (the lint rules and the source scans use it): not a cost
+    if not _may_start_processes and os.path.basename(str(program)) != "git":
+        raise RuntimeError(f"this test starts a process ({str(command)[:80]}): "
+                           f"mark it with one of {', '.join(PROCESS_MARKERS)} (pyproject.toml), so that make check "
+                           "stays quick")
+    _popen_init(self, *args, **kwargs)  # type: ignore[arg-type]  # the arguments, as given
+
+
+subprocess.Popen.__init__ = _guarded_popen_init  # type: ignore[method-assign]  # the guard above
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the test's fixtures (a module's server is started by its first test's set-up)."""
+    global _may_start_processes
+    _may_start_processes = any(item.get_closest_marker(m) for m in PROCESS_MARKERS)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    global _may_start_processes
+    _may_start_processes = True
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

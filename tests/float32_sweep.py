@@ -86,31 +86,45 @@ class Weights:
         dk = d // h
         out = {}
         for kind in ("W_Q", "W_K", "W_V"):
-            out[kind] = self._get((kind, d, h), lambda kind=kind: streams(
-                [P.stream_key(kind, seed=s, d_model=d, num_heads=h, head=i) for s in self.seeds for i in range(h)],
-                dk * d, 1.0 / d).reshape(len(self.seeds), h, dk, d))
-        out["W_O"] = self._get(("W_O", d, h), lambda: streams(
-            [P.stream_key("W_O", seed=s, d_model=d, num_heads=h) for s in self.seeds], d * d, 1.0 / d
-        ).reshape(len(self.seeds), d, d))
+            out[kind] = self._get(
+                (kind, d, h),
+                lambda kind=kind: streams(
+                    [P.stream_key(kind, seed=s, d_model=d, num_heads=h, head=i) for s in self.seeds for i in range(h)],
+                    dk * d,
+                    1.0 / d,
+                ).reshape(len(self.seeds), h, dk, d),
+            )
+        out["W_O"] = self._get(
+            ("W_O", d, h),
+            lambda: streams(
+                [P.stream_key("W_O", seed=s, d_model=d, num_heads=h) for s in self.seeds], d * d, 1.0 / d
+            ).reshape(len(self.seeds), d, d),
+        )
         return out
 
     def norm(self, kind: str, d: int, layer: int | None) -> np.ndarray:
         where = {} if layer is None else {"layer": layer}
-        z = self._get((kind, d, layer), lambda: streams(
-            [P.stream_key(kind, seed=s, d_model=d, **where) for s in self.seeds], d, P.NORM_WEIGHT_VARIANCE))
+        z = self._get(
+            (kind, d, layer),
+            lambda: streams(
+                [P.stream_key(kind, seed=s, d_model=d, **where) for s in self.seeds], d, P.NORM_WEIGHT_VARIANCE
+            ),
+        )
         return 1.0 + z if kind.endswith("_gamma") else z
 
     def ffn(self, kind: str, d: int, f: int, rows: int, cols: int) -> np.ndarray:
-        return self._get((kind, d, f), lambda: streams(
-            [P.stream_key(kind, seed=s, d_model=d, d_ff=f, layer=0) for s in self.seeds], rows * cols, 1.0 / cols
-        ).reshape(len(self.seeds), rows, cols))
+        return self._get(
+            (kind, d, f),
+            lambda: streams(
+                [P.stream_key(kind, seed=s, d_model=d, d_ff=f, layer=0) for s in self.seeds], rows * cols, 1.0 / cols
+            ).reshape(len(self.seeds), rows, cols),
+        )
 
 
 def inputs(c: grader_config.Configuration, w: Weights, needs_ffn: bool) -> dict[str, np.ndarray]:
     """Every array a configuration's reference starts from, for each seed: [S, ...]."""
     d, h = c.d_model, c.num_heads
-    out = {"E": w.embeddings(d, tuple(c.tokens or ())),
-           **{k: v * c.weight_scale for k, v in w.attention(d, h).items()}}
+    out = {"E": w.embeddings(d, tuple(c.tokens or ())), **{k: v * c.weight_scale for k, v in w.attention(d, h).items()}}
     if c.block is None:
         return out
     tc = c.trace_config(0)
@@ -203,7 +217,7 @@ class Ops:
         if kind == "relu":
             act = np.maximum(z, 0)
         elif kind == "gelu_tanh":
-            act = 0.5 * z * (1 + np.tanh(self.t(_SQRT_2_OVER_PI) * (z + self.t(0.044715) * z ** 3)))
+            act = 0.5 * z * (1 + np.tanh(self.t(_SQRT_2_OVER_PI) * (z + self.t(0.044715) * z**3)))
         elif kind == "gelu":
             erf = np.frompyfunc(math.erf, 1, 1)
             act = (0.5 * z * (1 + erf(z * self.t(math.sqrt(0.5))).astype(self.t))).astype(self.t)
@@ -260,8 +274,11 @@ def graded(course: grader_config.Course) -> dict[str, dict[str, set[str]]]:
     for t in course.tests:
         from grader.assignment import ALL_FUNCTIONS
 
-        stages = {t.stage} if t.stage else (set(ALL_FUNCTIONS[t.function].stages) if t.function != "multi_head_attention"
-                                            else {"output"})
+        stages = (
+            {t.stage}
+            if t.stage
+            else (set(ALL_FUNCTIONS[t.function].stages) if t.function != "multi_head_attention" else {"output"})
+        )
         for c in t.configurations:
             if t.function == "mask" and not course.configurations[c].causal:
                 continue
@@ -269,8 +286,12 @@ def graded(course: grader_config.Course) -> dict[str, dict[str, set[str]]]:
     return out
 
 
-def float32_answers(c: grader_config.Configuration, functions: dict[str, set[str]], ref: dict[str, np.ndarray],
-                    inp: dict[str, np.ndarray]) -> Iterator[tuple[str, str, np.ndarray]]:
+def float32_answers(
+    c: grader_config.Configuration,
+    functions: dict[str, set[str]],
+    ref: dict[str, np.ndarray],
+    inp: dict[str, np.ndarray],
+) -> Iterator[tuple[str, str, np.ndarray]]:
     """(function, stage, float32 answer) for every graded stage: each function given the reference's inputs."""
     o = F32OPS
     p = {k: v for k, v in inp.items() if k != "E"}
@@ -299,8 +320,11 @@ def float32_answers(c: grader_config.Configuration, functions: dict[str, set[str
             got = {"output": o.output(ref["concat"], p["W_O"])}
         elif fn in ("layer_norm", "rms_norm"):
             kind, eps = fn, c.trace_config(0).eps
-            got = {s: o.norm(kind, ref[f"{s}_input"], p[f"{s}_gamma"], p.get(f"{s}_beta"), eps)
-                   for s in ("norm1", "norm2", "final_norm") if f"{s}_input" in ref}
+            got = {
+                s: o.norm(kind, ref[f"{s}_input"], p[f"{s}_gamma"], p.get(f"{s}_beta"), eps)
+                for s in ("norm1", "norm2", "final_norm")
+                if f"{s}_input" in ref
+            }
         elif fn == "ffn":
             got = {"ffn_output": o.ffn(c.trace_config(0).ffn_kind, ref["ffn_input"], p["W_1"], p["W_2"], p.get("W_3"))}
         else:
@@ -345,11 +369,29 @@ def reference(c: grader_config.Configuration, inp: dict[str, np.ndarray]) -> dic
 
 def agrees_with_engine(c: grader_config.Configuration, seeds: list[int], ref: dict[str, np.ndarray]) -> None:
     """The batched reference is the engine's (the grader's reference) on these seeds."""
-    names = {"scores", "scaled_scores", "weights", "context", "concat", "output", "q", "k", "v", "norm1", "norm2",
-             "final_norm", "ffn_output", "block_output", "input"}
+    names = {
+        "scores",
+        "scaled_scores",
+        "weights",
+        "context",
+        "concat",
+        "output",
+        "q",
+        "k",
+        "v",
+        "norm1",
+        "norm2",
+        "final_norm",
+        "ffn_output",
+        "block_output",
+        "input",
+    }
     for i, seed in enumerate(seeds):
-        want = (block_mod.reference(c, seed) if c.block is not None
-                else reference_from_engine(diagnosis.engine_trace(c, seed))).arrays
+        want = (
+            block_mod.reference(c, seed)
+            if c.block is not None
+            else reference_from_engine(diagnosis.engine_trace(c, seed))
+        ).arrays
         for name in names & set(want) & set(ref):
             if c.block is not None and name == "input":
                 continue  # a block's attention input, not its x
@@ -360,7 +402,7 @@ def sweep(courses: list[grader_config.Course], seeds: list[int]) -> list[dict[tu
     """For each course, (configuration, function, stage) -> the worst of ``seeds`` for a float32 implementation."""
     worst: list[dict[tuple[str, str, str], Worst]] = [{} for _ in courses]
     for start in range(0, len(seeds), CHUNK):
-        chunk = seeds[start:start + CHUNK]
+        chunk = seeds[start : start + CHUNK]
         weights = Weights(chunk)
         for course, found in zip(courses, worst):
             base = tolerance_of(course.check)
@@ -370,8 +412,10 @@ def sweep(courses: list[grader_config.Course], seeds: list[int]) -> list[dict[tu
                 ref = reference(c, inp)
                 agrees_with_engine(c, chunk[:1], ref)
                 logits = np.where(np.isneginf(ref["softmax_input"]), 0.0, np.abs(ref["softmax_input"]))
-                tols = [tolerance_of(configuration_check(course.check, float(L)))
-                        for L in logits.reshape(len(chunk), -1).max(axis=1)]
+                tols = [
+                    tolerance_of(configuration_check(course.check, float(L)))
+                    for L in logits.reshape(len(chunk), -1).max(axis=1)
+                ]
                 atol = np.array([t.atol for t in tols])
                 stage_rtol = np.array([t.stage_rtol for t in tols])
                 for fn, stage, got in float32_answers(c, functions, ref, inp):
@@ -393,8 +437,10 @@ def main(count: int) -> None:
     for path, found in zip(COURSES, worst):
         print(path.name)
         for (cname, fn, stage), w in sorted(found.items(), key=lambda kv: -kv[1].figure)[:6]:
-            print(f"  {cname:22s} {fn:22s} {stage:14s} figure {w.figure:.3f} (margin {1 / w.figure:.1f}) "
-                  f"error {w.error:.3g} at seed {w.seed}; tolerance {w.allowed}")
+            print(
+                f"  {cname:22s} {fn:22s} {stage:14s} figure {w.figure:.3f} (margin {1 / w.figure:.1f}) "
+                f"error {w.error:.3g} at seed {w.seed}; tolerance {w.allowed}"
+            )
 
 
 if __name__ == "__main__":

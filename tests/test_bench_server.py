@@ -34,8 +34,7 @@ def test_the_marginal_time_a_byte_is_the_slope_whatever_the_fixed_cost():
     sizes = {"n32": 600_000, "n64": 1_700_000, "n128": 5_400_000, "n256": 18_700_000}
     per_byte = {n: (400e-6 + 1e-9 * sizes[f"n{n}"]) / sizes[f"n{n}"] for n in (32, 64, 128, 256)}
     assert max(per_byte.values()) / min(per_byte.values()) > 1.5
-    assert server_bench._marginal(per_byte, sizes) == \
-        "32→64: 1.00 ms/MB, 64→128: 1.00 ms/MB, 128→256: 1.00 ms/MB"
+    assert server_bench._marginal(per_byte, sizes) == "32→64: 1.00 ms/MB, 64→128: 1.00 ms/MB, 128→256: 1.00 ms/MB"
     assert server_bench._spread(per_byte, 4) == max(per_byte.values()) / min(per_byte.values())
     assert server_bench._spread(per_byte, 5) is None  # a size not measured: no spread
     assert server_bench._spread({}, 0) is None

@@ -154,6 +154,7 @@ def test_the_same_refusal_for_an_npz_body_and_a_batch_counts_the_diagnosis(clien
     assert resp.status_code == 422 and resp.get_json()["errors"][0]["type"] == "batch_too_costly"
 
 
+@pytest.mark.slow  # ~3 s of CPU
 def test_the_largest_checkable_stack_is_checked_and_its_diagnosis_runs(client):
     body = {**GPT2, "num_layers": most_layers(GPT2, checkable)}
     assert body["num_layers"] >= 2

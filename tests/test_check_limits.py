@@ -152,6 +152,7 @@ def _hostile(unit: bytes) -> bytes:
     return head + b",".join([unit] * ((DEFAULTS.max_check_json_values - 10) // per_unit)) + tail
 
 
+@pytest.mark.integration  # starts another process
 @pytest.mark.parametrize("which", ["largest-submission", "hostile-nested-rows", "hostile-strings",
                                    "largest-trace-npz", "largest-trace-npz-wrong-weights"])
 def test_every_check_within_the_limits_has_a_bounded_cost(which):
@@ -170,6 +171,7 @@ def test_every_check_within_the_limits_has_a_bounded_cost(which):
         assert m["passed"] is True
 
 
+@pytest.mark.integration  # starts another process
 def test_largest_submission_over_real_gunicorn(gunicorn_server):
     raw = largest_body()
     resp = requests.post(gunicorn_server.url + "/check", data=raw, headers={"Content-Type": "application/json"},
@@ -184,6 +186,7 @@ def test_largest_submission_over_real_gunicorn(gunicorn_server):
     assert trace.status_code == 413  # /trace's limit stays 4 MiB
 
 
+@pytest.mark.integration  # starts another process
 def test_the_largest_trace_is_checkable_over_real_gunicorn(gunicorn_server):
     """Every stage at d_model 512, 240 tokens, 8 heads: a 413 as JSON (47 MiB), checked as npz (19 MiB),
     which the client chooses by itself."""

@@ -172,6 +172,7 @@ def test_every_applicable_known_bug_fails_its_first_changed_stage_with_the_defau
 LARGEST = {"tokens": [f"w{i}" for i in range(64)], "d_model": 512, "num_heads": 8, "causal": True, "seed": 3}
 
 
+@pytest.mark.slow  # ~2 s of CPU
 def test_largest_configuration_float32_passes_the_default_and_failed_the_old_default(client):
     """d_model 512, 64 tokens, 8 heads: the whole submission (~7.5 MiB of JSON, over the 4 MiB
     /trace limit) is accepted; float32 passes the default and failed numpy's defaults (schema 1.0.0)."""

@@ -195,6 +195,7 @@ def _bounded(client, body: bytes, status: int, *, peak_mib: float = 16.0, second
     return doc
 
 
+@pytest.mark.slow  # ~3 s of CPU
 def test_a_zip_bomb_is_refused_from_its_declared_sizes_before_inflating(client):
     """A deflated member of 1 GiB of zeros is 1 MB of body: refused (413) before a byte is inflated."""
     buf = io.BytesIO()

@@ -19,7 +19,7 @@ import pytest
 from attention_trace import LocalClient, Parameters, Trace
 from attention_trace.cli import main, render_check, render_walkthrough
 from attention_trace.explain_cli import render_explanation
-from service.offline_page import comparison_request, render_html
+from viewer.offline_page import comparison_request, render_html
 
 BODY = {"sentence": "the cat sat on the mat", "d_model": 24, "num_heads": 4, "causal": True}
 

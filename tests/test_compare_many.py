@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from engine.checking import compare
 from engine.checking.compare import (MASK_FILL, MAX_NON_FINITE_SHOWN, REL_ERROR_FLOOR, Comparison, Received, Tolerance,
                              _capped, non_finite_name, stage_scale)
+from conftest import examples
 
-CASES = settings(max_examples=300, deadline=None, derandomize=True)
+CASES = settings(max_examples=examples(300), deadline=None, derandomize=True)
 
 
 def reference_compare(expected: np.ndarray, mask: np.ndarray | None, received: Received, tol: Tolerance) -> Comparison:

@@ -133,6 +133,7 @@ def first_copy(tokens: list[str], i: int) -> int:
     return tokens.index(tokens[i])
 
 
+@pytest.mark.integration  # starts another process
 @needs_node
 def test_each_preset_makes_the_pattern_its_caption_describes(client):
     got = {p["id"]: p for p in presets()}

@@ -26,8 +26,9 @@ from engine.constructed import (
 )
 from engine.layer import TraceConfig
 from engine.params import generate_parameters, generated_parameters_digest
+from conftest import examples
 
-PROPS = settings(max_examples=40, deadline=None, derandomize=True)
+PROPS = settings(max_examples=examples(40), deadline=None, derandomize=True)
 #: a small vocabulary, so sentences repeat tokens (same-token heads need copies)
 WORDS = [f"w{i}" for i in range(40)]
 #: (d_model, num_heads) with d_k wide enough for every kind
@@ -194,6 +195,7 @@ def _induction_sentences(count: int, seed: int = 3):
         yield words, a, B
 
 
+@pytest.mark.slow  # 3–7 s each on a shared 2-core machine
 @pytest.mark.parametrize("block, causal, floor", [
     ("vaswani2017", True, 0.95), ("vaswani2017", False, 0.95), ("gpt2", True, 0.95), ("gpt2", False, 0.95),
     ("llama", True, 0.99),
@@ -348,6 +350,7 @@ def test_check_grades_a_hand_built_previous_token_head_correct(client):
     assert answer["passed"] is False and answer["first_wrong_stage"] == "weights"
 
 
+@pytest.mark.integration  # starts another process
 def test_the_cli_asks_for_constructed_heads_and_labels_them():
     run = subprocess.run([sys.executable, "-m", "attention_trace.cli", "the cat sat on the mat", "--d-model", "32",
                           "--heads", "2", "--head-weights", "previous_token", "seeded", "--sharpness", "4",

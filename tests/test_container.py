@@ -187,12 +187,14 @@ def in_build_context(path: str, rules: list[tuple[bool, re.Pattern[str]]]) -> bo
 
 
 # ------------------------------------------------------------------ hadolint
+@pytest.mark.integration  # starts another process
 def test_hadolint_passes_with_the_committed_config():
     result = run_hadolint(DOCKERFILE)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == ""
 
 
+@pytest.mark.integration  # starts another process
 def test_hadolint_config_is_live(tmp_path):
     """The config fails a Dockerfile with the usual mistakes, so a passing
     lint means something."""
@@ -320,6 +322,7 @@ def test_cmd_is_exec_form_and_starts_gunicorn_with_the_committed_config():
     assert re.search(r"(?m)^app\s*=", wsgi), "service/wsgi.py defines no module-level app"
 
 
+@pytest.mark.integration  # starts another process
 def test_gunicorn_config_binds_the_image_host_and_port():
     env = image_env()
     # the light port first: a free worker takes a waiting probe before the next POST
@@ -395,6 +398,7 @@ def _run_healthcheck(port: int) -> int:
     return subprocess.run([sys.executable, *argv[1:]], env=env, capture_output=True, timeout=30).returncode
 
 
+@pytest.mark.integration  # starts another process
 def test_healthcheck_command_reports_health_for_real(health_stub):
     port, handler = health_stub
     assert _run_healthcheck(port) == 0
@@ -404,6 +408,7 @@ def test_healthcheck_command_reports_health_for_real(health_stub):
     assert _run_healthcheck(port) != 0
 
 
+@pytest.mark.integration  # starts another process
 def test_healthcheck_fails_when_nothing_listens(health_stub):
     port, _ = health_stub
     # A port that was just free: bind, note it, close.
@@ -415,6 +420,7 @@ def test_healthcheck_fails_when_nothing_listens(health_stub):
     assert _run_healthcheck(free) != 0
 
 
+@pytest.mark.integration  # starts another process
 def test_sigterm_stops_within_the_runtimes_grace_period():
     stops = of(final_stage(), "STOPSIGNAL")
     assert not stops or stops[-1]["value"] in ("SIGTERM", "15")
@@ -431,6 +437,7 @@ def test_oci_labels():
     assert len(labels["org.opencontainers.image.description"]) > 20
 
 
+@pytest.mark.integration  # starts another process
 def test_every_copy_source_exists_and_is_in_the_build_context():
     rules = dockerignore_rules()
     checked = 0
@@ -491,6 +498,7 @@ def _duration_seconds(text: str) -> float:
     return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text))
 
 
+@pytest.mark.integration  # starts another process
 def test_compose_runs_three_hardened_replicas_behind_nginx():
     doc = load_compose()
     app, nginx = doc["services"]["app"], doc["services"]["nginx"]
@@ -532,6 +540,7 @@ def test_nginx_conf_parses():
     assert list(directives(load_nginx(), "server"))
 
 
+@pytest.mark.integration  # starts another process
 def test_nginx_proxies_to_the_compose_replicas():
     conf = load_nginx()
     doc = load_compose()
@@ -589,6 +598,7 @@ def test_k8s_schema_check_is_live():
     assert k8s_errors(deployment, K8S_VERSIONS[-1]) is not None
 
 
+@pytest.mark.integration  # starts another process
 def test_k8s_deployment_probes_resources_and_security():
     docs = {d["kind"]: d for d in load_k8s()}
     deployment, service = docs["Deployment"], docs["Service"]
@@ -699,6 +709,7 @@ def test_nginx_bounds_every_client():
 
 
 # -------------------------------------------------------------------- scripts
+@pytest.mark.integration  # starts another process
 def test_container_check_script_is_executable_bash():
     script = ROOT / "scripts" / "container-check"
     assert os.access(script, os.X_OK)

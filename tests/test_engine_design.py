@@ -203,6 +203,7 @@ RULES = {
 }
 
 
+@pytest.mark.integration  # starts another process
 @pytest.mark.parametrize("rule", list(RULES))
 def test_the_service_and_the_engine_enforce_each_rule_with_the_same_words(client, rule):
     body, call = RULES[rule]

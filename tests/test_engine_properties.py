@@ -21,8 +21,9 @@ from hypothesis.extra import numpy as hnp
 import engine
 from engine import attention as A
 from engine.params import explicit_parameters, generate_parameters, token_embedding_vector
+from conftest import examples
 
-PROPS = settings(max_examples=150, deadline=None, derandomize=True)
+PROPS = settings(max_examples=examples(150), deadline=None, derandomize=True)
 
 SHAPES = [(1, 1), (3, 1), (7, 1), (8, 2), (9, 3), (12, 4), (24, 1), (24, 4), (24, 6), (25, 5), (64, 8),
           (96, 3), (128, 16)]
@@ -368,6 +369,7 @@ CORE_USES = {
 }
 
 
+@pytest.mark.integration  # starts another process
 @pytest.mark.parametrize("module", list(CORE_USES))
 def test_importing_engine_pulls_in_no_web_or_validation_framework(module):
     code = (

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 import engine
 from engine.attention import sinusoidal_positional_encoding
 from engine.params import explicit_parameters, generate_parameters, token_embedding_vector
+from conftest import examples
 from engine_reference import (
     reference_attention,
     reference_embedding,
@@ -31,8 +32,8 @@ from engine_reference import (
 )
 
 # Fixed-seed, bounded hypothesis runs: the same examples every time.
-SWEEP = settings(max_examples=150, deadline=None, derandomize=True)
-FEW = settings(max_examples=60, deadline=None, derandomize=True)
+SWEEP = settings(max_examples=examples(150), deadline=None, derandomize=True)
+FEW = settings(max_examples=examples(60), deadline=None, derandomize=True)
 
 # (d_model, num_heads): odd d_model with one head and with odd head counts, tiny and mid sizes.
 SHAPES = [(1, 1), (2, 1), (2, 2), (3, 1), (5, 1), (7, 1), (9, 3), (12, 3), (15, 5), (16, 4), (24, 1),

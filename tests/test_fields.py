@@ -77,8 +77,10 @@ def schema_property(model: Any, name: str) -> dict[str, Any]:
 
 def run_node(script: str, static: Path) -> Any:
     """``script`` under Node with ``U``, url-state.js loaded as the page loads it from ``static``."""
-    prelude = (f"const {{ load }} = require({json.dumps(str(static.parent.parent / 'tests' / 'js' / 'load.js'))});"
-               "const U = load('format.js', 'fields.js', 'url-state.js').urlState;")
+    prelude = (
+        f"const {{ load }} = require({json.dumps(str(static.parent.parent / 'tests' / 'js' / 'load.js'))});"
+        "const U = load('format.js', 'fields.js', 'url-state.js').urlState;"
+    )
     proc = subprocess.run([NODE, "-e", prelude + script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -97,6 +99,7 @@ def address_of(f: fields.Field, value: Any) -> str:
         text = ("1" if value else "0") if f.kind == "bool" else ",".join(value) if f.kind == "choices" else str(value)
         parts.append((f.address, text))
     from urllib.parse import urlencode
+
     return "#" + urlencode(parts)
 
 
@@ -105,7 +108,8 @@ def address_of(f: fields.Field, value: Any) -> str:
 
 def test_the_viewers_copy_of_the_declaration_is_generated():
     assert FIELDS_SCRIPT.read_text(encoding="utf-8") == fields_script(), (
-        "service/static/fields.js is stale: run .venv/bin/python scripts/gen-openapi")
+        "service/static/fields.js is stale: run .venv/bin/python scripts/gen-openapi"
+    )
 
 
 @pytest.mark.parametrize("f", fields.FIELDS, ids=lambda f: f.name)
@@ -122,8 +126,9 @@ def test_every_declared_field_is_in_every_request_schema_as_declared(f):
             assert prop["items"]["enum"] == list(f.choices) and prop["maxItems"] == f.max_items
 
 
-@pytest.mark.parametrize("f", [f for f in fields.FIELDS if f.rule is not None or f.maximum is not None],
-                         ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "f", [f for f in fields.FIELDS if f.rule is not None or f.maximum is not None], ids=lambda f: f.name
+)
 def test_a_value_beyond_its_bounds_is_refused_with_the_declared_type(client, f):
     body = {"sentence": "the cat sat", f.name: beyond(f)}
     resp = client.post("/trace", json=body)
@@ -157,10 +162,26 @@ def test_every_echoed_field_is_in_an_answer_read_by_the_clients_config(client):
     """Two traces between them use every variant: each echoed field is in one's config, as ConfigOut publishes
     it, and the client's Config reads it."""
     requests = [
-        {"sentence": "the cat sat", "d_model": 16, "num_heads": 4, "num_kv_heads": 2, "causal": True, "window": 2,
-         "block": "llama", "num_layers": 2, "norm_eps": 1e-5, "d_ff": 32, "norm_weights": "seeded"},
-        {"sentence": "the cat sat", "d_model": 32, "num_heads": 2, "head_weights": ["previous_token", "seeded"],
-         "sharpness": 4},
+        {
+            "sentence": "the cat sat",
+            "d_model": 16,
+            "num_heads": 4,
+            "num_kv_heads": 2,
+            "causal": True,
+            "window": 2,
+            "block": "llama",
+            "num_layers": 2,
+            "norm_eps": 1e-5,
+            "d_ff": 32,
+            "norm_weights": "seeded",
+        },
+        {
+            "sentence": "the cat sat",
+            "d_model": 32,
+            "num_heads": 2,
+            "head_weights": ["previous_token", "seeded"],
+            "sharpness": 4,
+        },
     ]
     echoed: dict[str, Any] = {}
     for body in requests:
@@ -181,16 +202,17 @@ def test_every_echoed_field_is_in_an_answer_read_by_the_clients_config(client):
 
 
 @needs_node
+@pytest.mark.integration  # starts node / a fresh interpreter
 def test_every_field_the_address_carries_reaches_the_request_and_comes_back():
     carried = [f for f in fields.FIELDS if f.address is not None]
-    cases = [{"name": f.name, "url": f.address, "hash": address_of(f, sample(f)), "value": sample(f)}
-             for f in carried]
+    cases = [{"name": f.name, "url": f.address, "hash": address_of(f, sample(f)), "value": sample(f)} for f in carried]
     got = run_node(
         f"const cases = {json.dumps(cases)};"
         "console.log(JSON.stringify(cases.map((c) => { const fields = U.fieldsFromHash(c.hash);"
         "  const again = U.fieldsFromHash(U.hashFor(fields, { query: 0, head: 0, step: null }));"
         "  return [U.requestFrom(fields).body[c.name], U.requestFrom(again).body[c.name]]; })));",
-        ROOT / "service" / "static")
+        ROOT / "service" / "static",
+    )
     for case, (sent, round_trip) in zip(cases, got):
         value = case["value"]
         assert sent == value and round_trip == value, (case, sent, round_trip)
@@ -200,14 +222,14 @@ def test_every_field_the_address_carries_reaches_the_request_and_comes_back():
 # ------------------------------------------------------------------ the recipe, followed literally
 
 #: CONTRIBUTING.md, "Recipe: add a configuration field", step 1: the field's declaration
-SCRATCH_FIELD = '''    Field("scratch_gain", "float", 1.0, above=0, maximum=8, unit="×", echo=_attr("scratch_gain"),
+SCRATCH_FIELD = """    Field("scratch_gain", "float", 1.0, above=0, maximum=8, unit="×", echo=_attr("scratch_gain"),
           doc="A scratch setting the recipe's test adds and removes.", metavar="G", help="a scratch gain"),
-'''
+"""
 #: step 2: TraceConfig's attribute of the same name (a setting that changes no number needs no step)
 SCRATCH_ATTRIBUTE = "    scratch_gain: float = 1.0\n"
 
 #: what the copy's service, command line and client say of the scratch field (run in the copy)
-PROBE = r'''
+PROBE = r"""
 import io, json, contextlib
 from attention_trace.cli import build_parser, main, trace_body
 from attention_trace.client import LocalClient
@@ -232,11 +254,11 @@ out["echo"] = t.raw["config"]["scratch_gain"]
 refused = create_app().test_client().post("/trace", json={"sentence": "the cat", "scratch_gain": 9})
 out["refused"] = [refused.status_code, refused.get_json()["errors"]]
 print(json.dumps(out))
-'''
+"""
 
 
 def _copy_of_the_code(dest: Path) -> Path:
-    for part in ("engine", "service", "attention_trace"):
+    for part in ("engine", "service", "attention_trace", "viewer"):
         shutil.copytree(ROOT / part, dest / part, ignore=shutil.ignore_patterns("__pycache__"))
     (dest / "scripts").mkdir()
     (dest / "tests" / "js").mkdir(parents=True)
@@ -263,6 +285,7 @@ def _changed_files(copy: Path) -> set[str]:
     return changed
 
 
+@pytest.mark.integration  # starts node / a fresh interpreter
 def test_contributings_recipe_for_a_new_field_takes_only_the_files_it_names(tmp_path):
     """CONTRIBUTING.md's recipe, step by step, for a scratch field in a copy of the code: declared in
     engine/fields.py, given to TraceConfig, then scripts/gen-openapi. The field is then in the request schema and
@@ -272,14 +295,21 @@ def test_contributings_recipe_for_a_new_field_takes_only_the_files_it_names(tmp_
     _edit(copy / "engine" / "fields.py", ")\n\nBY_NAME", SCRATCH_FIELD, before=True)
     _edit(copy / "engine" / "layer.py", "    sharpness: float = C.DEFAULT_SHARPNESS", SCRATCH_ATTRIBUTE, before=True)
     env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
-    run = subprocess.run([sys.executable, str(copy / "scripts" / "gen-openapi")], capture_output=True, text=True,
-                         env=env, cwd=copy, timeout=120)
+    run = subprocess.run(
+        [sys.executable, str(copy / "scripts" / "gen-openapi")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=copy,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     assert _changed_files(copy) == RECIPE_FILES
     assert len(RECIPE_FILES) <= 6
 
-    probe = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, cwd=copy,
-                           timeout=120)
+    probe = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, cwd=copy, timeout=120
+    )
     assert probe.returncode == 0, probe.stderr
     got = json.loads(probe.stdout)
     assert got["schema"]["default"] == 1.0 and got["schema"]["exclusiveMinimum"] == 0 and got["schema"]["maximum"] == 8
@@ -290,7 +320,10 @@ def test_contributings_recipe_for_a_new_field_takes_only_the_files_it_names(tmp_
     status, errors = got["refused"]
     assert status == 422 and [e["pointer"] for e in errors] == ["/scratch_gain"]
     if NODE is not None:  # the viewer: the copy's url-state.js with the copy's fields.js
-        sent = run_node("const f = U.fieldsFromHash('#scratch_gain=3');"
-                        "console.log(JSON.stringify([U.requestFrom(f).body.scratch_gain, U.DEFAULT_FIELDS.scratch_gain,"
-                        " U.hashFor(f, { query: 0, head: 0, step: null })]));", copy / "service" / "static")
+        sent = run_node(
+            "const f = U.fieldsFromHash('#scratch_gain=3');"
+            "console.log(JSON.stringify([U.requestFrom(f).body.scratch_gain, U.DEFAULT_FIELDS.scratch_gain,"
+            " U.hashFor(f, { query: 0, head: 0, step: null })]));",
+            copy / "service" / "static",
+        )
         assert sent[0] == 3 and sent[1] == "1" and "scratch_gain=3" in sent[2]

@@ -30,6 +30,9 @@ from conftest import ROOT
 from service import create_app
 from service.settings import Settings
 
+#: contract fuzzing: make test runs it, make check leaves it out (a quarter of the quick suite's CPU)
+pytestmark = pytest.mark.slow
+
 SEED = 20_260_529
 #: per operation and phase; POST /trace gets positive and negative examples
 MAX_EXAMPLES = 120

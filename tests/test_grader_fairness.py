@@ -21,8 +21,16 @@ from typing import Any
 import numpy as np
 import pytest
 from float32_sweep import COURSES, draw_seeds, sweep
-from grading_support import (BLOCK_COURSES, BLOCK_CORRECT, CORRECT_STUDENTS, GRADING, SINGLE, STUDENTS, student_dir,
-                             student_runtime)
+from grading_support import (
+    BLOCK_COURSES,
+    BLOCK_CORRECT,
+    CORRECT_STUDENTS,
+    GRADING,
+    SINGLE,
+    STUDENTS,
+    student_dir,
+    student_runtime,
+)
 
 from grader import config, core
 from grader.sandbox import Outcome, RunResult
@@ -52,8 +60,9 @@ def test_a_float32_implementation_passes_every_configuration_of_every_course_on_
     report = []
     for path, course, found in zip(COURSES, courses, worst):
         graded = {(c, t.function) for t in course.tests for c in t.configurations}
-        assert {(c, f) for c, f, _ in found} == {(c, f) for c, f in graded
-                                                 if f != "mask" or course.configurations[c].causal}
+        assert {(c, f) for c, f, _ in found} == {
+            (c, f) for c, f in graded if f != "mask" or course.configurations[c].causal
+        }
         for (cname, fn, stage), w in found.items():
             report.append(f"{path.name} {cname} {fn} {stage}: figure {w.figure:.3g} at seed {w.seed}")
             assert w.figure <= 1 / MARGIN, report[-1]
@@ -84,17 +93,22 @@ class InProcess(core.Grader):
 
     module: ModuleType
 
-    def run(self, calls: list[Any], hide: list[str], runtime: Any, deadline: float, broken: dict[str, str]) -> RunResult:
+    def run(
+        self, calls: list[Any], hide: list[str], runtime: Any, deadline: float, broken: dict[str, str]
+    ) -> RunResult:
         outcomes = {}
         for call in calls:
+
             def arg(a: dict[str, Any]) -> Any:
                 if "dict" in a:
                     return {k: arg(v) for k, v in a["dict"].items()}
                 return call.arrays[a["array"]].copy() if "array" in a else a["value"]
+
             try:
                 with np.errstate(all="ignore"):
-                    value = getattr(self.module, call.function)(*[arg(a) for a in call.args],
-                                                               **{k: arg(v) for k, v in call.kwargs.items()})
+                    value = getattr(self.module, call.function)(
+                        *[arg(a) for a in call.args], **{k: arg(v) for k, v in call.kwargs.items()}
+                    )
                 if call.result == "stages" and isinstance(value, dict):
                     arrays = {k: np.asarray(v, dtype=np.float64) for k, v in value.items() if k in call.stages}
                 else:
@@ -116,9 +130,15 @@ def mistaken_students() -> list[tuple[str, Path]]:
     out = [("course.toml", p) for p in sorted(STUDENTS.glob("*.py")) if p.stem not in CORRECT_STUDENTS]
     out += [("course.toml", p) for p in sorted((STUDENTS / "unlisted").glob("*.py")) if p.stem != "slow_calls"]
     out += [("course-single-function.toml", p) for p in sorted(SINGLE.glob("*.py")) if p.stem != "correct"]
-    out += [(course, p) for course, folder in BLOCK_COURSES.items() for p in sorted(folder.glob("*.py"))
-            if p.stem not in BLOCK_CORRECT]
-    out += [(course, folder / "hidden_only" / "mask_from_an_8_token_table.py") for course, folder in BLOCK_COURSES.items()]
+    out += [
+        (course, p)
+        for course, folder in BLOCK_COURSES.items()
+        for p in sorted(folder.glob("*.py"))
+        if p.stem not in BLOCK_CORRECT
+    ]
+    out += [
+        (course, folder / "hidden_only" / "mask_from_an_8_token_table.py") for course, folder in BLOCK_COURSES.items()
+    ]
     return out
 
 
@@ -132,7 +152,9 @@ def test_a_known_mistake_loses_the_same_tests_on_every_seed(course_name, path):
     rng = np.random.default_rng(zlib.crc32(f"{course_name} {path.stem}".encode()))
     failed_sets = []
     for _ in range(MISTAKE_SEEDS):
-        seeds = {name: int(s) for name, s in zip(course.configurations, rng.integers(0, 2**32, len(course.configurations)))}
+        seeds = {
+            name: int(s) for name, s in zip(course.configurations, rng.integers(0, 2**32, len(course.configurations)))
+        }
         r = grade_in_process(course, path, seeds)
         assert r.gradable, r.internal_error
         failed_sets.append(frozenset(t.name for t in r.tests if not t.passed))
@@ -143,14 +165,18 @@ def test_a_known_mistake_loses_the_same_tests_on_every_seed(course_name, path):
 # ------------------------------------------------------------------ the float32 students, sandboxed
 
 
-FLOAT32_STUDENTS = [("course.toml", STUDENTS / "float32_einsum.py"), ("course.toml", STUDENTS / "float32_loop.py"),
-                    *[(course, folder / "float32.py") for course, folder in BLOCK_COURSES.items()]]
+FLOAT32_STUDENTS = [
+    ("course.toml", STUDENTS / "float32_einsum.py"),
+    ("course.toml", STUDENTS / "float32_loop.py"),
+    *[(course, folder / "float32.py") for course, folder in BLOCK_COURSES.items()],
+]
 
 
 @pytest.mark.sandbox
 @pytest.mark.parametrize(("course_name", "path"), FLOAT32_STUDENTS, ids=lambda x: getattr(x, "stem", x))
-def test_the_float32_students_earn_full_marks_on_the_worst_seeds_the_sweep_found(course_name, path, tmp_path,
-                                                                                student_runtime):
+def test_the_float32_students_earn_full_marks_on_the_worst_seeds_the_sweep_found(
+    course_name, path, tmp_path, student_runtime
+):
     course = config.load(GRADING / course_name)
     seeds = WORST_SEEDS[course_name]
     r = core.grade(student_dir(tmp_path, path), course, runtime=student_runtime, seeds=seeds)

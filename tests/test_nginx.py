@@ -77,8 +77,9 @@ def test_the_largest_answer_passes_through_nginx_whole(stack):
     assert orjson.loads(body)["config"]["d_model"] == measure_limits.largest_trace()["d_model"]
 
 
-@pytest.mark.parametrize(("kind", "connections"), [
-    ("idle", 64), ("slowloris", 32), ("slow-body", 16), ("slow-read", 8), ("hangup", 20)])
+@pytest.mark.parametrize(
+    ("kind", "connections"), [("idle", 64), ("slowloris", 32), ("slow-body", 16), ("slow-read", 8), ("hangup", 20)]
+)
 def test_health_answers_through_nginx_while_clients_attack(stack, kind, connections):
     app, proxy = stack
     before = len(app.log_entries())
@@ -112,8 +113,12 @@ def test_recycling_loses_no_request():
         want = _post(proxy.port, "/trace", CAT)[1]
 
         def one(i: int) -> tuple[int, bytes]:
-            status, body, _ = _post(proxy.port, "/trace" if i % 4 else "/trace/batch",
-                                    CAT if i % 4 else b'{"items":[' + CAT + b"]}", timeout=60)
+            status, body, _ = _post(
+                proxy.port,
+                "/trace" if i % 4 else "/trace/batch",
+                CAT if i % 4 else b'{"items":[' + CAT + b"]}",
+                timeout=60,
+            )
             return (status, body) if i % 4 else (status, b"batch")
 
         with cf.ThreadPoolExecutor(max_workers=4) as pool:

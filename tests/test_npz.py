@@ -187,6 +187,7 @@ def test_client_arrays_and_trace_npz():
     assert batch[1].status == 422 and batch[1].problem is not None
 
 
+@pytest.mark.integration  # starts another process
 def test_cli_writes_the_archive(tmp_path):
     out = tmp_path / "t.npz"
     r = subprocess.run([*CLI, "trace", "the cat sat", "--heads", "2", "--causal",
@@ -201,6 +202,7 @@ def test_cli_writes_the_archive(tmp_path):
     assert bad.returncode == 2 and "cannot write" in bad.stderr
 
 
+@pytest.mark.integration  # starts another process
 def test_npz_through_gunicorn(gunicorn_server):
     body = {"sentence": "the cat sat on the mat", "num_heads": 4, "causal": True}
     j = requests.post(gunicorn_server.url + "/trace", json=body, timeout=30)
@@ -256,6 +258,7 @@ def test_the_parts_file_overwrites_only_a_whole_earlier_write():
             f.write(data)
 
 
+@pytest.mark.integration  # starts another process
 @pytest.mark.parametrize("cache", ["0", str(32 * 1024 * 1024)], ids=["cache off", "cache on"])
 def test_a_large_npz_answer_in_parts_is_whole_over_http(cache):
     """An answer larger than the response cache keeps goes out in parts, never joined: the same bytes."""

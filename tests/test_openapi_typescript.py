@@ -23,6 +23,8 @@ import pytest
 from conftest import ROOT
 from contract_answers import answers
 
+pytestmark = pytest.mark.integration  # starts another process
+
 #: exact versions, so a new release cannot change what is checked
 OPENAPI_TYPESCRIPT = "openapi-typescript@7.13.0"
 TYPESCRIPT = "typescript@5.9.3"

@@ -60,6 +60,7 @@ print(json.dumps({"status": resp.status_code, "wall_s": wall, "bytes": len(data)
 """
 
 
+@pytest.mark.integration  # starts another process
 @pytest.mark.parametrize("which", ["most-numbers", "d512-with-parameters"])
 def test_largest_allowed_request_completes_within_documented_time_and_memory(which):
     if which == "most-numbers":

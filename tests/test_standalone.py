@@ -1,4 +1,4 @@
-"""service/offline_page.py: one trace as one offline HTML file (POST /trace/html, attention-trace --html).
+"""viewer/offline_page.py: one trace as one offline HTML file (POST /trace/html, attention-trace --html).
 
 The file itself (through the Flask test client, every response checked against
 openapi.yaml): one document, its scripts and style inlined and allowed by hash in
@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from selenium.webdriver.support.ui import WebDriverWait
 
-from service.offline_page import comparison_request, csp_for, export_filename, render_html, viewer_scripts
+from viewer.offline_page import comparison_request, csp_for, export_filename, render_html, viewer_scripts
 from service.routes.viewer import STATIC_DIR
 from viewer_browser_support import (  # the viewer's own helpers: the page's rounding and its maps
     MINUS, WAIT, as_cells, chromium, clear_downloads, explain_rows, fixed, heatmap_labels, heatmap_values, js_small,

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from engine import tokenize
 from engine.tokenize import tokens_from_list
+from conftest import examples
 
-TEXT = settings(max_examples=400, deadline=None, derandomize=True)
+TEXT = settings(max_examples=examples(400), deadline=None, derandomize=True)
 
 
 def texts(sentence: str, **kw) -> list[str]:

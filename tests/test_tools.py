@@ -141,6 +141,7 @@ def test_each_tool_has_a_main_that_takes_its_arguments(module):
     assert [a.arg for a in main.args.args] == ["argv"], f"tools/{module}.py: main(argv=None), as the tests call it"
 
 
+@pytest.mark.integration  # starts another process
 def test_a_wrapper_runs_from_another_directory(tmp_path):
     """The wrapper finds the repository from its own path, whatever the working directory."""
     from tools.sidecar_nginx_conf import sidecar_conf
@@ -150,6 +151,7 @@ def test_a_wrapper_runs_from_another_directory(tmp_path):
     assert out == sidecar_conf() and "proxy_pass" in out
 
 
+@pytest.mark.integration  # starts another process
 def test_python_m_runs_a_tool():
     run = subprocess.run([sys.executable, "-m", "tools.attack", "--help"], cwd=ROOT, capture_output=True, text=True,
                          timeout=60)
@@ -157,10 +159,11 @@ def test_python_m_runs_a_tool():
     assert "--attack" in run.stdout and "slowloris" in run.stdout
 
 
+@pytest.mark.integration  # starts another process
 def test_the_wheel_leaves_tools_out():
     """tools/ (like tests/ and bench/) is for the checkout: pip install . ships the runtime packages only."""
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"]
-    assert {p.split(".")[0] for p in packages} == {"engine", "service", "attention_trace", "grader"}
+    assert {p.split(".")[0] for p in packages} == {"engine", "service", "attention_trace", "grader", "viewer"}
 
 
 def test_a_config_less_server_needs_a_directory_of_its_own():
@@ -232,6 +235,7 @@ def test_measure_checks_stacks_are_the_largest_the_budget_allows():
                       "stack-check-refused-gpt2": 8, "stack-check-refused-deep": 96, "stack-check-refused-erf": 3}
 
 
+@pytest.mark.integration  # starts another process
 def test_measure_check_runs_a_stack_and_its_refusal_in_a_fresh_process(tmp_path, capsys):
     from tools.measure_check import main
 
@@ -349,6 +353,7 @@ def test_the_attack_holds_its_connections_from_several_source_addresses():
         attack.source_addresses("192.0.2.1", 4)
 
 
+@pytest.mark.integration  # starts another process
 def test_child_pids_reads_the_children_lists_as_the_process_table_does():
     """tools.server.child_pids reads each thread's children list; it names the same children as a scan of every
     process's stat (the fallback), live ones alone by default, and the unreaped too with live=False."""

@@ -48,10 +48,11 @@ from engine.layer import (
 )
 from engine.params import explicit_parameters, generate_parameters
 from engine_reference import reference_attention, reference_parameters, reference_trace
+from conftest import examples
 
 ROOT = Path(__file__).resolve().parent.parent
-SWEEP = settings(max_examples=120, deadline=None, derandomize=True)
-FEW = settings(max_examples=40, deadline=None, derandomize=True)
+SWEEP = settings(max_examples=examples(120), deadline=None, derandomize=True)
+FEW = settings(max_examples=examples(40), deadline=None, derandomize=True)
 VOCAB = ["the", "cat", "sat", "on", "mat", ".", "😀", "café", "你", "x", "le", "chat", "tapis"]
 # (d_model, num_heads): odd and even d_k, one head, d_k = 1 and 2, up to 8 heads.
 SHAPES = [(1, 1), (2, 1), (4, 2), (5, 1), (6, 3), (8, 2), (8, 4), (9, 3), (12, 3), (12, 6), (16, 4), (24, 4),

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from service import API_CSP
-from service.offline_page import viewer_scripts
+from viewer.offline_page import viewer_scripts
 from service.routes.viewer import STATIC_DIR, VIEWER_CSP, VIEWER_FILES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -289,7 +289,7 @@ def test_subscripts_have_readable_names(page):
 
 
 def test_trace_html_is_a_download_of_the_standalone_page(web):
-    from service.offline_page import export_filename, render_html
+    from viewer.offline_page import export_filename, render_html
 
     body = {"sentence": "the cat sat", "d_model": 24, "num_heads": 4, "causal": True}
     resp = web.post("/trace/html", data=json.dumps(body), content_type="application/json", buffered=True)

@@ -4,7 +4,7 @@
 trace.js, url-state.js, svg.js) and api.js's unescaping, loaded as the page loads them (classic scripts evaluated
 in order into one namespace, tests/js/load.js), with no bundler and no npm package. This file runs them and fails
 with their output. Then the parts that have a Python twin are compared with it on the same inputs: the export
-file name (service/offline_page.py's export_filename), the comparison request (comparison_request), and an SVG
+file name (viewer/offline_page.py's export_filename), the comparison request (comparison_request), and an SVG
 export of a real trace with hostile tokens, read back by a real XML parser.
 
 Needs Node 20 or later (README, "The commands"); without it these tests are skipped, saying so.
@@ -22,7 +22,7 @@ from decimal import ROUND_HALF_UP, Decimal
 import pytest
 
 from conftest import ROOT
-from service.offline_page import comparison_request, export_filename
+from viewer.offline_page import comparison_request, export_filename
 
 JS_TESTS = ROOT / "tests" / "js"
 NODE = shutil.which("node")
@@ -57,6 +57,7 @@ def run_node(script: str, data: object) -> object:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.integration  # starts another process
 @needs_node
 def test_the_javascript_unit_tests_pass():
     files = sorted(JS_TESTS.glob("*.test.js"))
@@ -96,6 +97,7 @@ EXPORT_CASES = [
 ]
 
 
+@pytest.mark.integration  # starts another process
 @needs_node
 def test_export_names_match_the_services():
     """The page names its downloads (JSON, SVG) as the service names the HTML file (Content-Disposition)."""
@@ -105,6 +107,7 @@ def test_export_names_match_the_services():
     assert names == [export_filename(doc, body, ext="html")[:-len(".html")] for doc, body in EXPORT_CASES]
 
 
+@pytest.mark.integration  # starts another process
 @needs_node
 def test_the_comparison_request_matches_the_services():
     """The saved page's comparison trace is the service's comparison_request; the page asks for the same one."""
@@ -117,6 +120,7 @@ def test_the_comparison_request_matches_the_services():
     assert got == [json.dumps(comparison_request(b), separators=(",", ":"), ensure_ascii=False) for b in bodies]
 
 
+@pytest.mark.integration  # starts another process
 @needs_node
 def test_an_svg_export_of_a_real_trace_is_well_formed_xml(client):
     """svg.js's drawing of a trace whose tokens are markup, read by ElementTree: every label comes back exactly."""
@@ -190,6 +194,7 @@ def _near(a, b, path: str) -> None:
     assert abs(a - b) <= 4.5e-16 * max(abs(a), abs(b)), (path, a, b)
 
 
+@pytest.mark.integration  # starts another process
 @needs_node
 def test_a_saved_page_explains_a_cell_as_the_service_does(client):
     """cell.js's explainCell on a /trace answer equals /explain's answer for the same cell: every text (formulas,
@@ -234,6 +239,7 @@ def test_a_saved_page_explains_a_cell_as_the_service_does(client):
     print(f"{last_bit} exp-derived numbers differ from numpy's in the last bit")
 
 
+@pytest.mark.integration  # starts another process
 @needs_node
 def test_the_pairwise_sum_is_numpys():
     """cell.js's pairwiseSum equals numpy's sum of a float64 row, bit for bit, at every length the maps can have."""
@@ -257,6 +263,7 @@ STACKS = [
 ]
 
 
+@pytest.mark.integration  # starts another process
 @needs_node
 def test_the_presets_match_the_engines():
     """url-state.js's preset table (what choosing a preset sets outside the block) and block.js's feed-forward
@@ -272,6 +279,7 @@ def test_the_presets_match_the_engines():
     assert ffn == {name: p.ffn for name, p in BLOCK_PRESETS.items()}
 
 
+@pytest.mark.integration  # starts another process
 @needs_node
 def test_the_residual_norms_are_numpys(client):
     """block.js's residualNorms of /trace's residual_stream equal numpy's norms, and blockOf reads the block (pre- or
@@ -324,6 +332,7 @@ def test_the_javascript_fixture_is_the_engines(client):
     np.testing.assert_allclose(fixture["residual_norms"], np.linalg.norm(rs, axis=-1), rtol=1e-12, atol=0)
 
 
+@pytest.mark.integration  # starts another process
 @needs_node
 def test_a_stacks_layer_is_explained_as_the_engine_explains_it(client):
     """A live page asks /explain with the layer shown; a saved page computes the cell with cell.js over that layer

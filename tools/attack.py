@@ -70,6 +70,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from tools import measure_limits
@@ -108,7 +109,7 @@ class Probe:
 
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
-        self.samples: list[tuple[float, float, str, bool]] = []
+        self.samples: list[tuple[float, float, str, bool | str]] = []  # ok: True, False or "limited" (a 429)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -226,7 +227,7 @@ def hold_connections(kind: str, host: str, port: int, n: int, deadline: float, s
             elif kind == "slow-body":
                 s.send(_head(host, "/trace", "Content-Length: 4000000\r\n\r\n"))
             elif kind == "slow-read":
-                seeded = json.dumps({**largest, "seed": random.randrange(2**31)}).encode()
+                seeded = json.dumps({**(largest or {}), "seed": random.randrange(2**31)}).encode()
                 s.send(_head(host, "/trace", f"Content-Length: {len(seeded)}\r\n\r\n") + seeded)
             elif kind == "neg-chunk":
                 s.send(_head(host, "/trace", "Transfer-Encoding: chunked\r\n\r\n") + b"-6\r\n")
@@ -244,7 +245,7 @@ def hold_connections(kind: str, host: str, port: int, n: int, deadline: float, s
         open_one()
     while time.monotonic() < deadline:
         for key, _ in sel.select(timeout=0.002 if kind == "huge-chunk" else 0.1):
-            s = key.fileobj
+            s = cast(socket.socket, key.fileobj)  # every registered one is a socket
             try:
                 data = s.recv(65536)
             except OSError:
@@ -301,12 +302,12 @@ def hammer(kind: str, host: str, port: int, deadline: float, stats: dict, lock: 
             base = rng.randrange(2**31 - 64)
             body = json.dumps({"items": [{"tokens": ["a"], "d_model": 512, "seed": base + i} for i in range(32)]},
                               separators=(",", ":")).encode()
-            path, headers = "/trace/batch", {}
+            path, headers = "/trace/batch", cast(dict[str, str], {})
         elif kind == "html":
             body = json.dumps({**HTML_REQUEST, "seed": rng.randrange(2**31)}).encode()
             path, headers = "/trace/html", {}
         else:
-            body = json.dumps({**largest, "seed": rng.randrange(2**31)}).encode()
+            body = json.dumps({**cast(dict[str, Any], largest), "seed": rng.randrange(2**31)}).encode()
             path, headers = "/trace", {"Accept-Encoding": "br"} if kind == "largest-br" else {}
         if kind == "hangup":  # send it all, then close without reading: nobody wants the answer
             s = _connect(host, port, source=source)
@@ -352,7 +353,7 @@ class MemoryWatch:
 
     def _run(self) -> None:
         while not self.stop.is_set():
-            for pid in child_pids(self.master):
+            for pid in child_pids(cast(int, self.master)):  # started only with a master
                 self.peak = max(self.peak, status_kib(pid).get("VmRSS", 0) * 1024)
             self.stop.wait(0.05)
 
@@ -378,7 +379,7 @@ def run_attack(kind: str, host: str, port: int, n: int, duration: float, settle:
 
 def _run_attack(kind: str, host: str, port: int, n: int, duration: float, settle: float,
                 sources: tuple[str | None, ...]) -> dict:
-    stats = {"opened": 0, "connect_failed": 0, "closed_by_server": 0}
+    stats: dict[str, Any] = {"opened": 0, "connect_failed": 0, "closed_by_server": 0}  # and hammer's latency_s
     if kind in ("slow-read", "largest-br", "hangup"):
         measure_limits.largest_trace()  # searched once, before the clock starts (seconds on a loaded machine)
     probe = Probe(host, port)
@@ -460,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     if log is not None:
         report["log_worker_timeouts"] = log.count("WORKER TIMEOUT")
         report["log_client_timeouts"] = log.count('"client_timeout"') + log.count('"status":408')
-        report["log"] = shown(server.log)
+        report["log"] = shown(cast(Gunicorn, server).log)  # a log is read from the server started here
         print(f"gunicorn log: {report['log']} (WORKER TIMEOUT x{report['log_worker_timeouts']}, "
               f"408 lines x{report['log_client_timeouts']})")
     if args.json:

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     # the comparison at a tolerance lives with the recorded answers (tests/answer_values.py)
     sys.path.insert(0, str(ROOT / "tests"))
-    from answer_values import document_differences
+    from answer_values import document_differences  # type: ignore[import-not-found]  # tests/, on sys.path above
 
     from service import create_app
 

@@ -48,6 +48,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO, cast
 
 from tools.server import ROOT, Gunicorn, shown
 
@@ -130,7 +131,7 @@ def agrees(want: tuple[int, bytes], got: tuple[int, bytes]) -> bool:
         return False
     if str(ROOT / "tests") not in sys.path:  # once, not once per request compared
         sys.path.insert(0, str(ROOT / "tests"))
-    from answer_values import document_differences
+    from answer_values import document_differences  # type: ignore[import-not-found]  # tests/, on sys.path above
 
     try:
         return not document_differences(json.loads(want[1]), json.loads(got[1]))
@@ -146,7 +147,7 @@ def references(mix: list[Req]) -> dict[str, tuple[int, bytes]]:
     client = create_app().test_client()
     out = {}
     for r in mix:
-        kw = {"data": r.body} if r.body is not None else {}
+        kw: dict[str, Any] = {"data": r.body} if r.body is not None else {}
         if r.content_type:
             kw["content_type"] = r.content_type
         resp = client.open(r.path, method=r.method, **kw)
@@ -191,7 +192,7 @@ class KeptAlive:
         self.port = port
         self.timeout = timeout
         self.sock: socket.socket | None = None
-        self.file = None
+        self.file: BinaryIO | None = None
         self.connections = 0
 
     def _usable(self) -> bool:
@@ -204,7 +205,7 @@ class KeptAlive:
 
     def close(self) -> None:
         if self.sock is not None:
-            self.file.close()
+            cast(BinaryIO, self.file).close()  # opened with the socket
             self.sock.close()
         self.sock = self.file = None
 
@@ -218,23 +219,24 @@ class KeptAlive:
         return ("\r\n".join(lines) + "\r\n\r\n").encode() + (r.body or b"")
 
     def _response(self) -> tuple[int, bytes, str, bool]:
-        line = self.file.readline()
+        file = cast(BinaryIO, self.file)  # connected by exchange()
+        line = file.readline()
         if not line:
             raise ConnectionError("no answer on a kept-alive connection")
         status = int(line.split()[1])
         headers: dict[str, str] = {}
-        while (h := self.file.readline()) not in (b"\r\n", b""):
+        while (h := file.readline()) not in (b"\r\n", b""):
             name, _, value = h.decode("latin-1").partition(":")
             headers[name.strip().lower()] = value.strip()
         if headers.get("transfer-encoding", "").lower() == "chunked":
             body = b""
-            while (size := int(self.file.readline().split(b";")[0], 16)):
-                body += self.file.read(size)
-                self.file.readline()
-            while self.file.readline() not in (b"\r\n", b""):
+            while (size := int(file.readline().split(b";")[0], 16)):
+                body += file.read(size)
+                file.readline()
+            while file.readline() not in (b"\r\n", b""):
                 pass
         else:
-            body = self.file.read(int(headers.get("content-length", "0")))
+            body = file.read(int(headers.get("content-length", "0")))
         return status, body, headers.get("x-request-id", ""), headers.get("connection", "").lower() == "close"
 
     def exchange(self, batch: list[tuple[Req, str]]) -> list[tuple[int, bytes, str] | Exception]:
@@ -246,7 +248,7 @@ class KeptAlive:
             self.file = self.sock.makefile("rb")
             self.connections += 1
         try:
-            self.sock.sendall(b"".join(self.request_bytes(r, rid) for r, rid in batch))
+            cast(socket.socket, self.sock).sendall(b"".join(self.request_bytes(r, rid) for r, rid in batch))
             for _ in batch:
                 status, body, echoed, close = self._response()
                 out.append((status, body, echoed))
@@ -370,7 +372,8 @@ def run(duration: float = 30.0, threads: int = 8, workers: int = 2, kill_worker:
     refs = references(MIX)
     if max_requests is not None:
         env = {**(env or {}), "GUNICORN_MAX_REQUESTS": str(max_requests)}
-    server = Gunicorn(workers=workers, env=env, log_name="loadtest") if url is None else _Remote(url)
+    # a _Remote (a port and stop() only) when url is given: every other use is under `url is None`
+    server: Any = Gunicorn(workers=workers, env=env, log_name="loadtest") if url is None else _Remote(url)
     if url is not None:
         # A server running already may be another machine's build: /version names its Python, and its
         # OpenBLAS may run another kernel than this process (numbers then differ in the last bits). Its
@@ -426,7 +429,7 @@ def run(duration: float = 30.0, threads: int = 8, workers: int = 2, kill_worker:
     flat = [r for rs in results for r in rs]
     kill_t = t0 + outcome.at_s if outcome.at_s is not None else None
     errors = [r for r in flat if r.error]
-    in_flight = [r for r in errors if kill_t is not None and r.error.startswith("connection")
+    in_flight = [r for r in errors if kill_t is not None and (r.error or "").startswith("connection")
                  and r.start <= kill_t + 0.05 and r.end >= kill_t]
     outcome.failed_in_flight = len(in_flight)
     other_errors = [r for r in errors if r not in in_flight]
@@ -434,11 +437,11 @@ def run(duration: float = 30.0, threads: int = 8, workers: int = 2, kill_worker:
     lat = sorted((r.end - r.start) * 1000 for r in answered)
     lat_valid = sorted((r.end - r.start) * 1000 for r in answered if r.valid)
     by_name: dict[str, dict[str, int]] = {}
-    for r in flat:
-        d = by_name.setdefault(r.name, {"sent": 0, "answered": 0, "identical": 0})
+    for res in flat:
+        d = by_name.setdefault(res.name, {"sent": 0, "answered": 0, "identical": 0})
         d["sent"] += 1
-        d["answered"] += r.status is not None
-        d["identical"] += bool(r.identical)
+        d["answered"] += res.status is not None
+        d["identical"] += bool(res.identical)
     report = {
         "command": {"duration_s": duration, "threads": threads, "keepalive": keepalive, "pipeline": pipeline,
                     "workers": workers, "max_requests": max_requests, "kill_worker": kill_worker,
@@ -448,12 +451,12 @@ def run(duration: float = 30.0, threads: int = 8, workers: int = 2, kill_worker:
         "answered": len(answered),
         "valid_sent": sum(r.valid for r in flat),
         "invalid_sent": sum(not r.valid for r in flat),
-        "status_5xx": sum(1 for r in answered if r.status >= 500),
+        "status_5xx": sum(1 for r in answered if (r.status or 0) >= 500),
         "timeouts": sum(1 for r in errors if r.error == "timeout"),
-        "connection_errors": sum(1 for r in errors if r.error.startswith("connection")),
+        "connection_errors": sum(1 for r in errors if (r.error or "").startswith("connection")),
         "connection_errors_in_flight_at_kill": len(in_flight),
         "unexplained_errors": len(other_errors),
-        "error_kinds": sorted({r.error for r in errors}),
+        "error_kinds": sorted({r.error or "" for r in errors}),
         "not_identical": sum(1 for r in answered if not r.identical),
         "not_identical_valid": sum(1 for r in answered if r.valid and not r.identical),
         "not_identical_examples": sorted({(r.name, r.status) for r in answered if not r.identical})[:10],

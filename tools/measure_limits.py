@@ -57,7 +57,7 @@ def _largest_trace() -> dict:
     from service.settings import Settings
 
     s = Settings()
-    best = None
+    best: tuple[int, int, int, bool, bool] | None = None
     for d in range(1, s.max_d_model + 1):
         for h in divisors(d):
             if h > s.max_heads:
@@ -68,6 +68,7 @@ def _largest_trace() -> dict:
                     c = trace_value_count(config, s.max_tokens, with_parameters=params)
                     if c <= s.max_trace_values and (best is None or c > best[0]):
                         best = (c, d, h, causal, params)
+    assert best is not None  # d_model 1 with 1 head fits any limit
     _, d, h, causal, params = best
     return {"tokens": [f"t{i}" for i in range(s.max_tokens)], "d_model": d, "num_heads": h, "causal": causal,
             "include_parameters": params, "seed": 1}

@@ -108,7 +108,7 @@ def client(port: int, pick, deadline: float, stats: dict, lock: threading.Lock) 
                     resp.read(1 << 18)
                     time.sleep(0.25)
             resp.read()
-            status = resp.status
+            status: int | str = resp.status
             conn.close()
         except (OSError, http.client.HTTPException) as e:
             status = type(e).__name__

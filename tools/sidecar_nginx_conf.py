@@ -38,7 +38,7 @@ def sidecar_conf(backend: str = "127.0.0.1:8000", light: str = "127.0.0.1:8001",
             continue  # the compose file's header
         if line.strip() == "user nginx;":
             continue
-        if "The replicas: \"app\" is looked up" in line:
+        if 'The replicas: "app" is looked up' in line:
             skip_comment = True  # compose's DNS: the sidecar has one backend, in its own Pod
             out.append("    # The app container, in the same Pod.\n")
         if skip_comment:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -209,7 +209,8 @@ def read(values: list[Any], shape: tuple[int, ...] | None) -> Received:
     except (TypeError, ValueError, OverflowError):  # null, a non-finite name, or an integer beyond float64
         pass
     obj = np.array(values, dtype=object)  # [shape]: the lists are regular (scan said so)
-    null = np.equal(obj, None)
+    # numpy's stubs take no None as an operand; comparing an object array with None element by element is meant
+    null = np.equal(obj, None)  # type: ignore[call-overload]  # None, element by element (above)
     filled = np.where(null, 0.0, obj)
     try:
         a = filled.astype(np.float64)  # "NaN", "Infinity", "-Infinity" -> float
@@ -324,7 +325,10 @@ def _judge(expected: np.ndarray, exp_mask: np.ndarray, got: np.ndarray, got_null
 
 def _abs_tolerance(tol: Tolerance, scale: float) -> float | None:
     """allclose's absolute allowance for a stage whose largest |expected| is ``scale``; None for rel_error."""
-    return None if tol.metric == "rel_error" else tol.atol + tol.stage_rtol * scale
+    if tol.metric == "rel_error":
+        return None
+    assert tol.atol is not None and tol.stage_rtol is not None  # allclose sets both
+    return tol.atol + tol.stage_rtol * scale
 
 
 def passes(expected: np.ndarray, mask: np.ndarray | None, received: Received, tol: Tolerance) -> bool:
@@ -333,12 +337,14 @@ def passes(expected: np.ndarray, mask: np.ndarray | None, received: Received, to
     Where nothing is masked and every received value is a finite number, ``_judge``'s rule reduces
     to its last comparison (every pair is numeric), done here directly; elsewhere ``_judge`` decides.
     """
+    assert received.values is not None and received.null is not None  # a regular stage (scan accepted it)
     with np.errstate(all="ignore"):
         if mask is None and received.plain:
             diff = np.abs(received.values - expected)
             if tol.metric == "rel_error":
                 ratio = diff / np.maximum(REL_ERROR_FLOOR, np.abs(received.values) + np.abs(expected))
                 return not (ratio > tol.threshold).any()
+            assert tol.atol is not None and tol.stage_rtol is not None  # allclose sets both
             allowed = tol.atol + tol.stage_rtol * stage_scale(expected, None) + tol.rtol * np.abs(expected)
             return not (diff > allowed).any()
         exp_mask = mask if mask is not None else np.zeros(expected.shape, dtype=bool)
@@ -376,8 +382,8 @@ def compare_many(stages: list[tuple[np.ndarray, np.ndarray | None, Received]], t
     expected = _joined([np.asarray(e, dtype=np.float64).reshape(-1) for e, _, _ in stages])  # -> [total]
     exp_mask = _joined([np.zeros(e.size, dtype=bool) if m is None else np.asarray(m, dtype=bool).reshape(-1)
                         for e, m, _ in stages])  # -> [total]
-    got = _joined([r.values.reshape(-1) for _, _, r in stages])  # -> [total]
-    got_null = _joined([r.null.reshape(-1) for _, _, r in stages])  # -> [total]
+    got = _joined([cast(np.ndarray, r.values).reshape(-1) for _, _, r in stages])  # -> [total] (asserted above)
+    got_null = _joined([cast(np.ndarray, r.null).reshape(-1) for _, _, r in stages])  # -> [total]
 
     def per_stage(ufunc: np.ufunc, a: np.ndarray, dtype: Any = None) -> list[Any]:
         return ufunc.reduceat(a, starts, dtype=dtype).tolist()  # [total] -> [stages]
@@ -386,7 +392,7 @@ def compare_many(stages: list[tuple[np.ndarray, np.ndarray | None, Received]], t
     with np.errstate(all="ignore"):
         scales = per_stage(np.maximum, np.where(exp_mask, 0.0, np.abs(expected)))  # stage_scale of each
         abs_tolerances = [_abs_tolerance(tol, s) for s in scales]
-        spread = None if tol.metric == "rel_error" else np.repeat(abs_tolerances, sizes)  # [stages] -> [total]
+        spread: np.ndarray | None = None if tol.metric == "rel_error" else np.repeat(cast(list[float], abs_tolerances), sizes)  # [stages] -> [total]
         j = _judge(expected, exp_mask, got, got_null, tol, spread)
         nz = j.numeric & (expected != 0)
         mismatches = per_stage(np.add, j.bad, np.intp)

@@ -131,8 +131,8 @@ def _unmatched_shape(sid: str, expected: Stage, sub: Submission) -> dict[str, An
         # Summarised, never echoed: the answer stays small whatever the submission holds.
         parts = []
         if bad:
-            parts.append(f"{len(bad)} of {min(len(want), len(received))} differ, the first at index {first}: "
-                         f"expected {_token_shown(want[first])}, got {_token_shown(received[first])}")
+            parts.append(f"{len(bad)} of {min(len(want), len(received))} differ, the first at index {bad[0]}: "
+                         f"expected {_token_shown(want[bad[0]])}, got {_token_shown(received[bad[0]])}")
         if not shape_ok:
             parts.append(f"expected {len(want)} {what}, got {len(received)}")
         return {**base, "passed": shape_ok and not bad, "shape_ok": shape_ok, "received_shape": [len(received)],
@@ -157,6 +157,7 @@ def _stage_result(sid: str, expected: Stage, sub: Submission, c: compare.Compari
     info = STAGE_INFO[sid]
     base = {"step": info.step, "expected_shape": list(expected.shape)}
     got_shape = sub.shapes[sid]
+    assert got_shape is not None  # compared by value: the shape matched
     first = None
     if c.first is not None:
         first = {"index": c.first, "expected": c.first_expected, "received": c.first_received}

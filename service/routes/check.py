@@ -75,7 +75,7 @@ class CheckRequest(TraceSpec):
         "protobuf write): such a value fails its stage, and the answer names where. The tokens and context_tokens "
         "stages are lists of strings.",
     )
-    metric: Literal[compare.METRICS] | None = Field(  # type: ignore[valid-type]
+    metric: Literal[compare.METRICS] | None = Field(  # type: ignore[valid-type]  # Literal of a run-time tuple
         default=None,
         description="How values are compared: `allclose` (numpy.isclose's rule, plus the stage term "
         "stage_rtol; the default) or `rel_error` (CS231n's |received − expected| / max(1e-8, |received| + "
@@ -216,6 +216,7 @@ class StageCheck(BaseModel):
 
 
 class Hint(BaseModel):
+    # the ignore below: Literal of a run-time tuple
     code: Literal[HINT_CODES] = Field(description="What the numbers show, for machines.")  # type: ignore[valid-type]
     message: str = Field(description="The same, written to be shown to a student.")
 
@@ -234,7 +235,7 @@ class Diagnosis(BaseModel):
 
 
 class Tolerance(BaseModel):
-    metric: Literal[compare.METRICS]  # type: ignore[valid-type]
+    metric: Literal[compare.METRICS]  # type: ignore[valid-type]  # Literal of a run-time tuple
     rtol: float | None = Field(description="allclose only.")
     atol: float | None = Field(description="allclose only.")
     stage_rtol: float | None = Field(description="allclose only: times the stage's largest |expected|.")
@@ -330,7 +331,7 @@ def _example() -> dict[str, Any]:
 
     from .trace import TraceRequest, trace_document
 
-    base = {"sentence": "the cat sat", "d_model": 4, "num_heads": 1}
+    base: dict[str, Any] = {"sentence": "the cat sat", "d_model": 4, "num_heads": 1}
     buggy = trace_document(TraceRequest(**base, inject_bug=BUG_NAMES[0], stages=["weights"]))
     submission = {"weights": buggy["stages"]["weights"]["values"].tolist()}
     return check_document(CheckRequest(**base, submission=submission))

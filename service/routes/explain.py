@@ -96,6 +96,7 @@ class ExplainRequest(TraceRequest):
             check_explainable(self.inject_bug)
             check_cell(self.trace_config, len(self._tokens), n_keys, self.head, self.query, self.key,
                        cross=self._context is not None)
+            # the ignore below: a _Bounds stands in for the Trace
             check_layer(_Bounds(self.trace_config, len(self._tokens)), self.layer)  # type: ignore[arg-type]
         return self
 
@@ -126,7 +127,7 @@ class NormExplainRequest(TraceRequest):
         {"sentence": "the cat sat", "d_model": 8, "num_heads": 2, "block": "gpt2", "num_layers": 2, "cell": "norm1",
          "layer": 1, "token": 2, "feature": 5}]})
 
-    cell: Literal[NORMS] = Field(  # type: ignore[valid-type]
+    cell: Literal[NORMS] = Field(  # type: ignore[valid-type]  # Literal of a run-time tuple
         description="The norm: norm1, norm2 (each layer's), or final_norm (pre-norm stacks only; no layer).")
     layer: int = Field(default=0, json_schema_extra={"minimum": 0},
                        description="The layer, 0 … num_layers − 1 (ignored for final_norm)." + _CELL_DOC)
@@ -138,6 +139,7 @@ class NormExplainRequest(TraceRequest):
         with engine_rules():
             check_explainable(self.inject_bug)
             try:
+                # the ignore below: a _Bounds stands in for the Trace
                 check_norm_cell(_Bounds(self.trace_config, len(self._tokens)),  # type: ignore[arg-type]
                                 self.cell, self.layer, self.token, self.feature)
             except EngineError as e:
@@ -163,6 +165,7 @@ class FFNExplainRequest(TraceRequest):
         with engine_rules():
             check_explainable(self.inject_bug)
             try:
+                # the ignore below: a _Bounds stands in for the Trace
                 check_ffn_cell(_Bounds(self.trace_config, len(self._tokens)),  # type: ignore[arg-type]
                                self.layer, self.token, self.unit)
             except EngineError as e:
@@ -173,7 +176,7 @@ class FFNExplainRequest(TraceRequest):
 class ExplainStep(BaseModel):
     """One step of the cell's walk. Every step has id, stage, formula, value and index; the rest depend on it."""
 
-    id: Literal[STEP_IDS]  # type: ignore[valid-type]
+    id: Literal[STEP_IDS]  # type: ignore[valid-type]  # Literal of a run-time tuple
     stage: StageId = Field(description="The stage the step's number comes from (exp and denominator are inside "
                                        "the softmax, stage `weights`).")
     formula: str
@@ -272,8 +275,9 @@ class NormExplainResponse(BaseModel):
     engine_version: str
     config: ConfigOut
     parameters_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    # the ignore below: Literal of a run-time tuple
     norm: Literal[NORMS] = Field(description="The norm explained (the request's cell).")  # type: ignore[valid-type]
-    norm_kind: Literal[NORM_KINDS]  # type: ignore[valid-type]
+    norm_kind: Literal[NORM_KINDS]  # type: ignore[valid-type]  # Literal of a run-time tuple
     layer: int | None = omitted("norm1 and norm2 only (the final norm is the stack's, after every layer).")
     token: int
     token_text: str
@@ -314,7 +318,7 @@ class FFNExplainResponse(BaseModel):
     token: int
     token_text: str
     unit: int
-    ffn: Literal[FFN_KINDS]  # type: ignore[valid-type]
+    ffn: Literal[FFN_KINDS]  # type: ignore[valid-type]  # Literal of a run-time tuple
     d_ff: int
     source_stage: StageId = Field(description="The stage the FFN's input row is in.")
     steps: list[FFNExplainStep] = Field(description="products, pre_activation, (up,) activation, (gated,) "
@@ -375,11 +379,11 @@ def explain_document(req: AnyExplainRequest) -> dict[str, Any]:
 
 
 #: the request model of each cell other than an attention weight
-_CELL_REQUESTS: dict[str, type[TraceRequest]] = {**{norm: NormExplainRequest for norm in NORMS},
-                                                 "ffn": FFNExplainRequest}
+_CELL_REQUESTS: dict[str, type[NormExplainRequest | FFNExplainRequest]] = {
+    **{norm: NormExplainRequest for norm in NORMS}, "ffn": FFNExplainRequest}
 
 
-def request_model(raw: bytes) -> type[TraceRequest]:
+def request_model(raw: bytes) -> type[ExplainRequest | NormExplainRequest | FFNExplainRequest]:
     """The model a body is validated with, by its ``cell``: ExplainRequest (an attention cell, as before the
     block's cells existed, for any body without a block cell), NormExplainRequest or FFNExplainRequest."""
     if b"cell" not in raw and b"\\u" not in raw:  # no "cell" key, even escaped: the attention cell

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 bp = Blueprint("export", __name__)
 
-ExportFormat = Literal[EXPORT_FORMATS]  # type: ignore[valid-type]
+ExportFormat = Literal[EXPORT_FORMATS]  # type: ignore[valid-type]  # Literal of a run-time tuple
 
 #: /trace fields that choose what /trace returns, which an export does not: (field, its default, why)
 _NOT_EXPORTED: tuple[tuple[str, Any, str], ...] = (

@@ -7,7 +7,7 @@ with the routes and their fragment of openapi.yaml (:func:`openapi_paths`).
 them per request body (service/cache.py, service/compression.py), and
 ``Accept: application/x-npz`` answers the same document as exact arrays
 (service/npz.py). /trace/html answers the trace drawn by the viewer as one
-offline file (service/offline_page.py).
+offline file (viewer/offline_page.py).
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import engine
 from engine import BUG_NAMES, BUGS, check_bug
 from engine.bugs import ALL_BUGS, BLOCK_BUGS
 from engine.layer import ALL_STAGE_IDS, check_stages
+from viewer.offline_page import comparison_request, export_filename, render_html_bytes
 
 from .. import batch, budget, compression, npz, serialize
 from ..batch import BatchRequest
 from ..edge import json_response, parse_body, read_json_body, settings
 from ..models import (BoundedNumber, ConfigOut, InjectableBugName, InjectedBug, StageId, TokenOut, TraceSpec,
                       engine_rules, omitted)
-from ..offline_page import comparison_request, export_filename, render_html_bytes
 from ..problems import ProblemError
 
 if TYPE_CHECKING:
@@ -405,7 +405,7 @@ def post_trace_html() -> Response:
     doc = trace_document(req)
     comparison = trace_document(alt) if compare else None
     g.cpu_estimate = compression.estimate_s(work)
-    page = render_html_bytes(doc, body, comparison=comparison)
+    page = render_html_bytes(doc, body, comparison=comparison, dumps=serialize.dumps)
     resp = current_app.response_class(page, mimetype="text/html")
     resp.headers["Content-Type"] = "text/html; charset=utf-8"
     resp.headers["Content-Disposition"] = f'attachment; filename="{export_filename(doc, body)}"'

@@ -11,7 +11,7 @@ framing); the API keeps its stricter policy (``API_CSP`` in
 ``service/__init__.py``, set only where a route set none).
 
 ``POST /trace/html`` (service/routes/trace.py) answers a /trace request with
-the viewer's page for that trace as one offline file (service/offline_page.py).
+the viewer's page for that trace as one offline file (viewer/offline_page.py).
 """
 
 from __future__ import annotations

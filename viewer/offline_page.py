@@ -25,7 +25,8 @@ trace, explaining a cell, this export) is hidden.
 
 Used by ``POST /trace/html`` (service/routes/trace.py) and ``attention-trace trace
 SENTENCE --html FILE`` (attention_trace/cli.py), which write the same bytes for
-the same request.
+the same request. The files are the service's (``service/static/``, beside this
+package when installed); this module imports no project package.
 """
 
 from __future__ import annotations
@@ -34,11 +35,14 @@ import base64
 import hashlib
 import html
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-STATIC_DIR = Path(__file__).resolve().parent / "static"
+import orjson
+
+#: the viewer's files, which the service also serves (service/static/, in the checkout and in the wheel alike)
+STATIC_DIR = Path(__file__).resolve().parent.parent / "service" / "static"
 
 #: how index.html loads each of the viewer's scripts, in order (classic scripts, deferred)
 SCRIPT_TAG = re.compile(r'<script src="static/([a-z0-9-]+\.js)" defer></script>\n')
@@ -119,16 +123,21 @@ def render_html(trace_document: Mapping[str, Any], request_body: Mapping[str, An
     return render_html_bytes(trace_document, request_body, comparison=comparison).decode("utf-8")
 
 
+def _dumps(doc: Any) -> bytes:
+    """JSON bytes as the service writes its answers (orjson, numpy arrays as lists)."""
+    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
 def render_html_bytes(trace_document: Mapping[str, Any], request_body: Mapping[str, Any], *,
-                      comparison: Mapping[str, Any] | None = None) -> bytes:
+                      comparison: Mapping[str, Any] | None = None,
+                      dumps: Callable[[Any], bytes] = _dumps) -> bytes:
     """render_html's page, UTF-8 encoded (what POST /trace/html answers), made without a str of the trace.
 
     ``trace_document``: a /trace answer (as parsed JSON, or the service's document with numpy arrays), with every
     stage (a request with ``stages`` cannot be drawn); ``request_body``: the /trace request that made it;
     ``comparison``: the answer to ``comparison_request(request_body)``, for the "why divide by √d_k" section.
+    ``dumps``: the JSON writer (the service passes its own, which writes the same bytes a piece at a time).
     """
-    from .serialize import dumps  # orjson, exactly as /trace writes its answers
-
     missing = [s for s in DRAWN_STAGES if s not in trace_document.get("stages", {})]
     if missing:
         raise ValueError(f"the page draws every stage; this trace lacks {', '.join(missing)} (drop `stages`)")
