@@ -197,7 +197,7 @@ def test_static_folder_is_flat_for_packaging():
     assert all((STATIC_DIR / name).is_file() for name in STATIC_FILES)
     assert {"index.html", "style.css", "favicon.svg", *SCRIPTS} <= set(STATIC_FILES)
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    assert "static/*" in pyproject["tool"]["setuptools"]["package-data"]["service"]
+    assert "*" in pyproject["tool"]["setuptools"]["package-data"]["service.static"]
 
 
 def test_the_static_folder_holds_what_the_page_loads_and_nothing_more(web):
