@@ -856,6 +856,12 @@
     writeFields(fieldsFromTrace(request, doc), Math.max(cfg.num_heads, cfg.d_model));
     for (const el of ui.form.elements) el.disabled = true; // nothing here can ask the service for another trace
     readSelection();
+    // A preset's trace (the command line's --html of a preset's request too) opens on the view its caption is about,
+    // unless the address chose one.
+    const preset = presetOf(request, cfg);
+    if (preset && !/[#&](q|head|layer)=/.test(location.hash)) {
+      Object.assign(state, { query: preset.select.query, head: preset.select.head, layer: preset.select.layer });
+    }
     updateDkLive();
     state.alt = EMBED.comparison ? atLayer({ doc: EMBED.comparison, text: null, body: comparisonBody(request), ms: null }) : null;
     showTrace({ doc, text: EMBED.text, body: request, ms: null });
