@@ -652,12 +652,62 @@
   /** Draw the slide in state.slide (render.js sets the rest of the page aside) and say where it is. */
   function showSlide() {
     const shown = renderPresent();
+    fitSlide();
     if (!shown) return;
     const { slides, at } = shown;
     state.slide = slides[at].id;
     ui.presentWhere.textContent = `Stage ${at + 1} of ${slides.length}: ${slides[at].title}`;
     ui.presentPrev.disabled = at === 0;
     ui.presentNext.disabled = at === slides.length - 1;
+  }
+
+  // A slide's zoom: as large as fits the screen above the bar, within these bounds (a projector's 1280×720 shows a
+  // 12-token stage at about 0.6; a 1920×1080 screen a 3-token one at the top).
+  const PRESENT_ZOOM_MIN = 0.35;
+  const PRESENT_ZOOM_MAX = 2;
+  let fitting = false;
+
+  /**
+   * Present mode: the slide (#main, the pickers and the stage's parts) zoomed (CSS zoom, so it lays out again) to fill
+   * the screen above the bar without scrolling: down when it is too tall or too wide, up on a larger screen. A few
+   * passes, because a zoomed slide has another width to wrap its lines in. Out of present mode, no zoom.
+   */
+  function fitSlide() {
+    const root = document.documentElement;
+    if (!state.present || !state.main) {
+      root.style.removeProperty('--present-zoom');
+      delete root.dataset.presentZoom;
+      return;
+    }
+    if (fitting) return;
+    fitting = true;
+    try {
+      root.style.setProperty('--present-bar', `${Math.ceil(ui.presentBar.getBoundingClientRect().height)}px`);
+      // Whether the slide fits at a zoom: its height above the bar, and no figure wider than its scroll box.
+      const fits = (z) => {
+        root.style.setProperty('--present-zoom', String(z));
+        const bottom = Math.max(...[ui.main, ...ui.main.children, ...ui.results.children]
+          .filter((el) => el.offsetParent !== null).map((el) => el.getBoundingClientRect().bottom));
+        if (bottom + window.scrollY > ui.presentBar.getBoundingClientRect().top - 6) return false;
+        return [ui.main, ...ui.results.querySelectorAll('.hm-scroll, .mx-scroll, .table-scroll')]
+          .every((el) => el.offsetParent === null || el.scrollWidth <= el.clientWidth + 1);
+      };
+      // The largest zoom that fits, by bisection (a zoomed slide wraps its lines in another width, so no formula).
+      let lo = PRESENT_ZOOM_MIN;
+      let hi = PRESENT_ZOOM_MAX;
+      if (fits(hi)) lo = hi;
+      for (let i = 0; i < 9 && hi - lo > 0.01; i += 1) {
+        const mid = (lo + hi) / 2;
+        if (fits(mid)) lo = mid;
+        else hi = mid;
+      }
+      // A little below the largest that fitted, checked again: a line can wrap at one zoom and not at the next.
+      let zoom = Math.max(PRESENT_ZOOM_MIN, lo * 0.97);
+      while (!fits(zoom) && zoom > PRESENT_ZOOM_MIN) zoom = Math.max(PRESENT_ZOOM_MIN, zoom * 0.95);
+      root.dataset.presentZoom = zoom.toFixed(3);
+    } finally {
+      fitting = false;
+    }
   }
 
   function setPresent(on) {
@@ -682,15 +732,20 @@
     window.scrollTo(0, 0);
   }
 
-  /** Keys in present mode: Page Down / Page Up (a presenter's clicker), the arrows outside the controls, Escape. */
+  /**
+   * Keys in present mode: Page Down / Page Up (a presenter's clicker), the arrows and the space bar (Shift+Space back)
+   * outside the controls that use them, Escape. A focused button keeps its own Space (it clicks it).
+   */
   function presentKeys(e) {
     if (!state.present || e.altKey || e.ctrlKey || e.metaKey) return;
     const t = e.target;
-    const inControl = t instanceof Element && t.closest('input, select, textarea, [role="grid"], summary, .chips')
+    const inControl = t instanceof Element && t.closest('input, select, textarea, [role="grid"], summary, .chips, .bd-box')
       && !t.closest('#present-bar');
+    const onButton = t instanceof Element && !!t.closest('button, [role="button"], a[href]');
+    const space = e.key === ' ' && !inControl && !onButton;
     if (e.key === 'Escape') setPresent(false);
-    else if (e.key === 'PageDown' || (!inControl && e.key === 'ArrowRight')) step(1);
-    else if (e.key === 'PageUp' || (!inControl && e.key === 'ArrowLeft')) step(-1);
+    else if (e.key === 'PageDown' || (space && !e.shiftKey) || (!inControl && (e.key === 'ArrowRight' || e.key === 'ArrowDown'))) step(1);
+    else if (e.key === 'PageUp' || (space && e.shiftKey) || (!inControl && (e.key === 'ArrowLeft' || e.key === 'ArrowUp'))) step(-1);
     else return;
     e.preventDefault();
   }
@@ -800,7 +855,13 @@
     ui.presentNext.addEventListener('click', () => step(1));
     ui.presentPrev.addEventListener('click', () => step(-1));
     document.addEventListener('keydown', presentKeys);
-    window.addEventListener('resize', () => { if (state.main) renderer.markOverflow(); });
+    window.addEventListener('resize', () => {
+      if (!state.main) return;
+      renderer.markOverflow();
+      fitSlide();
+    });
+    // A slide's content can change after it is drawn (the comparison arrives, a cell is explained): fit it again.
+    if (typeof ResizeObserver === 'function') new ResizeObserver(() => fitSlide()).observe(ui.results);
     ui.copy.addEventListener('click', copyCurl);
     ui.download.addEventListener('click', downloadJson);
     ui.downloadHtml.addEventListener('click', downloadHtml);

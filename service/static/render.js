@@ -1137,6 +1137,7 @@
       if (!state.present || !state.main) {
         for (const el of document.querySelectorAll('.present-off')) off(el, false);
         delete root.dataset.slide;
+        ui.results.classList.remove('present-split');
         return null;
       }
       const slides = presentSlides(state.main.doc);
@@ -1159,6 +1160,8 @@
         off(el, maps.length === 0);
       }
       off(ui.thumbs, !slide.parts.includes('heads'));
+      // The walkthrough's row beside the stage's figures (style.css), when the slide has both.
+      ui.results.classList.toggle('present-split', slide.rows.length > 0 && (maps.length > 0 || slide.parts.length > 0));
       return { slides, at };
     }
 

@@ -1,0 +1,128 @@
+"""Present mode on a projector: headless Chromium at 1280×720 and 1024×768 (and 1920×1080), real gunicorn.
+
+Each stage of a 3-, 6- and 12-token trace and a stack's block and residual-stream stages fits the screen above the
+bar without scrolling (the slide zoomed down when it is too large, up on a larger screen); Page Down / Page Up, the
+arrows and the space bar step through the stages, as a presenter's clicker does; the bar stays one line.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+import pytest
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+
+from viewer_browser_support import ChromiumOptions, js, open_page, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.browser]
+
+SCREENS = [(1280, 720), (1024, 768)]
+SENTENCES = {3: "the cat sat", 6: "the cat sat on the mat",
+             12: "the cat sat on the mat and the dog lay on the rug"}
+
+
+@pytest.fixture(scope="module")
+def chromium_options() -> ChromiumOptions:
+    return ChromiumOptions(args=("--force-color-profile=srgb", "--disable-quic"), size=SCREENS[0])
+
+
+def screen(driver, width: int, height: int) -> None:
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+
+
+def fragment(**view) -> str:
+    return "#" + urlencode(view)
+
+
+def where(driver) -> str:
+    return driver.find_element(By.ID, "present-where").text
+
+
+def fit(driver) -> dict:
+    """How the slide on screen sits: the page's scroll height against the screen, the lowest visible part of the
+    slide against the bar's top, the bar's height and its title's lines, the widest figure against its box."""
+    return js(driver, """
+        const bar = document.getElementById('present-bar').getBoundingClientRect();
+        const title = document.getElementById('present-where');
+        const lh = parseFloat(getComputedStyle(title).lineHeight) || 1.5 * parseFloat(getComputedStyle(title).fontSize);
+        const shown = [...document.querySelectorAll('#main > *, #results [data-present]')]
+          .filter((el) => el.offsetParent !== null && !el.hidden);
+        const boxes = [...document.querySelectorAll('#results .hm-scroll, #results .mx-scroll')].filter((el) => el.offsetParent !== null);
+        return {
+          scroll: document.scrollingElement.scrollHeight, height: innerHeight, scrollY: scrollY,
+          bottom: Math.max(...shown.map((el) => el.getBoundingClientRect().bottom)), barTop: bar.top, barHeight: bar.height,
+          titleLines: Math.round(title.getBoundingClientRect().height / lh),
+          wide: Math.max(0, ...boxes.map((el) => el.scrollWidth - el.clientWidth)),
+          zoom: Number(document.documentElement.dataset.presentZoom || 0),
+          parts: shown.map((el) => el.id || el.dataset.present),
+        };""")
+
+
+def step_through(driver, key_for_step) -> list[tuple[str, dict]]:
+    """Every stage from the first, each stepped to with key_for_step(i); what fit() says on each."""
+    first = where(driver)
+    total = int(first.split(" of ")[1].split(":")[0])
+    seen = []
+    for i in range(total):
+        if i:
+            ActionChains(driver).send_keys(key_for_step(i)).perform()
+            wait_until(driver, lambda d, i=i: where(d).startswith(f"Stage {i + 1} of {total}:"), f"stage {i + 1}")
+        seen.append((where(driver), fit(driver)))
+    return seen
+
+
+def assert_fits(label: str, state: dict) -> None:
+    assert state["scroll"] <= state["height"] + 1 and state["scrollY"] == 0, f"{label} {state}"
+    assert state["bottom"] <= state["barTop"] + 1, (label, state)
+    assert state["wide"] <= 1, (label, state)
+    assert state["titleLines"] == 1 and state["barHeight"] < 0.1 * state["height"], (label, state)
+
+
+@pytest.mark.parametrize("size", SCREENS, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("n", sorted(SENTENCES))
+def test_every_stage_fits_the_screen_and_the_clicker_steps_through_them(driver, server, console, size, n):
+    screen(driver, *size)
+    open_page(driver, server, fragment(sentence=SENTENCES[n], d_model=24, num_heads=4, causal=1, q=1, head=0,
+                                       present=1))
+    wait_until(driver, lambda d: where(d).startswith("Stage 1 of"))
+    keys = [Keys.PAGE_DOWN, Keys.ARROW_RIGHT, Keys.SPACE, Keys.ARROW_DOWN]
+    for title, state in step_through(driver, lambda i: keys[i % len(keys)]):
+        assert_fits(f"{n} tokens at {size}: {title}", state)
+    # Back again: Page Up, the left arrow, Shift+Space.
+    total = int(where(driver).split(" of ")[1].split(":")[0])
+    for i, key in enumerate((Keys.PAGE_UP, Keys.ARROW_LEFT, Keys.ARROW_UP)):
+        ActionChains(driver).send_keys(key).perform()
+        wait_until(driver, lambda d, i=i: where(d).startswith(f"Stage {total - 1 - i} of"))
+    ActionChains(driver).key_down(Keys.SHIFT).send_keys(Keys.SPACE).key_up(Keys.SHIFT).perform()
+    wait_until(driver, lambda d: where(d).startswith(f"Stage {total - 4} of"))
+    assert js(driver, "return scrollY;") == 0
+
+
+@pytest.mark.parametrize("size", SCREENS, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_a_stacks_block_and_residual_stages_fit(driver, server, console, size):
+    screen(driver, *size)
+    open_page(driver, server, fragment(sentence=SENTENCES[6], d_model=24, num_heads=2, causal=1, block="gpt2",
+                                       layers=3, layer=1, q=2, head=0, present=1, slide="block"))
+    wait_until(driver, lambda d: "The block" in where(d))
+    state = fit(driver)
+    assert "block-section" in state["parts"], state
+    assert_fits(f"block at {size}", state)
+    ActionChains(driver).send_keys(Keys.PAGE_DOWN).perform()
+    wait_until(driver, lambda d: "residual stream" in where(d))
+    assert_fits(f"residual at {size}", fit(driver))
+
+
+def test_a_small_slide_is_zoomed_up_on_a_large_screen(driver, server, console):
+    screen(driver, 1920, 1080)
+    open_page(driver, server, fragment(sentence=SENTENCES[3], d_model=24, num_heads=4, q=1, head=0, present=1,
+                                       slide="scores"))
+    wait_until(driver, lambda d: "Score" in where(d))
+    state = fit(driver)
+    assert_fits("3 tokens at 1920x1080", state)
+    assert state["zoom"] > 1.2, state
+    number = js(driver, """const c = document.querySelector('figure.heatmap[data-stage="scores"] td');
+        return parseFloat(getComputedStyle(c).fontSize) * Number(document.documentElement.dataset.presentZoom);""")
+    assert number >= 20, number  # was 15.6 px at 1920×1080
