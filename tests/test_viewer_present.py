@@ -10,6 +10,7 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 import pytest
+import requests
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -126,3 +127,56 @@ def test_a_small_slide_is_zoomed_up_on_a_large_screen(driver, server, console):
     number = js(driver, """const c = document.querySelector('figure.heatmap[data-stage="scores"] td');
         return parseFloat(getComputedStyle(c).fontSize) * Number(document.documentElement.dataset.presentZoom);""")
     assert number >= 20, number  # was 15.6 px at 1920×1080
+
+
+# ---------------------------------------------------------------- the head-size card
+
+
+def card(driver) -> dict:
+    return js(driver, """const t = (id) => document.getElementById(id).textContent.replace(/\\s+/g, ' ').trim();
+        const lines = [...document.querySelectorAll('.facts dd')].filter((dd) => dd.offsetParent !== null)
+          .map((dd) => Math.round(dd.getBoundingClientRect().height / parseFloat(getComputedStyle(dd).lineHeight)));
+        return { matrices: t('fact-matrices'), matricesLabel: t('fact-matrices-label'), params: t('fact-params'),
+                 paramsLabel: document.querySelector('#fact-params-label .visually-hidden')?.textContent || t('fact-params-label'),
+                 stackShown: !document.getElementById('fact-stack').hidden, stack: t('fact-stack-label') + ' = ' + t('fact-stack-value'), lines };""")
+
+
+def thousands(n: int) -> str:
+    return f"{n:,}"
+
+
+@pytest.mark.parametrize("size", SCREENS, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("body, per_layer", [
+    # the reported card: GPT-2, 3 layers, d_model 24 read "3h + 1 = 45" and "4·d_model² = 21,072"
+    ({"sentence": "the cat sat", "d_model": 24, "num_heads": 1, "block": "gpt2", "num_layers": 3},
+     ("3h + 1", 4, "4·d_model²", 24 * 24 * 4)),
+    # K/V heads in a stack: h + 2·kv + 1 = 13, 2·48² + 2·2·6·48 = 5,760 a layer
+    ({"sentence": "the cat sat on the mat", "d_model": 48, "num_heads": 8, "num_kv_heads": 2, "block": "llama",
+      "num_layers": 2}, ("h + 2·kv + 1", 13, "2·d_model² + 2·kv·d_k·d_model", 2 * 48 * 48 + 2 * 2 * 6 * 48)),
+])
+def test_the_head_size_card_shows_one_layers_formulas_and_numbers_and_the_stacks_totals(
+        driver, server, console, tmp_path, size, body, per_layer):
+    screen(driver, *size)
+    label, matrices, params_label, params = per_layer
+    cfg = requests.post(server.url + "/trace", json=body, timeout=30).json()["config"]
+    view = {"sentence": body["sentence"], "d_model": body["d_model"], "num_heads": body["num_heads"],
+            "block": body["block"], "layers": body["num_layers"], "causal": 1, "q": 1, "head": 0}
+    if "num_kv_heads" in body:
+        view["kv"] = body["num_kv_heads"]
+        view["pe"] = "rope"
+    open_page(driver, server, fragment(**view))
+    wait_until(driver, lambda d: card(d)["stackShown"])
+    page = tmp_path / "card.html"
+    page.write_bytes(requests.post(server.url + "/trace/html", json=body, timeout=30).content)
+    for where_ in ("page", "saved page"):
+        if where_ == "saved page":
+            driver.get("about:blank")
+            driver.get(page.as_uri())
+            wait_until(driver, lambda d: card(d)["stackShown"])
+        got = card(driver)
+        assert (got["matricesLabel"], got["matrices"], got["paramsLabel"], got["params"]) == \
+            (label, str(matrices), params_label, thousands(params)), (where_, got)
+        layers = body["num_layers"]
+        assert got["stack"] == (f"The whole stack ({layers} layers, with FFN and norms) = "
+                                f"{thousands(cfg['n_matrices'])} matrices, {thousands(cfg['n_parameters'])} weights"), got
+        assert cfg["n_parameters"] != params and all(n == 1 for n in got["lines"][:3]), (where_, got)

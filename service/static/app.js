@@ -96,7 +96,8 @@
     dkCard: $('dk-card'), dkDModel: $('dk-dmodel'), dkHeads: $('dk-heads'), dkValue: $('dk-value'),
     dkStatus: $('dk-status'), dkMessage: $('dk-message'),
     factMatrices: $('fact-matrices'), factParams: $('fact-params'), factScale: $('fact-scale'),
-    factScaleLabel: $('fact-scale-label'),
+    factScaleLabel: $('fact-scale-label'), factStack: $('fact-stack'), factStackLabel: $('fact-stack-label'),
+    factStackValue: $('fact-stack-value'),
     copy: $('copy-curl'), download: $('download-json'), downloadHtml: $('download-html'),
     actionStatus: $('action-status'), curl: $('curl-command'),
     main: $('main'), tokenOptions: $('token-options'), headOptions: $('head-options'), traceStatus: $('trace-status'),
@@ -259,6 +260,9 @@
     setText(ui.factMatrices, card.shown.matrices);
     setText(ui.factParams, card.shown.params);
     setText(ui.factScale, card.shown.scale);
+    // The stack's totals (its FFN and norms) are the service's answer's: shown while the inputs still ask for it.
+    const withoutSentence = (body) => JSON.stringify({ ...body, sentence: null });
+    if (!state.main || withoutSentence(readRequest().body) !== withoutSentence(state.main.body)) ui.factStack.hidden = true;
     if (card.sliderMax !== null && ui.heads.max !== String(card.sliderMax)) ui.heads.max = String(card.sliderMax);
     if (card.dModel !== null && ui.divisors.dataset.for !== String(card.dModel)) {
       ui.divisors.replaceChildren(...divisors(card.dModel, limits.max_heads).map((d) => h('option', { value: d, label: String(d) })));
@@ -493,9 +497,16 @@
     setDkState('valid', `${cfg.d_model} / ${cfg.num_heads} = ${cfg.d_k}: each head works in ${cfg.d_k} dimensions`, '');
     setFactLabels(cfg.num_kv_heads !== undefined, cfg.scale);
     setText(ui.dkValue, String(cfg.d_k));
-    setText(ui.factMatrices, String(cfg.n_matrices));
-    setText(ui.factParams, int(cfg.n_parameters));
+    // One attention layer's counts beside its formulas; a stack's totals (config.n_matrices, n_parameters: every
+    // layer's attention, FFN and norms) on their own labelled line.
+    const kv = cfg.num_kv_heads ?? cfg.num_heads;
+    setText(ui.factMatrices, String(cfg.num_heads + 2 * kv + 1));
+    setText(ui.factParams, int(2 * cfg.d_model * cfg.d_model + 2 * kv * cfg.d_k * cfg.d_model));
     setText(ui.factScale, fmt(cfg.scale_factor, 4));
+    const layers = cfg.num_layers ?? 1;
+    ui.factStack.hidden = !isStack(main.doc.full || main.doc);
+    setText(ui.factStackLabel, `The whole stack (${layers} layer${layers === 1 ? '' : 's'}, with FFN and norms)`);
+    setText(ui.factStackValue, `${int(cfg.n_matrices)} matrices, ${int(cfg.n_parameters)} weights`);
     ui.download.disabled = false;
     ui.downloadHtml.disabled = false;
     clearExplain('The inputs changed: click a cell (or press Enter on it) to explain it.');
