@@ -180,3 +180,52 @@ def test_the_head_size_card_shows_one_layers_formulas_and_numbers_and_the_stacks
         assert got["stack"] == (f"The whole stack ({layers} layers, with FFN and norms) = "
                                 f"{thousands(cfg['n_matrices'])} matrices, {thousands(cfg['n_parameters'])} weights"), got
         assert cfg["n_parameters"] != params and all(n == 1 for n in got["lines"][:3]), (where_, got)
+
+
+# ---------------------------------------------------------------- the projector text scale
+
+
+def text_px(driver) -> dict:
+    """The smallest map or matrix number and figure caption on screen, in screen pixels (font size × the zoom)."""
+    return js(driver, """const z = Number(document.documentElement.dataset.presentZoom || 1);
+        const px = (sel) => [...document.querySelectorAll(sel)].filter((e) => e.offsetParent && e.textContent.trim())
+          .map((e) => parseFloat(getComputedStyle(e).fontSize) * z);
+        return { numbers: Math.min(...px('#results .hm-cell, #results .mx-cell')),
+                 captions: Math.min(...px('#results figcaption, #results .mx-caption, #walkthrough-title')),
+                 root: parseFloat(getComputedStyle(document.documentElement).fontSize) };""")
+
+
+@pytest.mark.parametrize("n", [3, 6])
+def test_present_mode_at_1280x720_draws_a_maps_numbers_at_16_px_and_its_caption_at_20(driver, server, console, n):
+    screen(driver, 1280, 720)
+    open_page(driver, server, fragment(sentence=SENTENCES[n], d_model=24, num_heads=4, causal=1, q=1, head=0,
+                                       present=1, slide="masked_scores"))
+    wait_until(driver, lambda d: "Mask" in where(d))
+    assert_fits(f"{n} tokens", fit(driver))
+    got = text_px(driver)
+    assert got["numbers"] >= 16 and got["captions"] >= 20, got
+
+
+def test_the_text_scale_is_kept_in_the_address_and_the_saved_page(driver, server, console, tmp_path):
+    screen(driver, 1280, 720)
+    open_page(driver, server, fragment(sentence="the cat sat", d_model=24, num_heads=1, q=1, head=0))
+    wait_until(driver, lambda d: d.find_element(By.CSS_SELECTOR, "#maps-body td") is not None)
+    base = text_px(driver)["root"]
+    from selenium.webdriver.support.ui import Select
+
+    Select(driver.find_element(By.ID, "text-scale")).select_by_visible_text("150%")
+    wait_until(driver, lambda d: "text=150" in d.current_url)
+    assert text_px(driver)["root"] == pytest.approx(1.5 * base)
+    # A reload keeps it; so does a saved page opened with the address's view.
+    address = driver.current_url
+    open_page(driver, server, address[address.index("#"):])
+    assert driver.find_element(By.ID, "text-scale").get_attribute("value") == "1.5"
+    assert text_px(driver)["root"] == pytest.approx(1.5 * base)
+    page = tmp_path / "saved.html"
+    page.write_bytes(requests.post(server.url + "/trace/html", json={"sentence": "the cat sat"}, timeout=30).content)
+    driver.get("about:blank")
+    driver.get(page.as_uri() + "#q=1&head=0&text=200")
+    wait_until(driver, lambda d: d.find_element(By.ID, "text-scale").get_attribute("value") == "2")
+    assert text_px(driver)["root"] == pytest.approx(2 * base)
+    Select(driver.find_element(By.ID, "text-scale")).select_by_visible_text("125%")
+    wait_until(driver, lambda d: "text=125" in d.current_url)

@@ -59,6 +59,7 @@
     head: 0, // selected head index (0-based)
     step: null, // selected KV-cache decoding step (null: the first one)
     colour: 'abs', // the maps' colour scale (format.js, SCALE_MODES)
+    text: 1, // the projector text scale (url-state.js, TEXT_SCALES)
     present: false, // present mode: one stage at a time
     slide: null, // present mode's slide (trace.js, presentSlides; null: the first)
     layer: null, // a stack's layer shown (0-based; null: the first); state.main.doc is that layer (trace.js, layerView)
@@ -108,7 +109,7 @@
     multihead: $('multihead-body'), footer: $('footer-versions'),
     explainSection: $('explain-section'), explainStatus: $('explain-status'), explainBody: $('explain-body'),
     matrices: $('matrices-body'), matricesTitle: $('matrices-title'), matricesReadout: $('matrices-readout'),
-    colourScale: $('colour-scale'),
+    colourScale: $('colour-scale'), textScale: $('text-scale'),
     presentToggle: $('present-toggle'), presentBar: $('present-bar'), presentPrev: $('present-prev'),
     presentNext: $('present-next'), presentExit: $('present-exit'), presentWhere: $('present-where'),
     headPresets: $('head-presets'), headKinds: $('head-kinds'), sharpness: $('sharpness'),
@@ -352,6 +353,7 @@
     const hash = hashFor(STANDALONE ? null : readFields(), {
       query: state.query, head: state.head, step: showStep ? state.step : null, colour: state.colour,
       present: state.present, slide: state.slide, layer: stack ? state.layer : null, bstage: stack ? state.bstage : null,
+      text: state.text,
     });
     if (location.hash === hash) return;
     try {
@@ -369,9 +371,10 @@
 
   /** The query token, head, decoding step, colour scale and present mode from the address. */
   function readSelection() {
-    Object.assign(state, selectionFromHash(location.hash));
+    Object.assign(state, { text: 1 }, selectionFromHash(location.hash));
     state.queryText = null;
     ui.colourScale.value = state.colour;
+    showTextScale();
     showPresentMode();
   }
 
@@ -700,7 +703,7 @@
         const bottom = Math.max(...[ui.main, ...ui.main.children, ...ui.results.children]
           .filter((el) => el.offsetParent !== null).map((el) => el.getBoundingClientRect().bottom));
         if (bottom + window.scrollY > ui.presentBar.getBoundingClientRect().top - 6) return false;
-        return [ui.main, ...ui.results.querySelectorAll('.hm-scroll, .mx-scroll, .table-scroll')]
+        return [ui.main, ...ui.results.querySelectorAll('.hm-scroll, .mx-scroll')]
           .every((el) => el.offsetParent === null || el.scrollWidth <= el.clientWidth + 1);
       };
       // The largest zoom that fits, by bisection (a zoomed slide wraps its lines in another width, so no formula).
@@ -772,6 +775,23 @@
     resizeHeadKinds(); // one kind choice for the one head
     state.head = 0;
     schedule(0);
+  }
+
+  /** The text scale on the page (a CSS variable every font size follows) and in its control. */
+  function showTextScale() {
+    ui.textScale.value = String(state.text);
+    document.documentElement.style.setProperty('--text-scale', String(state.text));
+  }
+
+  /** A text scale chosen: the page redrawn at it (maps fit their boxes again, a slide the screen). */
+  function setTextScale() {
+    state.text = Number(ui.textScale.value) || 1;
+    showTextScale();
+    writeHash();
+    if (state.main) {
+      renderer.markOverflow();
+      fitSlide();
+    }
   }
 
   /** The maps' colour scale chosen. */
@@ -861,6 +881,7 @@
 
   function init() {
     ui.colourScale.addEventListener('change', setColour);
+    ui.textScale.addEventListener('change', setTextScale);
     ui.presentToggle.addEventListener('click', () => setPresent(!state.present));
     ui.presentExit.addEventListener('click', () => setPresent(false));
     ui.presentNext.addEventListener('click', () => step(1));

@@ -314,6 +314,8 @@
     if (selection.colour && selection.colour !== 'abs') p.set('colour', selection.colour);
     if (selection.present) p.set('present', '1');
     if (selection.present && selection.slide) p.set('slide', selection.slide);
+    // ---- the view's own settings for a lecture hall (text scale), each only when not the default
+    if (selection.text && selection.text !== 1) p.set('text', String(Math.round(selection.text * 100)));
     return `#${p.toString()}`;
   }
 
@@ -376,11 +378,18 @@
       slide: /^[a-z_]{1,32}$/.test(slide) ? slide : null,
       layer: /^\d{1,3}$/.test(layer) ? Number(layer) : null,
       bstage: /^[a-z_0-9]{1,32}$/.test(bstage) ? bstage : null,
+      // ---- the view's own settings for a lecture hall, only when the address sets them (a reader takes the
+      // default otherwise): the text scale, a percentage of TEXT_SCALES
+      ...(TEXT_SCALES.includes(Number(get('text', '100')) / 100) && get('text', '100') !== '100'
+        ? { text: Number(get('text', '100')) / 100 } : {}),
     };
   }
 
+  /** The projector text scales the page offers (× the text size; present mode's 125% on top). */
+  const TEXT_SCALES = Object.freeze([1, 1.25, 1.5, 2]);
+
   globalThis.AttentionTrace.urlState = Object.freeze({
     DEFAULTS, DEFAULT_FIELDS, BLOCKS, HEAD_KINDS, headKinds, kindsText, PRESET_FIELDS, withPreset, readInt, splitLines, requestFrom, fieldsFromTrace, comparisonBody, divisors, dkCard, fieldError, curlFor,
-    hashFor, fieldsFromHash, selectionFromHash, UI_WORDS, uiWords,
+    hashFor, fieldsFromHash, selectionFromHash, UI_WORDS, uiWords, TEXT_SCALES,
   });
 })();

@@ -312,3 +312,13 @@ test('uiWords: a stack\'s messages name the controls', () => {
   assert.equal(U.uiWords('… drop the context, or drop the block fields to trace cross-attention alone'),
     '… clear the context sentence and tokens, or choose Block: none to trace cross-attention alone');
 });
+
+test('the projector text scale joins the address only when set, and only as one of the offered scales', () => {
+  const sel = { query: 1, head: 0, step: null };
+  assert.equal(U.hashFor(null, { ...sel, text: 1 }), '#q=1&head=0');
+  assert.equal(U.hashFor(null, { ...sel, text: 1.5 }), '#q=1&head=0&text=150');
+  assert.equal(U.selectionFromHash('#q=1&head=0&text=150').text, 1.5);
+  assert.equal(U.selectionFromHash('#q=1&head=0&text=200').text, 2);
+  for (const bad of ['text=100', 'text=130', 'text=abc', 'text=', '']) assert.equal(U.selectionFromHash(`#q=1&${bad}`).text, undefined, bad);
+  assert.deepEqual(U.TEXT_SCALES, [1, 1.25, 1.5, 2]);
+});
