@@ -229,3 +229,46 @@ def test_the_text_scale_is_kept_in_the_address_and_the_saved_page(driver, server
     assert text_px(driver)["root"] == pytest.approx(2 * base)
     Select(driver.find_element(By.ID, "text-scale")).select_by_visible_text("125%")
     wait_until(driver, lambda d: "text=125" in d.current_url)
+
+
+# ---------------------------------------------------------------- the small items
+
+
+CONTRAST_JS = """
+    const lum = (rgb) => rgb.map((c) => c / 255).map((c) => (c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4))
+      .reduce((s, c, i) => s + c * [0.2126, 0.7152, 0.0722][i], 0);
+    const hex = (h) => [1, 3, 5].map((i) => parseInt(h.slice(i, i + 2), 16));
+    const rgbOf = (css) => css.match(/[\\d.]+/g).slice(0, 3).map(Number);
+    const ratio = (a, b) => { const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p); return (x + 0.05) / (y + 0.05); };
+    const F = globalThis.AttentionTrace.format;
+    return [...document.querySelectorAll(arguments[0])].filter((el) => el.offsetParent !== null).map((el) => {
+      const t = Number(el.style.getPropertyValue('--t'));
+      return ratio(hex(F.scaleColour(t)), rgbOf(getComputedStyle(el).color));
+    });"""
+
+
+@pytest.mark.parametrize("size", SCREENS, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_the_small_items(driver, server, console, size):
+    """The residual stream's cells hold 4.5:1; the Llama diagram names RMSNorm; the Block select shows its whole
+    choice; each "all N values" expander has a name of its own."""
+    screen(driver, *size)
+    open_page(driver, server, fragment(sentence="the cat sat on the mat", d_model=32, num_heads=2, block="llama",
+                                       layers=3, causal=1, pe="rope", q=1, head=0))
+    wait_until(driver, lambda d: js(d, "return document.querySelectorAll('.rs-cell').length") == 6 * 4)
+    ratios = js(driver, CONTRAST_JS, ".rs-cell")
+    assert len(ratios) == 24 and min(ratios) >= 4.5, sorted(ratios)[:3]
+    details = js(driver, "return [...document.querySelectorAll('.bd-detail')].map((t) => t.textContent)")
+    assert "2 heads · reads RMSNorm₁(x)" in details and not any("LN₁" in d and "RMSNorm" not in d for d in details)
+    # The Block select: its chosen option's text fits inside it (a hidden twin measures the text in its font).
+    for value in ("gpt2", "vaswani2017", "llama"):
+        fits = js(driver, """const sel = document.getElementById('block'); sel.value = arguments[0];
+            const probe = document.createElement('span'); const cs = getComputedStyle(sel);
+            probe.style.font = cs.font; probe.style.position = 'absolute'; probe.style.visibility = 'hidden';
+            probe.style.whiteSpace = 'nowrap'; probe.textContent = sel.selectedOptions[0].text; document.body.append(probe);
+            const need = probe.getBoundingClientRect().width + parseFloat(cs.paddingLeft) + 24; probe.remove();
+            return [need, sel.clientWidth];""", value)
+        assert fits[0] <= fits[1], (value, fits)
+    names = js(driver, """return [...document.querySelectorAll('#walkthrough summary')].filter((s) => /^all \\d+ values$/.test(s.textContent))
+        .map((s) => s.getAttribute('aria-label'));""")
+    assert len(names) >= 3 and len(set(names)) == len(names) and all(n and n.startswith("all ") for n in names), \
+        [n for n in names if names.count(n) > 1]

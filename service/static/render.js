@@ -88,8 +88,9 @@
     return node;
   }
 
-  /** A vector's first `limit` numbers in brackets; a longer one unfolds to all of them. */
-  function vec(values, digits = 3, limit = 8) {
+  /** A vector's first `limit` numbers in brackets; a longer one unfolds to all of them (its expander named after
+   * `name`, so that several on one page are told apart). */
+  function vec(values, digits = 3, limit = 8, name = '') {
     const shown = values.slice(0, limit).map((v, i) => h('span', { class: 'num', data: { i } }, fmt(v, digits)));
     const wrap = h('span', { class: 'vec', 'aria-label': `${values.length} values` },
       h('span', { class: 'bracket', text: '[' }), shown.slice(0, -1),
@@ -97,7 +98,7 @@
         h('span', { class: 'bracket', text: ' ]' })));
     if (values.length <= limit) return wrap;
     return h('span', { class: 'vec-wrap' }, wrap, h('details', { class: 'vec-more' },
-      h('summary', { text: `all ${values.length} values` }),
+      h('summary', { text: `all ${values.length} values`, 'aria-label': name ? `all ${values.length} values of ${name}` : null }),
       h('span', { class: 'vec vec-all' }, values.map((v, i) => h('span', { class: 'num', data: { i } }, fmt(v, digits))))));
   }
 
@@ -119,7 +120,8 @@
   }
 
   function vecLine(part, name, values, className = 'vec-line') {
-    return h('div', { class: className, data: { part } }, h('span', { class: 'vec-name', text: name }), vec(values));
+    return h('div', { class: className, data: { part } }, h('span', { class: 'vec-name', text: name }),
+      vec(values, 3, 8, name.replace(/\s*=\s*$/, '')));
   }
 
   /** One vector per context token (cross-attention's keys, values and inputs), capped for long contexts. */
@@ -357,6 +359,14 @@
         h('tbody', {}, rows));
       ui.walkthrough.replaceChildren(h('div', { class: 'table-scroll' }, table),
         explainWeights(tokens, keyTokens, q, weights, masked, cross, kindNote(cfg, hd).slice(3)));
+      // A vector shown in two stages (Q before and after RoPE's rotation): its expanders say which stage is theirs.
+      const named = new Map();
+      for (const summary of ui.walkthrough.querySelectorAll('tr[data-stage] .vec-more > summary')) {
+        const stage = summary.closest('tr[data-stage]').querySelector('th')?.textContent.trim();
+        const base = `${summary.getAttribute('aria-label') || summary.textContent} (${stage})`;
+        named.set(base, (named.get(base) ?? 0) + 1);
+        summary.setAttribute('aria-label', named.get(base) > 1 ? `${base}, ${named.get(base)}` : base);
+      }
     }
 
     /** The concat's formula: [head₀], [head₀ | head₁], [head₀ | … | head₁₁]. */
