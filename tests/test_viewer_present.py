@@ -272,3 +272,36 @@ def test_the_small_items(driver, server, console, size):
         .map((s) => s.getAttribute('aria-label'));""")
     assert len(names) >= 3 and len(set(names)) == len(names) and all(n and n.startswith("all ") for n in names), \
         [n for n in names if names.count(n) > 1]
+
+
+# ---------------------------------------------------------------- long sentences
+
+
+def long_sentence(n: int) -> str:
+    words = "the cat sat on a mat while it rained and every dog in town ran after one red ball".split()
+    return " ".join(words[i % len(words)] for i in range(n))
+
+
+@pytest.mark.parametrize("size", SCREENS, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("n", [30, 60])
+def test_a_long_sentence_is_coloured_by_default_and_its_query_is_in_view(driver, server, console, size, n):
+    """The default scale is each row's largest above 12 tokens (0 … 1 left 810 of 900 cells near-white at 30 tokens),
+    said in the legend; the query token chosen in the address is scrolled into its bar; a cap is explained."""
+    screen(driver, *size)
+    q = n - 3
+    open_page(driver, server, fragment(sentence=long_sentence(n), d_model=24, num_heads=1, q=q, head=0))
+    wait_until(driver, lambda d: js(d, "return document.querySelectorAll('table[data-stage=\"weights\"] td.hm-cell').length") > 0)
+    t = js(driver, """return [...document.querySelectorAll('table[data-stage="weights"] td.hm-cell:not(.is-masked)')]
+        .map((td) => Number(td.style.getPropertyValue('--t')));""")
+    coloured = sum(v >= 0.15 for v in t)
+    assert coloured > 0.6 * len(t), (coloured, len(t))  # absolute 0 … 1: 90 of 900 at 30 tokens
+    legend = js(driver, "const l = document.querySelector('figure[data-stage=\"weights\"] .legend');"
+                        "return [l.dataset.mode, l.dataset.auto, l.textContent];")
+    assert legend[:2] == ["row", "true"] and f"chosen for {min(n, 48)} tokens" in legend[2], legend
+    chip = js(driver, """const bar = document.getElementById('token-options').getBoundingClientRect();
+        const c = document.querySelector('#token-options input:checked').closest('.chip').getBoundingClientRect();
+        return [c.left >= bar.left - 1, c.right <= bar.right + 1, Number(document.querySelector('#token-options input:checked').value)];""")
+    assert chip == [True, True, q], chip
+    if n > 48:
+        cap = driver.find_element(By.CSS_SELECTOR, "#maps-body .hm-cap").text
+        assert "first 48 of 60" in cap and "10 px" in cap, cap

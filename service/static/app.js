@@ -58,7 +58,7 @@
     queryText: 'cat',
     head: 0, // selected head index (0-based)
     step: null, // selected KV-cache decoding step (null: the first one)
-    colour: 'abs', // the maps' colour scale (format.js, SCALE_MODES)
+    colour: 'auto', // the maps' colour scale (format.js, SCALE_MODES)
     text: 1, // the projector text scale (url-state.js, TEXT_SCALES)
     present: false, // present mode: one stage at a time
     slide: null, // present mode's slide (trace.js, presentSlides; null: the first)

@@ -226,6 +226,15 @@
 
     function syncPickers() {
       for (const input of ui.tokenOptions.querySelectorAll('input')) input.checked = Number(input.value) === state.query;
+      // The chosen token in view in its bar, which scrolls sideways on a long sentence (not the page: only the bar).
+      const chip = ui.tokenOptions.querySelector('input:checked')?.closest('.chip');
+      if (chip && ui.tokenOptions.scrollWidth > ui.tokenOptions.clientWidth) {
+        const bar = ui.tokenOptions.getBoundingClientRect();
+        const box = chip.getBoundingClientRect();
+        if (box.left < bar.left || box.right > bar.right) {
+          ui.tokenOptions.scrollLeft += box.left - bar.left - (bar.width - box.width) / 2;
+        }
+      }
       for (const input of ui.headOptions.querySelectorAll('input')) input.checked = Number(input.value) === state.head;
       const layer = state.main?.doc.layer;
       for (const input of ui.layerOptions.querySelectorAll('input')) input.checked = Number(input.value) === layer;
@@ -492,13 +501,15 @@
 
     function legend(scale, kind, showMasked) {
       const unitName = kind === 'weight' ? 'weight' : 'score';
-      const note = scale.mode === 'row' ? ', each row on its own' : '';
-      return h('div', { class: 'legend', data: { mode: scale.mode } },
+      const note = (scale.mode === 'row' ? ', each row on its own' : '') + (scale.auto ? ' (chosen automatically)' : '');
+      return h('div', { class: 'legend', data: { mode: scale.mode, auto: String(!!scale.auto) } },
         h('span', { class: 'legend-end', text: scale.lo }),
         h('span', { class: 'legend-bar', role: 'img',
           'aria-label': `colour scale of the ${unitName}s from ${scale.lo} (light) to ${scale.hi} (dark)${note}` }),
         h('span', { class: 'legend-end', text: scale.hi }),
-        showMasked ? h('span', { class: 'legend-masked' }, h('span', { class: 'swatch is-masked', 'aria-hidden': 'true' }), 'masked') : null);
+        showMasked ? h('span', { class: 'legend-masked' }, h('span', { class: 'swatch is-masked', 'aria-hidden': 'true' }), 'masked') : null,
+        scale.auto && scale.mode === 'row'
+          ? h('span', { class: 'legend-auto', text: `each row on its own, chosen for ${scale.ranges.length} tokens` }) : null);
     }
 
     function readCell(target) {
@@ -595,7 +606,9 @@
         tokens, keyTokens, kind: 'weight', mode, maskRow: isMasked, showMasked: !!masked }));
       const longest = Math.max(tokens.length, (keyTokens || tokens).length);
       const note = longest > HEATMAP_MAX_TOKENS
-        ? h('p', { class: 'hint', text: `Showing the first ${HEATMAP_MAX_TOKENS} of ${longest} tokens; download the JSON for all of them.` })
+        ? h('p', { class: 'hint hm-cap', text: `Showing the first ${HEATMAP_MAX_TOKENS} of ${longest} tokens: the page draws at most `
+          + `${HEATMAP_MAX_TOKENS} a map, so that each cell stays at least 10 px wide and the map one screen wide; `
+          + 'download the JSON for all of them.' })
         : null;
       // Columns as wide as one map needs: about 2.8em a cell with its number, plus the row labels; above 12 keys
       // the cells shrink to fit their box (style.css, from 10 px), so a map asks for about 15 px a key.

@@ -311,7 +311,7 @@
     p.set('q', String(selection.query));
     p.set('head', String(selection.head)); // 0-based, as in the API
     // The view's own settings, each only when it is not the default (a plain address stays plain).
-    if (selection.colour && selection.colour !== 'abs') p.set('colour', selection.colour);
+    if (selection.colour && selection.colour !== 'auto') p.set('colour', selection.colour);
     if (selection.present) p.set('present', '1');
     if (selection.present && selection.slide) p.set('slide', selection.slide);
     // ---- the view's own settings for a lecture hall (text scale), each only when not the default
@@ -365,7 +365,7 @@
     const step = Number(get('step', 'x'));
     const q = Number(get('q', '1'));
     const head = Number(get('head', '0'));
-    const colour = get('colour', 'abs');
+    const colour = get('colour', 'auto');
     const slide = get('slide', '');
     const layer = get('layer', 'x');
     const bstage = get('bstage', '');
@@ -373,7 +373,7 @@
       step: Number.isInteger(step) && step >= 0 ? step : null,
       query: Number.isInteger(q) && q >= 0 ? q : 1,
       head: Number.isInteger(head) && head >= 0 ? head : 0,
-      colour: SCALE_MODES.includes(colour) ? colour : 'abs',
+      colour: SCALE_MODES.includes(colour) ? colour : 'auto',
       present: get('present', '0') === '1',
       slide: /^[a-z_]{1,32}$/.test(slide) ? slide : null,
       layer: /^\d{1,3}$/.test(layer) ? Number(layer) : null,
