@@ -305,3 +305,40 @@ def test_a_long_sentence_is_coloured_by_default_and_its_query_is_in_view(driver,
     if n > 48:
         cap = driver.find_element(By.CSS_SELECTOR, "#maps-body .hm-cap").text
         assert "first 48 of 60" in cap and "10 px" in cap, cap
+
+
+# ---------------------------------------------------------------- the shared link
+
+
+def test_the_shared_link_keeps_the_clicked_cell(driver, server, console):
+    screen(driver, 1280, 720)
+    open_page(driver, server, fragment(sentence="the cat sat on the mat", d_model=24, num_heads=4, causal=1, q=1, head=2))
+    cell = 'table[data-stage="weights"] td[data-row="3"][data-col="1"]'
+    wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, cell))
+    driver.find_element(By.CSS_SELECTOR, cell).click()
+    wait_until(driver, lambda d: "key=1" in d.current_url and "q=3" in d.current_url)
+    wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#explain-body table"))
+    shown = driver.find_element(By.ID, "explain-body").text
+    address = driver.current_url
+    open_page(driver, server, address[address.index("#"):])
+    wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#explain-body table"))
+    assert driver.find_element(By.ID, "explain-body").text == shown
+    assert "is-explained" in driver.find_element(By.CSS_SELECTOR, cell).get_attribute("class")
+    assert "key=1" in driver.current_url
+
+
+def test_the_print_stylesheet_makes_a_handout(driver, server, console):
+    screen(driver, 1280, 720)
+    open_page(driver, server, fragment(sentence="the cat sat", d_model=24, num_heads=2, q=1, head=0))
+    wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, 'table[data-stage="weights"] td'))
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": "print"})
+    try:
+        shown = js(driver, """const on = (s) => [...document.querySelectorAll(s)].some((e) => e.offsetParent !== null
+            || getComputedStyle(e).display !== 'none' && e.getClientRects().length > 0);
+            return { sidebar: on('.sidebar'), buttons: on('#results .button'), pickers: on('.picker-bar'),
+                     maps: on('figure.heatmap'), walkthrough: on('#walkthrough'),
+                     exact: getComputedStyle(document.querySelector('td.hm-cell')).printColorAdjust };""")
+        assert shown == {"sidebar": False, "buttons": False, "pickers": False, "maps": True, "walkthrough": True,
+                         "exact": "exact"}, shown
+    finally:
+        driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": ""})

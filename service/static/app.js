@@ -75,6 +75,7 @@
     dkKey: null, // the d_k-relevant inputs the card describes
     dkAnswered: false, // whether the service has answered for them
     explain: null, // {head, query, key}: the cell whose explanation is shown
+    pendingKey: null, // the address's clicked cell (its key), explained when the trace arrives
     explainController: null,
     serviceVersion: null,
   };
@@ -354,6 +355,7 @@
       query: state.query, head: state.head, step: showStep ? state.step : null, colour: state.colour,
       present: state.present, slide: state.slide, layer: stack ? state.layer : null, bstage: stack ? state.bstage : null,
       text: state.text,
+      key: state.explain && state.explain.head === state.head && state.explain.query === state.query ? state.explain.key : null,
     });
     if (location.hash === hash) return;
     try {
@@ -371,7 +373,9 @@
 
   /** The query token, head, decoding step, colour scale and present mode from the address. */
   function readSelection() {
-    Object.assign(state, { text: 1 }, selectionFromHash(location.hash));
+    const { key, ...selection } = selectionFromHash(location.hash);
+    Object.assign(state, { text: 1 }, selection);
+    state.pendingKey = key ?? null; // a shared link's clicked cell: explained once its trace is drawn
     state.queryText = null;
     ui.colourScale.value = state.colour;
     showTextScale();
@@ -514,6 +518,12 @@
     ui.downloadHtml.disabled = false;
     clearExplain('The inputs changed: click a cell (or press Enter on it) to explain it.');
     render();
+    const key = state.pendingKey;
+    state.pendingKey = null;
+    if (Number.isInteger(key) && key < (main.doc.context_tokens || main.doc.tokens).length) {
+      explainCell(state.head, state.query, key);
+      select(null, null); // the maps mark the cell explained, the address keeps it
+    }
   }
 
   /** A failed request: field messages inline, the rest in the alert; nothing else breaks. */

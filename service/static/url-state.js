@@ -316,6 +316,8 @@
     if (selection.present && selection.slide) p.set('slide', selection.slide);
     // ---- the view's own settings for a lecture hall (text scale), each only when not the default
     if (selection.text && selection.text !== 1) p.set('text', String(Math.round(selection.text * 100)));
+    // the clicked cell: its key (its query and head are q and head), so that a shared link explains it again
+    if (Number.isInteger(selection.key) && selection.key >= 0) p.set('key', String(selection.key));
     return `#${p.toString()}`;
   }
 
@@ -382,6 +384,7 @@
       // default otherwise): the text scale, a percentage of TEXT_SCALES
       ...(TEXT_SCALES.includes(Number(get('text', '100')) / 100) && get('text', '100') !== '100'
         ? { text: Number(get('text', '100')) / 100 } : {}),
+      ...(/^\d{1,4}$/.test(get('key', '')) ? { key: Number(get('key', '')) } : {}),
     };
   }
 

@@ -322,3 +322,11 @@ test('the projector text scale joins the address only when set, and only as one 
   for (const bad of ['text=100', 'text=130', 'text=abc', 'text=', '']) assert.equal(U.selectionFromHash(`#q=1&${bad}`).text, undefined, bad);
   assert.deepEqual(U.TEXT_SCALES, [1, 1.25, 1.5, 2]);
 });
+
+test('the clicked cell joins the address as its key (q and head name its row and head)', () => {
+  const sel = { query: 2, head: 1, step: null };
+  assert.equal(U.hashFor(null, { ...sel, key: 0 }), '#q=2&head=1&key=0');
+  assert.equal(U.hashFor(null, { ...sel, key: null }), '#q=2&head=1');
+  assert.equal(U.selectionFromHash('#q=2&head=1&key=3').key, 3);
+  for (const bad of ['key=-1', 'key=1.5', 'key=x', 'key=']) assert.equal(U.selectionFromHash(`#q=1&${bad}`).key, undefined, bad);
+});
