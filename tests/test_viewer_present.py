@@ -342,3 +342,21 @@ def test_the_print_stylesheet_makes_a_handout(driver, server, console):
                          "exact": "exact"}, shown
     finally:
         driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": ""})
+
+
+@pytest.mark.parametrize("size", SCREENS, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_a_tall_maps_column_labels_stay_in_view(driver, server, console, size):
+    screen(driver, *size)
+    open_page(driver, server, fragment(sentence=long_sentence(60), d_model=24, num_heads=1, q=1, head=0))
+    box = 'figure[data-stage="weights"] .hm-scroll'
+    wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, box))
+    got = js(driver, """const box = document.querySelector(arguments[0]);
+        box.scrollIntoView({ block: 'start' }); box.scrollTop = box.scrollHeight;
+        const b = box.getBoundingClientRect();
+        const label = box.querySelector('thead th.hm-col:nth-child(5)').getBoundingClientRect();
+        const last = box.querySelector('tbody tr:last-child').getBoundingClientRect();
+        return { scrolled: box.scrollTop > 0, boxTop: b.top, boxBottom: b.bottom, labelTop: label.top,
+                 labelBottom: label.bottom, lastBottom: last.bottom, height: innerHeight };""", box)
+    assert got["scrolled"] and got["boxBottom"] - got["boxTop"] <= got["height"], got
+    assert got["boxTop"] - 1 <= got["labelTop"] and got["labelBottom"] <= got["boxTop"] + 120, got  # stuck at the top
+    assert got["lastBottom"] <= got["boxBottom"] + 1, got  # the last row reached under the labels

@@ -36,6 +36,7 @@
   const STAGE_NUMBERS_MAX_COLS = 16;
 
   const THUMBS_MAX_CELLS = 30000;
+  const TALL_MAP_ROWS = 24; // above this many rows a map scrolls in its box, its column labels kept in view
   const VECTOR_NUMBERS_MAX = 96;
   const KEY_VECTORS_MAX = 12; // context keys listed with their vectors in the walkthrough
   const MATRIX_MAX_DIMS = 64; // d_k columns of Q (rows of Kᵀ) drawn; the JSON has them all
@@ -475,7 +476,8 @@
         else if (row !== state.query) actions.select(row, null, { focus: () => focusCell(stage, row, 0) });
       });
       const svgSpec = { ...spec, mode: scale.mode };
-      return h('figure', { class: 'heatmap', data: { stage } },
+      // A map taller than a screen (above 24 rows) scrolls in its own box, its key labels stuck to the box's top.
+      return h('figure', { class: `heatmap${n > TALL_MAP_ROWS ? ' is-tall' : ''}`, data: { stage } },
         h('figcaption', {}, h('span', { class: 'hm-title', text: title }), ' ', h('code', { class: 'hm-formula', text: formula })),
         h('div', { class: 'hm-scroll' }, table),
         h('p', { class: 'hint hm-more', 'aria-hidden': 'true', text: 'Scroll sideways for the other keys →' }),
