@@ -8,7 +8,8 @@ names a job for them, as tracr compiles a program into weights:
 * ``first_token``: every query attends to position 0 (an attention sink);
 * ``induction``: two layers. Layer 0's head is a previous-token head that writes "my previous token" into the
   residual stream; layer 1's matches the query's token against it, so on "A B … A" the last A attends to the B
-  after the first A, and the head's output copies B's embedding.
+  after the first A, and the head's output copies B's embedding. A query with no earlier copy of its token
+  attends to the first token (an attention sink), as trained induction heads do.
 
 Why a layout. The seeded input x = E + PE mixes token and position in every coordinate, with the same
 magnitude: a linear head on it sees both, and the cross terms are as large as the signal (measured:
@@ -16,7 +17,7 @@ previous-token ≥ 0.9 on under 11 % of queries, same-token never; docs/engine.m
 trace with a constructed head lays x out as tracr does, the residual stream split into named subspaces
 (``Layout``), each written by one thing:
 
-    x = [ token (t) | previous token (t, induction only) | 0 | position code (2·P) | 1 ]    d_model columns
+    x = [ token (t) | previous token (t), previous parity (1): induction only | 0 | position code (2·P) | 1 ]
 
 * token: the seeded embedding of width t (the stream of a d_model = t trace), scaled to unit length;
 * position code: pairs ε_f·(sin(ω_f·pos), cos(ω_f·pos)) with ω_f = π/2^f, f < P = 8 (a sinusoidal encoding
@@ -26,7 +27,11 @@ trace with a constructed head lays x out as tracr does, the residual stream spli
   every position by about the same σ;
 * 0: a coordinate left empty, which every constructed row reads with minus the row's sum, so that a
   LayerNorm's centring (a stack's norms) leaves every constructed score unchanged;
-* 1: a constant coordinate, the bias a query reads when it asks for a fixed position.
+* 1: a constant coordinate, the bias a query reads when it asks for a fixed position;
+* previous parity (induction only): empty in x; layer 0 copies the previous token's parity (−1)^(j − 1), the code's
+  fastest cos coordinate, there. Beside the token's own parity (−1)^j it sums to 0 at every position but the first,
+  where there is no previous token and layer 0 copies position 0's own: 2. Layer 1 reads the sum as its attention
+  sink, which a linear head could not otherwise tell apart from the rest of the code.
 
 Under RoPE nothing is added to x: x = [ token | 0 | 1 ], and a previous-token head is the rotation's own
 construction (``rope_previous_token_head``); the other kinds need the code and are refused.
@@ -69,6 +74,12 @@ MIN_MATCH_DIMS = 12
 #: so that it outweighs the position term's spread (P − 1 units) in a same-token head
 TOKEN_GAIN = 4.0 * POSITION_PAIRS
 DEFAULT_SHARPNESS = 10.0
+#: an induction head's score for the first token (the sink), in units of a token match: between no match (0) and
+#: a match (1), a little above half way, since an unmatched query's other keys score the difference of two
+#: cosines of unrelated unit vectors (about N(0, 2/t)) and a matched key only one (N(0, 1/t))
+SINK = 0.6
+#: the position code's fastest cos coordinate, (−1)^pos (pair 0: ω_0 = π, ε_0 = +1), a token's parity
+PARITY = 1
 #: the smallest RoPE margin (rope_margin) a previous-token head is built on: below it the scores would be huge
 #: differences of huge numbers
 MIN_ROPE_MARGIN = 1e-3
@@ -102,6 +113,11 @@ class Layout:
         return slice(self.t, 2 * self.t)
 
     @property
+    def previous_parity(self) -> int:
+        """Where layer 0 of an induction head writes the previous token's parity (induction only)."""
+        return 2 * self.t
+
+    @property
     def zero(self) -> int:
         """A coordinate x leaves at 0: each constructed row reads it with minus the row's sum, so a row adds
         nothing for a constant vector, and LayerNorm's centring (x − μ·1) changes no score."""
@@ -123,7 +139,7 @@ def layout(d_model: int, kinds: tuple[str, ...], rope: tuple[str, float] | None 
     t is as wide as fits, but no wider than every head can read whole (d_k, or d_k − 2P beside a same-token
     head's position coordinates): then a token match is a cosine of unit vectors, exactly 1 for the same token."""
     previous = "induction" in kinds
-    free = (d_model - (0 if rope else 2 * POSITION_PAIRS) - 2) // (2 if previous else 1)
+    free = (d_model - (0 if rope else 2 * POSITION_PAIRS) - 2 - previous) // (2 if previous else 1)
     d_k = d_model // len(kinds)
     readable = min([d_k] + [d_k - _POSITION_ROWS[k] for k in kinds if k in _POSITION_ROWS])
     return Layout(d_model, max(min(free, readable), 0), previous, rope)
@@ -208,6 +224,10 @@ def previous_token_head(lay: Layout, d_k: int, gain: float, into: slice | None =
         W_Q[rows, cols] = SIGNS[f] * gain / 2.0 * turn
         W_K[rows, cols] = SIGNS[f] * np.eye(2)
     W_V, W_O = _copy_values(lay, d_k, lay.token if into is None else into)
+    if into is not None:  # induction's layer 0: the previous token's parity too, into previous_parity
+        m = min(lay.t, d_k)
+        W_V[m, p0 + PARITY] = SIGNS[0]
+        W_O[lay.previous_parity, m] = 1.0
     return W_Q, W_K, W_V, W_O
 
 
@@ -281,19 +301,26 @@ def same_token_head(lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray, ...
 
 
 def induction_match_head(lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray, ...]:
-    """Layer 1 of an induction head: scores sharpness·(TOKEN_GAIN·Eᵢ·Pⱼ − K(j)/2), the query's token against
-    the key's previous token Pⱼ (written by layer 0) on m = min(t, d_k − P) coordinates, less a first-token term:
-    position 0 has no previous token (under the causal mask layer 0 copies its own token there), so key 0 takes
-    one unit more than any other. V copies the key's own token."""
+    """Layer 1 of an induction head: scores sharpness·(Eᵢ·(Pⱼ − Eⱼ) + SINK·sⱼ/2) on m = min(t, d_k − P) token rows
+    and one sink row.
+
+    The match: the query's token against the key's previous token Pⱼ (written by layer 0), less the key's own token.
+    Key 0 has no previous token (under the causal mask layer 0 copies its own there, P₀ = E₀), so its match is
+    exactly 0, and on "A B … A" with A first, B wins over the A at position 0. The sink: sⱼ = the key's parity plus
+    the parity layer 0 copied from its previous token, 2 at key 0 and 0 at every other key, read by the query's
+    constant 1. A query with an earlier copy of its token finds 1 at the key after it and SINK at key 0; a query
+    without one finds SINK at key 0 and only the cosines of unrelated unit vectors (about N(0, 2/t)) elsewhere.
+    V copies the key's own token."""
     m = min(lay.t, d_k - POSITION_PAIRS)
     W_Q = np.zeros((d_k, lay.d_model))  # [d_k, d_model]
     W_K = np.zeros((d_k, lay.d_model))  # [d_k, d_model]
     r = np.arange(m)  # [m]
-    W_Q[r, lay.token.start + r] = gain * TOKEN_GAIN
+    W_Q[r, lay.token.start + r] = gain
     W_K[r, lay.previous_token.start + r] = 1.0
-    f = np.arange(POSITION_PAIRS)  # [P]
-    W_Q[m + f, lay.one] = -gain / 2.0
-    W_K[m + f, lay.position.start + 2 * f + 1] = SIGNS
+    W_K[r, lay.token.start + r] = -1.0
+    W_Q[m, lay.one] = gain * SINK / 2.0
+    W_K[m, lay.position.start + PARITY] = SIGNS[0]
+    W_K[m, lay.previous_parity] = 1.0
     W_V, W_O = _copy_values(lay, d_k, lay.token)
     return W_Q, W_K, W_V, W_O
 
@@ -324,15 +351,17 @@ def centred(W: np.ndarray, lay: Layout) -> np.ndarray:
 
 
 def constructed_attention(seeded: Parameters, kinds: tuple[str, ...], layer: int, lay: Layout,
-                          gain: float) -> Parameters:
+                          gain: float, value_scale: float = 1.0) -> Parameters:
     """A layer's attention weights: the seeded ones, with each constructed head's W_Qᵢ, W_Kᵢ, W_Vᵢ and its
-    columns of W_O replaced."""
+    columns of W_O replaced (W_Vᵢ × ``value_scale``: σ under a norm, so that a head copies x's vectors at their
+    own length)."""
     W_Q, W_K, W_V, W_O = (np.array(a) for a in (seeded.W_Q, seeded.W_K, seeded.W_V, seeded.W_O))  # writable copies
     d_k = seeded.d_k
     for i, kind in enumerate(kinds):
         if kind == SEEDED:
             continue
         W_Q[i], W_K[i], W_V[i], W_O[:, i * d_k:(i + 1) * d_k] = head_weights(kind, layer, lay, d_k, gain)
+        W_V[i] *= value_scale
     for a in (W_Q, W_K, W_V, W_O):
         a.setflags(write=False)
     return Parameters(W_Q, W_K, W_V, W_O)
@@ -346,17 +375,34 @@ def constructed_parameters(seed: int, d_model: int, num_heads: int, kinds: tuple
 
 
 def constructed_block_parameters(seeded: BlockParameters, kinds: tuple[str, ...], gain: float,
-                                 lay: Layout) -> BlockParameters:
+                                 lay: Layout, pre_norm: bool) -> BlockParameters:
     """A stack's weights with constructed heads: each layer's attention as ``constructed_attention``, and every
     feed-forward network zero (W_1 = W_2 (= W_3) = 0), as tracr's attention-only layers: a seeded FFN would add
-    noise as large as the signal to every subspace. The norms stay the configuration's."""
+    noise as large as the signal to every subspace. The norms stay the configuration's.
+
+    A layer whose attention reads a norm's output (every layer pre-norm, every layer after the first post-norm)
+    sees x/σ, so its q, k and v are each 1/σ larger than the closed form's: its gain is multiplied by
+    ``norm_scale``, the σ² the layout gives x, and its W_V by σ, so that its scores stay about sharpness × the
+    closed form (uncorrected, 1/σ² is about d_model/10: an induction head's raw scores were in the tens of
+    thousands) and what it copies has the length it had in x (an induction head's layer 1 subtracts the key's own
+    token from the previous token layer 0 copied)."""
     layers = []
     for i, p in enumerate(seeded.layers):
         zero = {name: _zeros(W.shape) for name, W in (("W_1", p.W_1), ("W_2", p.W_2), ("W_3", p.W_3))
                 if W is not None}
-        layers.append(LayerParameters(constructed_attention(p.attention, kinds, i, lay, gain), p.norm1, p.norm2,
-                                      **zero))
+        s2 = norm_scale(lay, i) if pre_norm or i > 0 else 1.0
+        layers.append(LayerParameters(constructed_attention(p.attention, kinds, i, lay, gain * s2, math.sqrt(s2)),
+                                      p.norm1, p.norm2, **zero))
     return BlockParameters(tuple(layers), seeded.final_norm)
+
+
+def norm_scale(lay: Layout, layer: int) -> float:
+    """σ² of x laid out as ``lay`` at the input of ``layer``, as a norm computes it (‖x‖²/d_model; the code's
+    coordinates sum to about 0, so μ is small): a unit token vector, the code's P unit pairs and the constant 1,
+    and from layer 1 on an induction head's previous token and parity. Other heads' outputs are left out: the
+    norm divides by a σ up to a few tens of per cent larger, and the pattern is only less sharp."""
+    squares = 1.0 + lay.code_width / 2 + 1.0 + (2.0 if lay.previous and layer > 0 else 0.0)
+    return squares / lay.d_model
 
 
 def _zeros(shape: tuple[int, ...]) -> np.ndarray:
@@ -379,8 +425,9 @@ def min_d_k(kind: str, rope: bool = False) -> int:
 
 def min_d_model(kinds: tuple[str, ...], rope: bool = False) -> int:
     """The smallest d_model whose layout holds the position code (not under RoPE), the 0, the 1 and a token
-    subspace of MIN_MATCH_DIMS (two of them with an induction head)."""
-    return (0 if rope else 2 * POSITION_PAIRS) + 2 + MIN_MATCH_DIMS * (2 if "induction" in kinds else 1)
+    subspace of MIN_MATCH_DIMS (two of them and the previous parity with an induction head)."""
+    induction = "induction" in kinds
+    return (0 if rope else 2 * POSITION_PAIRS) + 2 + (MIN_MATCH_DIMS * 2 + 1 if induction else MIN_MATCH_DIMS)
 
 
 def sharpness_problems(sharpness: Any) -> list[EngineError]:
@@ -448,7 +495,7 @@ def head_conflicts(head_weights: Any, sharpness: Any, *, d_model: int, num_heads
         problems.append(InvalidSizeError(
             f"d_model {d_model} is too small for these constructed heads: x holds "
             f"{'' if rope else f'a position code of {2 * POSITION_PAIRS}, '}a constant 1, an empty coordinate and "
-            f"{tokens} of at least {MIN_MATCH_DIMS} coordinates, so d_model must be at least "
+            f"{tokens} of at least {MIN_MATCH_DIMS} coordinates{' (and one for the previous token' + chr(39) + 's parity)' if 'induction' in kinds else ''}, so d_model must be at least "
             f"{min_d_model(kinds, rope)}",
             field="d_model", code="d_model_too_small"))
     short = [(i, k) for i, k in enumerate(kinds) if d_k < min_d_k(k, rope)]

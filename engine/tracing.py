@@ -238,7 +238,8 @@ def _block_parameters(config: TraceConfig, given: Any) -> tuple[BlockParameters,
         params, digest = generate_block_parameters(*key), generated_block_digest(*key)
         if config.constructed:  # the constructed heads written in, the FFNs zero (engine.constructed)
             params = C.constructed_block_parameters(params, config.head_kinds,
-                                                    C.gain_of(config.sharpness, config.scale_factor), config.layout)
+                                                    C.gain_of(config.sharpness, config.scale_factor), config.layout,
+                                                    config.pre_norm)
             digest = block_parameters_digest(params)
     else:
         params = given

@@ -6,4 +6,4 @@ grader can pin it next to its expected values. A pure refactor that leaves
 every number bit-identical does not bump it; the golden-file tests decide.
 """
 
-ENGINE_VERSION = "1.0.0"
+ENGINE_VERSION = "1.1.0"

@@ -152,6 +152,8 @@ def test_each_preset_makes_the_pattern_its_caption_describes(client):
             last = len(toks) - 1
             assert toks[last] == toks[0] and p["select"] == {"query": last, "head": 0, "layer": 1}
             assert int(W[1, 0, last].argmax()) == 1 and W[1, 0, last, 1] > 0.9, "the last A looks at the B after the first A"
+            assert [int(W[1, 0, i].argmax()) for i in range(last)] == [0] * last and W[1, 0, :last, 0].min() > 0.9, \
+                "every word without an earlier copy looks at the first token (the sink)"
             assert [int(W[0, 0, i].argmax()) for i in range(1, len(toks))] == list(range(len(toks) - 1)), \
                 "layer 0: the previous token"
             continue

@@ -36,6 +36,12 @@ PINNED_FINGERPRINTS = {
         "the_cat_sat.d24.h4": "sha256:2681414e90e64b1f73c32dd34f0ba2c86bb8e89b7b87412acd00f155c1cc3004",
         "the_cat_sat.d24.h4.causal": "sha256:4af926f2fdfa9b30a21c35e8203d046d22fdc2d121c187b6739da133c26c4de9",
     },
+    # 1.1.0 changed constructed heads in a stack only: these seeded traces keep 1.0.0's numbers
+    "1.1.0": {
+        "the_cat_sat.d24.h1": "sha256:f0fc30f48e51cf33363333b9b3b16c332df8a425782c5d2e311325070c4ffba6",
+        "the_cat_sat.d24.h4": "sha256:2681414e90e64b1f73c32dd34f0ba2c86bb8e89b7b87412acd00f155c1cc3004",
+        "the_cat_sat.d24.h4.causal": "sha256:4af926f2fdfa9b30a21c35e8203d046d22fdc2d121c187b6739da133c26c4de9",
+    },
 }
 
 HOW_TO_UPDATE = (

@@ -12,6 +12,8 @@ controls, in the page's words.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -29,7 +31,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.browser]
 PREVIOUS_TOKEN = {"sentence": "the cat sat on the mat and the cat ran", "d_model": 64, "num_heads": 2, "seed": 0,
                   "scale": True, "causal": True, "positional_encoding": "sinusoidal",
                   "head_weights": ["previous_token", "seeded"], "sharpness": 10}
-INDUCTION = {"sentence": "harry potter went to the shop and then harry", "d_model": 64, "num_heads": 1, "seed": 0,
+INDUCTION = {"sentence": "harry potter went to the shop and then harry", "d_model": 128, "num_heads": 1, "seed": 0,
              "scale": True, "causal": True, "positional_encoding": "sinusoidal", "block": "gpt2", "num_layers": 2,
              "head_weights": ["induction"], "sharpness": 10}
 
@@ -134,6 +136,11 @@ def test_the_induction_preset_looks_from_the_last_a_to_the_b_after_the_first(dri
     last = len(tokens) - 1
     assert tokens[last] == tokens[0] == "harry" and tokens[1] == "potter"
     assert int(shown[last].argmax()) == 1 and shown[last, 1] > 0.9, "the last harry looks at potter"
+    assert [int(r.argmax()) for r in shown[:last]] == [0] * last and shown[:last, 0].min() > 0.9, \
+        "every word without an earlier copy looks at the first token (the sink)"
+    assert "first token" in caption(driver) and "attention sink" in caption(driver)
+    scaled = np.array(doc["stages"]["scaled_scores"]["values"][1][0], dtype=float)
+    assert np.nanmax(np.abs(scaled)) < 15, "scores about sharpness × the closed form, not thousands"
     assert "layer 1 of 2" in driver.find_element(By.ID, "maps-title").text
     assert "induction" in driver.find_element(By.ID, "maps-title").text
     assert '"potter"' in caption(driver) and "copies" in caption(driver)
@@ -195,6 +202,24 @@ def test_the_offline_page_shows_the_caption_and_the_heads(driver, server, consol
     assert "previous-token" in driver.find_element(By.ID, "maps-title").text
     assert driver.find_element(By.ID, "head-kind-0").get_attribute("disabled") is not None, "a saved page's inputs are fixed"
     assert not driver.find_element(By.ID, "head-presets").is_displayed(), "no preset can ask for another trace"
+
+
+def test_the_command_lines_handout_of_a_preset_opens_at_its_layer_and_caption(driver, server, console, tmp_path):
+    """`attention-trace … --html` sends only the options given (no seed, scale or sharpness; the mask from the
+    block): the saved page still knows the preset by its trace's config, and opens on its layer, query and caption."""
+    path = tmp_path / "induction.html"
+    run = subprocess.run([sys.executable, "-m", "attention_trace.cli", INDUCTION["sentence"], "--d-model", "128",
+                          "--block", "gpt2", "--layers", "2", "--head-weights", "induction", "--html", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    driver.get("about:blank")
+    driver.get(path.as_uri())
+    wait_ready(driver)
+    assert driver.find_element(By.ID, "layer-1").is_selected(), "the preset's layer, the match"
+    assert driver.find_element(By.ID, "query-8").is_selected(), "the preset's query, the last harry"
+    assert caption(driver).startswith("Induction (2 layers)") and "attention sink" in caption(driver)
+    shown = shown_weights(driver)
+    assert int(shown[8].argmax()) == 1 and [int(r.argmax()) for r in shown[:8]] == [0] * 8
 
 
 def test_present_mode_shows_the_caption_with_the_maps(driver, server, console):

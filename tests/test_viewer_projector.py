@@ -425,8 +425,12 @@ def test_the_colour_scale_shows_structure_and_its_legend_is_in_the_cells_unit(dr
         return js(driver, "return [...document.querySelectorAll('figure[data-stage=\"weights\"] .legend-end')]"
                           ".map(e => e.textContent);")
 
+    # Automatic (the default): above 12 tokens each row on its own scale, and the legend says so.
+    assert legend() == ["0.00", "row max"]
+    assert js(driver, "return document.querySelector('figure[data-stage=\"weights\"] .legend').dataset.auto") == "true"
     # Absolute: a cell's colour is its weight; at 13 tokens most weights are small, so the map is pale.
-    assert legend() == ["0.00", "1.00"]
+    driver.find_element(By.CSS_SELECTOR, "#colour-scale option[value=abs]").click()
+    wait_until(driver, lambda d: legend() == ["0.00", "1.00"])
     top = max(max(r) for r in W)
     absolute = shades()
     assert max(max(r) for r in absolute) == pytest.approx(top, abs=1e-4)

@@ -58,7 +58,8 @@
     queryText: 'cat',
     head: 0, // selected head index (0-based)
     step: null, // selected KV-cache decoding step (null: the first one)
-    colour: 'abs', // the maps' colour scale (format.js, SCALE_MODES)
+    colour: 'auto', // the maps' colour scale (format.js, SCALE_MODES)
+    text: 1, // the projector text scale (url-state.js, TEXT_SCALES)
     present: false, // present mode: one stage at a time
     slide: null, // present mode's slide (trace.js, presentSlides; null: the first)
     layer: null, // a stack's layer shown (0-based; null: the first); state.main.doc is that layer (trace.js, layerView)
@@ -74,6 +75,7 @@
     dkKey: null, // the d_k-relevant inputs the card describes
     dkAnswered: false, // whether the service has answered for them
     explain: null, // {head, query, key}: the cell whose explanation is shown
+    pendingKey: null, // the address's clicked cell (its key), explained when the trace arrives
     explainController: null,
     serviceVersion: null,
   };
@@ -96,7 +98,8 @@
     dkCard: $('dk-card'), dkDModel: $('dk-dmodel'), dkHeads: $('dk-heads'), dkValue: $('dk-value'),
     dkStatus: $('dk-status'), dkMessage: $('dk-message'),
     factMatrices: $('fact-matrices'), factParams: $('fact-params'), factScale: $('fact-scale'),
-    factScaleLabel: $('fact-scale-label'),
+    factScaleLabel: $('fact-scale-label'), factStack: $('fact-stack'), factStackLabel: $('fact-stack-label'),
+    factStackValue: $('fact-stack-value'),
     copy: $('copy-curl'), download: $('download-json'), downloadHtml: $('download-html'),
     actionStatus: $('action-status'), curl: $('curl-command'),
     main: $('main'), tokenOptions: $('token-options'), headOptions: $('head-options'), traceStatus: $('trace-status'),
@@ -107,7 +110,7 @@
     multihead: $('multihead-body'), footer: $('footer-versions'),
     explainSection: $('explain-section'), explainStatus: $('explain-status'), explainBody: $('explain-body'),
     matrices: $('matrices-body'), matricesTitle: $('matrices-title'), matricesReadout: $('matrices-readout'),
-    colourScale: $('colour-scale'),
+    colourScale: $('colour-scale'), textScale: $('text-scale'),
     presentToggle: $('present-toggle'), presentBar: $('present-bar'), presentPrev: $('present-prev'),
     presentNext: $('present-next'), presentExit: $('present-exit'), presentWhere: $('present-where'),
     headPresets: $('head-presets'), headKinds: $('head-kinds'), sharpness: $('sharpness'),
@@ -275,6 +278,9 @@
     setText(ui.factMatrices, card.shown.matrices);
     setText(ui.factParams, card.shown.params);
     setText(ui.factScale, card.shown.scale);
+    // The stack's totals (its FFN and norms) are the service's answer's: shown while the inputs still ask for it.
+    const withoutSentence = (body) => JSON.stringify({ ...body, sentence: null });
+    if (!state.main || withoutSentence(readRequest().body) !== withoutSentence(state.main.body)) ui.factStack.hidden = true;
     if (card.sliderMax !== null && ui.heads.max !== String(card.sliderMax)) ui.heads.max = String(card.sliderMax);
     if (card.dModel !== null && ui.divisors.dataset.for !== String(card.dModel)) {
       ui.divisors.replaceChildren(...divisors(card.dModel, limits.max_heads).map((d) => h('option', { value: d, label: String(d) })));
@@ -364,6 +370,8 @@
     const hash = hashFor(STANDALONE ? null : readFields(), {
       query: state.query, head: state.head, step: showStep ? state.step : null, colour: state.colour,
       present: state.present, slide: state.slide, layer: stack ? state.layer : null, bstage: stack ? state.bstage : null,
+      text: state.text,
+      key: state.explain && state.explain.head === state.head && state.explain.query === state.query ? state.explain.key : null,
     });
     if (location.hash === hash) return;
     try {
@@ -381,9 +389,12 @@
 
   /** The query token, head, decoding step, colour scale and present mode from the address. */
   function readSelection() {
-    Object.assign(state, selectionFromHash(location.hash));
+    const { key, ...selection } = selectionFromHash(location.hash);
+    Object.assign(state, { text: 1 }, selection);
+    state.pendingKey = key ?? null; // a shared link's clicked cell: explained once its trace is drawn
     state.queryText = null;
     ui.colourScale.value = state.colour;
+    showTextScale();
     showPresentMode();
   }
 
@@ -509,13 +520,26 @@
     setDkState('valid', `${cfg.d_model} / ${cfg.num_heads} = ${cfg.d_k}: each head works in ${cfg.d_k} dimensions`, '');
     setFactLabels(cfg.num_kv_heads !== undefined, cfg.scale);
     setText(ui.dkValue, String(cfg.d_k));
-    setText(ui.factMatrices, String(cfg.n_matrices));
-    setText(ui.factParams, int(cfg.n_parameters));
+    // One attention layer's counts beside its formulas; a stack's totals (config.n_matrices, n_parameters: every
+    // layer's attention, FFN and norms) on their own labelled line.
+    const kv = cfg.num_kv_heads ?? cfg.num_heads;
+    setText(ui.factMatrices, String(cfg.num_heads + 2 * kv + 1));
+    setText(ui.factParams, int(2 * cfg.d_model * cfg.d_model + 2 * kv * cfg.d_k * cfg.d_model));
     setText(ui.factScale, fmt(cfg.scale_factor, 4));
+    const layers = cfg.num_layers ?? 1;
+    ui.factStack.hidden = !isStack(main.doc.full || main.doc);
+    setText(ui.factStackLabel, `The whole stack (${layers} layer${layers === 1 ? '' : 's'}, with FFN and norms)`);
+    setText(ui.factStackValue, `${int(cfg.n_matrices)} matrices, ${int(cfg.n_parameters)} weights`);
     ui.download.disabled = false;
     ui.downloadHtml.disabled = false;
     clearExplain('The inputs changed: click a cell (or press Enter on it) to explain it.');
     render();
+    const key = state.pendingKey;
+    state.pendingKey = null;
+    if (Number.isInteger(key) && key < (main.doc.context_tokens || main.doc.tokens).length) {
+      explainCell(state.head, state.query, key);
+      select(null, null); // the maps mark the cell explained, the address keeps it
+    }
   }
 
   /** A failed request: field messages inline, the rest in the alert; nothing else breaks. */
@@ -668,12 +692,62 @@
   /** Draw the slide in state.slide (render.js sets the rest of the page aside) and say where it is. */
   function showSlide() {
     const shown = renderPresent();
+    fitSlide();
     if (!shown) return;
     const { slides, at } = shown;
     state.slide = slides[at].id;
     ui.presentWhere.textContent = `Stage ${at + 1} of ${slides.length}: ${slides[at].title}`;
     ui.presentPrev.disabled = at === 0;
     ui.presentNext.disabled = at === slides.length - 1;
+  }
+
+  // A slide's zoom: as large as fits the screen above the bar, within these bounds (a projector's 1280×720 shows a
+  // 12-token stage at about 0.6; a 1920×1080 screen a 3-token one at the top).
+  const PRESENT_ZOOM_MIN = 0.35;
+  const PRESENT_ZOOM_MAX = 2;
+  let fitting = false;
+
+  /**
+   * Present mode: the slide (#main, the pickers and the stage's parts) zoomed (CSS zoom, so it lays out again) to fill
+   * the screen above the bar without scrolling: down when it is too tall or too wide, up on a larger screen. A few
+   * passes, because a zoomed slide has another width to wrap its lines in. Out of present mode, no zoom.
+   */
+  function fitSlide() {
+    const root = document.documentElement;
+    if (!state.present || !state.main) {
+      root.style.removeProperty('--present-zoom');
+      delete root.dataset.presentZoom;
+      return;
+    }
+    if (fitting) return;
+    fitting = true;
+    try {
+      root.style.setProperty('--present-bar', `${Math.ceil(ui.presentBar.getBoundingClientRect().height)}px`);
+      // Whether the slide fits at a zoom: its height above the bar, and no figure wider than its scroll box.
+      const fits = (z) => {
+        root.style.setProperty('--present-zoom', String(z));
+        const bottom = Math.max(...[ui.main, ...ui.main.children, ...ui.results.children]
+          .filter((el) => el.offsetParent !== null).map((el) => el.getBoundingClientRect().bottom));
+        if (bottom + window.scrollY > ui.presentBar.getBoundingClientRect().top - 6) return false;
+        return [ui.main, ...ui.results.querySelectorAll('.hm-scroll, .mx-scroll')]
+          .every((el) => el.offsetParent === null || el.scrollWidth <= el.clientWidth + 1);
+      };
+      // The largest zoom that fits, by bisection (a zoomed slide wraps its lines in another width, so no formula).
+      let lo = PRESENT_ZOOM_MIN;
+      let hi = PRESENT_ZOOM_MAX;
+      if (fits(hi)) lo = hi;
+      for (let i = 0; i < 9 && hi - lo > 0.01; i += 1) {
+        const mid = (lo + hi) / 2;
+        if (fits(mid)) lo = mid;
+        else hi = mid;
+      }
+      // A little below the largest that fitted, checked again: a line can wrap at one zoom and not at the next.
+      let zoom = Math.max(PRESENT_ZOOM_MIN, lo * 0.97);
+      while (!fits(zoom) && zoom > PRESENT_ZOOM_MIN) zoom = Math.max(PRESENT_ZOOM_MIN, zoom * 0.95);
+      root.dataset.presentZoom = zoom.toFixed(3);
+    } finally {
+      fitting = false;
+    }
   }
 
   function setPresent(on) {
@@ -698,15 +772,20 @@
     window.scrollTo(0, 0);
   }
 
-  /** Keys in present mode: Page Down / Page Up (a presenter's clicker), the arrows outside the controls, Escape. */
+  /**
+   * Keys in present mode: Page Down / Page Up (a presenter's clicker), the arrows and the space bar (Shift+Space back)
+   * outside the controls that use them, Escape. A focused button keeps its own Space (it clicks it).
+   */
   function presentKeys(e) {
     if (!state.present || e.altKey || e.ctrlKey || e.metaKey) return;
     const t = e.target;
-    const inControl = t instanceof Element && t.closest('input, select, textarea, [role="grid"], summary, .chips')
+    const inControl = t instanceof Element && t.closest('input, select, textarea, [role="grid"], summary, .chips, .bd-box')
       && !t.closest('#present-bar');
+    const onButton = t instanceof Element && !!t.closest('button, [role="button"], a[href]');
+    const space = e.key === ' ' && !inControl && !onButton;
     if (e.key === 'Escape') setPresent(false);
-    else if (e.key === 'PageDown' || (!inControl && e.key === 'ArrowRight')) step(1);
-    else if (e.key === 'PageUp' || (!inControl && e.key === 'ArrowLeft')) step(-1);
+    else if (e.key === 'PageDown' || (space && !e.shiftKey) || (!inControl && (e.key === 'ArrowRight' || e.key === 'ArrowDown'))) step(1);
+    else if (e.key === 'PageUp' || (space && e.shiftKey) || (!inControl && (e.key === 'ArrowLeft' || e.key === 'ArrowUp'))) step(-1);
     else return;
     e.preventDefault();
   }
@@ -722,6 +801,23 @@
     resizeHeadKinds(); // one kind choice for the one head
     state.head = 0;
     schedule(0);
+  }
+
+  /** The text scale on the page (a CSS variable every font size follows) and in its control. */
+  function showTextScale() {
+    ui.textScale.value = String(state.text);
+    document.documentElement.style.setProperty('--text-scale', String(state.text));
+  }
+
+  /** A text scale chosen: the page redrawn at it (maps fit their boxes again, a slide the screen). */
+  function setTextScale() {
+    state.text = Number(ui.textScale.value) || 1;
+    showTextScale();
+    writeHash();
+    if (state.main) {
+      renderer.markOverflow();
+      fitSlide();
+    }
   }
 
   /** The maps' colour scale chosen. */
@@ -811,12 +907,19 @@
 
   function init() {
     ui.colourScale.addEventListener('change', setColour);
+    ui.textScale.addEventListener('change', setTextScale);
     ui.presentToggle.addEventListener('click', () => setPresent(!state.present));
     ui.presentExit.addEventListener('click', () => setPresent(false));
     ui.presentNext.addEventListener('click', () => step(1));
     ui.presentPrev.addEventListener('click', () => step(-1));
     document.addEventListener('keydown', presentKeys);
-    window.addEventListener('resize', () => { if (state.main) renderer.markOverflow(); });
+    window.addEventListener('resize', () => {
+      if (!state.main) return;
+      renderer.markOverflow();
+      fitSlide();
+    });
+    // A slide's content can change after it is drawn (the comparison arrives, a cell is explained): fit it again.
+    if (typeof ResizeObserver === 'function') new ResizeObserver(() => fitSlide()).observe(ui.results);
     ui.copy.addEventListener('click', copyCurl);
     ui.download.addEventListener('click', downloadJson);
     ui.downloadHtml.addEventListener('click', downloadHtml);
@@ -875,6 +978,12 @@
     writeFields(fieldsFromTrace(request, doc), Math.max(cfg.num_heads, cfg.d_model));
     for (const el of ui.form.elements) el.disabled = true; // nothing here can ask the service for another trace
     readSelection();
+    // A preset's trace (the command line's --html of a preset's request too) opens on the view its caption is about,
+    // unless the address chose one.
+    const preset = presetOf(request, cfg);
+    if (preset && !/[#&](q|head|layer)=/.test(location.hash)) {
+      Object.assign(state, { query: preset.select.query, head: preset.select.head, layer: preset.select.layer });
+    }
     updateDkLive();
     state.alt = EMBED.comparison ? atLayer({ doc: EMBED.comparison, text: null, body: comparisonBody(request), ms: null }) : null;
     showTrace({ doc, text: EMBED.text, body: request, ms: null });

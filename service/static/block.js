@@ -79,14 +79,16 @@
     const ffnName = FFN_NAMES[block.ffn] ? ` (${FFN_NAMES[block.ffn]})` : '';
     const heads = opts.numHeads ? `${opts.numHeads} head${opts.numHeads === 1 ? '' : 's'}` : '';
     const layer = Number.isInteger(opts.layer) ? opts.layer : 0;
+    // The norms as the formulas write them: LN₁(x) under LayerNorm, RMSNorm₁(x) under RMSNorm.
+    const [n1, n2] = block.normKind === 'rms_norm' ? ['RMSNorm₁', 'RMSNorm₂'] : ['LN₁', 'LN₂'];
     const spec = {
       norm1: { kind: 'norm', label: `${norm}₁`, detail: block.pre ? 'normalise the layer\'s input' : 'normalise the first sum' },
       attention: { kind: 'attention', label: `${opts.causal ? 'Masked multi' : 'Multi'}-head attention`,
-        detail: [heads, block.pre ? 'reads LN₁(x)' : 'reads x'].filter(Boolean).join(' · ') },
-      residual1: { kind: 'add', label: '+', detail: block.pre ? 'x + MHA(LN₁(x))' : 'x + MHA(x)' },
+        detail: [heads, block.pre ? `reads ${n1}(x)` : 'reads x'].filter(Boolean).join(' · ') },
+      residual1: { kind: 'add', label: '+', detail: block.pre ? `x + MHA(${n1}(x))` : 'x + MHA(x)' },
       norm2: { kind: 'norm', label: `${norm}₂`, detail: block.pre ? 'normalise the first sum' : 'the layer\'s output' },
-      ffn: { kind: 'ffn', label: `Feed-forward${ffnName}`, detail: block.pre ? 'reads LN₂(h)' : 'reads LN₁(y)' },
-      residual2: { kind: 'add', label: '+', detail: block.pre ? 'h + FFN(LN₂(h))' : 'h + FFN(h)' },
+      ffn: { kind: 'ffn', label: `Feed-forward${ffnName}`, detail: block.pre ? `reads ${n2}(h)` : `reads ${n1}(y)` },
+      residual2: { kind: 'add', label: '+', detail: block.pre ? `h + FFN(${n2}(h))` : 'h + FFN(h)' },
       final_norm: { kind: 'norm', label: `Final ${norm}`, detail: 'after the last layer' },
     };
     // The order the layer computes, and where each residual connection branches off the stream (the box it skips

@@ -63,19 +63,24 @@
   const unit = (v, [lo, hi]) => (hi > lo ? (v - lo) / (hi - lo) : 0.5);
 
   /** The colour scales a map can be drawn on (the page's select, the address's `colour`, the SVG exports). */
-  const SCALE_MODES = Object.freeze(['abs', 'map', 'row']);
+  const SCALE_MODES = Object.freeze(['auto', 'abs', 'map', 'row']);
+  /** 'auto' colours a map on 0 … 1 up to this many rows, each row on its own above (a long sentence spreads its
+   * weights thin: at 30 tokens 0 … 1 left 810 of 900 cells near-white). */
+  const AUTO_ROW_ABOVE = 12;
 
   /**
    * How one map's cells are coloured, and its legend. `mode`:
    *   'abs'  weights on 0 … 1 (scores, which have no fixed range, on the map's min … max);
    *   'map'  weights on 0 … the map's largest weight (scores on the map's min … max);
-   *   'row'  each row on its own: weights on 0 … the row's largest, scores on the row's min … max.
+   *   'row'  each row on its own: weights on 0 … the row's largest, scores on the row's min … max;
+   *   'auto' (the default) 'abs' up to AUTO_ROW_ABOVE rows, 'row' above: `mode` is the one chosen, `auto` true.
    * Masked cells (null, or isMasked(i, j)) take no part. Returns {mode, t(i, v): v's place on row i's scale, 0 … 1;
    * lo, hi: the legend's two ends, in the unit the cells are written in (weights as fractions, 2 decimals, as the
    * cells show them; "row max" when each row has its own); ranges: each row's [lo, hi]}.
    */
   function mapScale(matrix, { kind = 'score', mode = 'abs', isMasked = null } = {}) {
-    const m = SCALE_MODES.includes(mode) ? mode : 'abs';
+    const auto = mode === 'auto' || !SCALE_MODES.includes(mode);
+    const m = auto ? (matrix.length > AUTO_ROW_ABOVE ? 'row' : 'abs') : mode;
     const weight = kind === 'weight';
     const shown = (i) => matrix[i].filter((v, j) => v !== null && !(isMasked && isMasked(i, j)));
     const rows = matrix.map((_, i) => shown(i));
@@ -93,7 +98,7 @@
       lo = fmt(range[0], 2);
       hi = fmt(range[1], 2);
     }
-    return { mode: m, t: (i, v) => Math.min(1, Math.max(0, unit(v, ranges[i]))), lo, hi, ranges };
+    return { mode: m, auto, t: (i, v) => Math.min(1, Math.max(0, unit(v, ranges[i]))), lo, hi, ranges };
   }
 
   /** The Euclidean length of a vector. */
@@ -149,7 +154,7 @@
 
   globalThis.AttentionTrace ??= {};
   globalThis.AttentionTrace.format = Object.freeze({
-    MINUS, fmt, pct, fmtSmall, fmtExp, int, quoted, subscript, fmtBase, extent, unit, norm, SCALE_MODES, mapScale,
+    MINUS, fmt, pct, fmtSmall, fmtExp, int, quoted, subscript, fmtBase, extent, unit, norm, SCALE_MODES, AUTO_ROW_ABOVE, mapScale,
     HM_LO, HM_HI, ON_DARK_AT, toOklab, fromOklab, scaleColour, inkOn, shellQuote,
   });
 })();

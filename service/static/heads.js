@@ -30,7 +30,8 @@
     same_token: 'a repeated word looks back at its earlier copy; a word seen for the first time looks at itself.',
     first_token: 'every row looks at the first token (an attention sink): the first column is bright.',
     induction: 'layer 0 looks at the previous word and writes it into the residual stream; in layer 1, on '
-      + '"… A B … A" the last A looks at the B after the first A, and its output copies B.',
+      + '"… A B … A" the last A looks at the B after the first A, and its output copies B; a word with no earlier '
+      + 'copy looks at the first token (an attention sink).',
   });
 
   const SENTENCE = 'the cat sat on the mat and the cat ran';
@@ -38,7 +39,7 @@
   /**
    * The presets, in the order the page offers them: `fields` over DEFAULT_FIELDS (the whole form: nothing of the
    * view before stays), the view to open on (`select`: query token, head, layer), and the caption. Sizes within the
-   * constructions' limits: d_model ≥ 30 (≥ 42 with induction), d_k ≥ 16 previous-token, 28 same-token, 20
+   * constructions' limits: d_model ≥ 30 (≥ 43 with induction), d_k ≥ 16 previous-token, 28 same-token, 20
    * induction, 8 first-token; same-token reads earlier copies under the causal mask; induction needs two layers.
    * A second, seeded head beside the constructed one shows what the same map looks like without a job.
    */
@@ -69,13 +70,15 @@
     },
     {
       id: 'induction', label: 'Induction (2 layers)',
-      fields: { sentence: 'harry potter went to the shop and then harry', d_model: '64', num_heads: '1', causal: true,
+      fields: { sentence: 'harry potter went to the shop and then harry', d_model: '128', num_heads: '1', causal: true,
         block: 'gpt2', num_layers: '2', head_weights: 'induction' },
       select: { query: 8, head: 0, layer: 1 },
       caption: 'An induction head, in two GPT-2 layers. Layer 0 is a previous-token head: it writes each word\'s '
         + 'previous word into the residual stream. Layer 1 (shown) matches the query against it: on "harry potter … '
         + 'harry" the last "harry" looks at "potter", the word after the first "harry", and its output copies '
-        + '"potter": the guess that "potter" comes next. Pick layer 0 to see the previous-token step.',
+        + '"potter": the guess that "potter" comes next. Every other word has no earlier copy, so it has nothing to '
+        + 'copy and looks at the first token instead, an attention sink, as trained induction heads do: the first '
+        + 'column is bright. Pick layer 0 to see the previous-token step.',
     },
     {
       id: 'mixed', label: 'Three jobs at once',
@@ -91,10 +94,23 @@
   /** The request a preset sends (url-state.js, requestFrom). */
   const presetBody = (preset) => requestFrom(preset.fields).body;
 
-  /** The preset whose request `body` is (the same fields, in any order), or null. */
-  function presetOf(body) {
+  /**
+   * The preset whose request `body` is (the same fields, in any order), or null. With the trace's config `cfg`, also
+   * a request that names fewer fields but makes the same trace (the command line's `--html` sends only the options
+   * given: no seed, no scale, the causal mask from the block): each field it names is one of the preset's, and the
+   * config holds the preset's value for every field the preset sends.
+   */
+  function presetOf(body, cfg = null) {
     const same = (a, b) => JSON.stringify(canonical(a)) === JSON.stringify(canonical(b));
-    return PRESETS.find((p) => same(presetBody(p), body)) ?? null;
+    const exact = PRESETS.find((p) => same(presetBody(p), body));
+    if (exact || !cfg || !body || typeof body !== 'object') return exact ?? null;
+    const made = (p) => {
+      const want = presetBody(p);
+      if (!Object.keys(body).every((k) => k in want && (k === 'sentence' || same(body[k], want[k])))) return false;
+      if (body.sentence !== want.sentence) return false;
+      return Object.entries(want).every(([k, v]) => k === 'sentence' || same(k === 'num_layers' ? cfg[k] ?? 1 : cfg[k], v));
+    };
+    return PRESETS.find(made) ?? null;
   }
 
   /** A JSON value with its objects' keys sorted, so two requests compare as data. */
@@ -110,7 +126,7 @@
    * seeded. {preset, lines}: `preset` null for a configuration of the user's.
    */
   function captionFor(body, cfg) {
-    const preset = presetOf(body);
+    const preset = presetOf(body, cfg);
     if (preset) return { preset: preset.id, title: preset.label, lines: [preset.caption] };
     const kinds = Array.isArray(cfg?.head_weights) ? cfg.head_weights : Array.isArray(body?.head_weights) ? body.head_weights : null;
     if (!kinds || kinds.every((k) => k === 'seeded')) return null;

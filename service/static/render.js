@@ -36,6 +36,7 @@
   const STAGE_NUMBERS_MAX_COLS = 16;
 
   const THUMBS_MAX_CELLS = 30000;
+  const TALL_MAP_ROWS = 24; // above this many rows a map scrolls in its box, its column labels kept in view
   const VECTOR_NUMBERS_MAX = 96;
   const KEY_VECTORS_MAX = 12; // context keys listed with their vectors in the walkthrough
   const MATRIX_MAX_DIMS = 64; // d_k columns of Q (rows of Kᵀ) drawn; the JSON has them all
@@ -88,8 +89,9 @@
     return node;
   }
 
-  /** A vector's first `limit` numbers in brackets; a longer one unfolds to all of them. */
-  function vec(values, digits = 3, limit = 8) {
+  /** A vector's first `limit` numbers in brackets; a longer one unfolds to all of them (its expander named after
+   * `name`, so that several on one page are told apart). */
+  function vec(values, digits = 3, limit = 8, name = '') {
     const shown = values.slice(0, limit).map((v, i) => h('span', { class: 'num', data: { i } }, fmt(v, digits)));
     const wrap = h('span', { class: 'vec', 'aria-label': `${values.length} values` },
       h('span', { class: 'bracket', text: '[' }), shown.slice(0, -1),
@@ -97,7 +99,7 @@
         h('span', { class: 'bracket', text: ' ]' })));
     if (values.length <= limit) return wrap;
     return h('span', { class: 'vec-wrap' }, wrap, h('details', { class: 'vec-more' },
-      h('summary', { text: `all ${values.length} values` }),
+      h('summary', { text: `all ${values.length} values`, 'aria-label': name ? `all ${values.length} values of ${name}` : null }),
       h('span', { class: 'vec vec-all' }, values.map((v, i) => h('span', { class: 'num', data: { i } }, fmt(v, digits))))));
   }
 
@@ -119,7 +121,8 @@
   }
 
   function vecLine(part, name, values, className = 'vec-line') {
-    return h('div', { class: className, data: { part } }, h('span', { class: 'vec-name', text: name }), vec(values));
+    return h('div', { class: className, data: { part } }, h('span', { class: 'vec-name', text: name }),
+      vec(values, 3, 8, name.replace(/\s*=\s*$/, '')));
   }
 
   /** One vector per context token (cross-attention's keys, values and inputs), capped for long contexts. */
@@ -224,6 +227,15 @@
 
     function syncPickers() {
       for (const input of ui.tokenOptions.querySelectorAll('input')) input.checked = Number(input.value) === state.query;
+      // The chosen token in view in its bar, which scrolls sideways on a long sentence (not the page: only the bar).
+      const chip = ui.tokenOptions.querySelector('input:checked')?.closest('.chip');
+      if (chip && ui.tokenOptions.scrollWidth > ui.tokenOptions.clientWidth) {
+        const bar = ui.tokenOptions.getBoundingClientRect();
+        const box = chip.getBoundingClientRect();
+        if (box.left < bar.left || box.right > bar.right) {
+          ui.tokenOptions.scrollLeft += box.left - bar.left - (bar.width - box.width) / 2;
+        }
+      }
       for (const input of ui.headOptions.querySelectorAll('input')) input.checked = Number(input.value) === state.head;
       const layer = state.main?.doc.layer;
       for (const input of ui.layerOptions.querySelectorAll('input')) input.checked = Number(input.value) === layer;
@@ -357,6 +369,14 @@
         h('tbody', {}, rows));
       ui.walkthrough.replaceChildren(h('div', { class: 'table-scroll' }, table),
         explainWeights(tokens, keyTokens, q, weights, masked, cross, kindNote(cfg, hd).slice(3)));
+      // A vector shown in two stages (Q before and after RoPE's rotation): its expanders say which stage is theirs.
+      const named = new Map();
+      for (const summary of ui.walkthrough.querySelectorAll('tr[data-stage] .vec-more > summary')) {
+        const stage = summary.closest('tr[data-stage]').querySelector('th')?.textContent.trim();
+        const base = `${summary.getAttribute('aria-label') || summary.textContent} (${stage})`;
+        named.set(base, (named.get(base) ?? 0) + 1);
+        summary.setAttribute('aria-label', named.get(base) > 1 ? `${base}, ${named.get(base)}` : base);
+      }
     }
 
     /** The concat's formula: [head₀], [head₀ | head₁], [head₀ | … | head₁₁]. */
@@ -456,7 +476,8 @@
         else if (row !== state.query) actions.select(row, null, { focus: () => focusCell(stage, row, 0) });
       });
       const svgSpec = { ...spec, mode: scale.mode };
-      return h('figure', { class: 'heatmap', data: { stage } },
+      // A map taller than a screen (above 24 rows) scrolls in its own box, its key labels stuck to the box's top.
+      return h('figure', { class: `heatmap${n > TALL_MAP_ROWS ? ' is-tall' : ''}`, data: { stage } },
         h('figcaption', {}, h('span', { class: 'hm-title', text: title }), ' ', h('code', { class: 'hm-formula', text: formula })),
         h('div', { class: 'hm-scroll' }, table),
         h('p', { class: 'hint hm-more', 'aria-hidden': 'true', text: 'Scroll sideways for the other keys →' }),
@@ -482,13 +503,15 @@
 
     function legend(scale, kind, showMasked) {
       const unitName = kind === 'weight' ? 'weight' : 'score';
-      const note = scale.mode === 'row' ? ', each row on its own' : '';
-      return h('div', { class: 'legend', data: { mode: scale.mode } },
+      const note = (scale.mode === 'row' ? ', each row on its own' : '') + (scale.auto ? ' (chosen automatically)' : '');
+      return h('div', { class: 'legend', data: { mode: scale.mode, auto: String(!!scale.auto) } },
         h('span', { class: 'legend-end', text: scale.lo }),
         h('span', { class: 'legend-bar', role: 'img',
           'aria-label': `colour scale of the ${unitName}s from ${scale.lo} (light) to ${scale.hi} (dark)${note}` }),
         h('span', { class: 'legend-end', text: scale.hi }),
-        showMasked ? h('span', { class: 'legend-masked' }, h('span', { class: 'swatch is-masked', 'aria-hidden': 'true' }), 'masked') : null);
+        showMasked ? h('span', { class: 'legend-masked' }, h('span', { class: 'swatch is-masked', 'aria-hidden': 'true' }), 'masked') : null,
+        scale.auto && scale.mode === 'row'
+          ? h('span', { class: 'legend-auto', text: `each row on its own, chosen for ${scale.ranges.length} tokens` }) : null);
     }
 
     function readCell(target) {
@@ -585,7 +608,9 @@
         tokens, keyTokens, kind: 'weight', mode, maskRow: isMasked, showMasked: !!masked }));
       const longest = Math.max(tokens.length, (keyTokens || tokens).length);
       const note = longest > HEATMAP_MAX_TOKENS
-        ? h('p', { class: 'hint', text: `Showing the first ${HEATMAP_MAX_TOKENS} of ${longest} tokens; download the JSON for all of them.` })
+        ? h('p', { class: 'hint hm-cap', text: `Showing the first ${HEATMAP_MAX_TOKENS} of ${longest} tokens: the page draws at most `
+          + `${HEATMAP_MAX_TOKENS} a map, so that each cell stays at least 10 px wide and the map one screen wide; `
+          + 'download the JSON for all of them.' })
         : null;
       // Columns as wide as one map needs: about 2.8em a cell with its number, plus the row labels; above 12 keys
       // the cells shrink to fit their box (style.css, from 10 px), so a map asks for about 15 px a key.
@@ -1137,6 +1162,7 @@
       if (!state.present || !state.main) {
         for (const el of document.querySelectorAll('.present-off')) off(el, false);
         delete root.dataset.slide;
+        ui.results.classList.remove('present-split');
         return null;
       }
       const slides = presentSlides(state.main.doc);
@@ -1159,6 +1185,8 @@
         off(el, maps.length === 0);
       }
       off(ui.thumbs, !slide.parts.includes('heads'));
+      // The walkthrough's row beside the stage's figures (style.css), when the slide has both.
+      ui.results.classList.toggle('present-split', slide.rows.length > 0 && (maps.length > 0 || slide.parts.length > 0));
       return { slides, at };
     }
 

@@ -112,7 +112,10 @@
     const cols = keyTokens.slice(0, m).map((t) => t.text);
     const keyWord = spec.keyTokens ? 'context key' : 'key';
     const scale = mapScale(matrix.slice(0, n).map((r) => r.slice(0, m)), { kind, mode: spec.mode, isMasked: maskRow });
-    const heading = `${title} · head ${head} of ${doc.config.num_heads} · ${formula}`;
+    // A constructed head names its job (engine/constructed.py's kinds, as the page writes them).
+    const kind_ = Array.isArray(doc.config.head_weights) ? doc.config.head_weights[head] : undefined;
+    const job = kind_ && kind_ !== 'seeded' ? ` (${String(kind_).replace(/_/g, '-')})` : '';
+    const heading = `${title} · head ${head}${job} of ${doc.config.num_heads} · ${formula}`;
     const lines = [heading, ...configLines(doc, sentence)];
     const rowW = Math.min(180, Math.max(40, ...rows.map((r) => textWidth(r)))) + 12;
     // Column labels at 45° while the cells are wide; upright (90°) on narrow cells, one text line a column, so
@@ -131,7 +134,7 @@
     const width = Math.max(left + gridW + 24, 48 + Math.max(...lines.map((l, i) => textWidth(l, i ? 12 : 14))), 380,
       barX + 146 + textWidth(hi) + 24);
     const height = top + gridH + 84;
-    const root = svgRoot(width, height, `${title}, head ${head}: attention-trace`,
+    const root = svgRoot(width, height, `${title}, head ${head}${job}: attention-trace`,
       `${lines.join('. ')}. Rows are queries, columns are ${keyWord}s; masked cells are hatched and labelled.`);
     const stops = Array.from({ length: 11 }, (_, i) => node('stop', { offset: `${i * 10}%`, 'stop-color': scaleColour(i / 10) }));
     append(root, node('defs', {}, hatch(), node('linearGradient', { id: 'scale', x1: 0, x2: 1, y1: 0, y2: 0 }, stops)));

@@ -319,9 +319,13 @@
     p.set('q', String(selection.query));
     p.set('head', String(selection.head)); // 0-based, as in the API
     // The view's own settings, each only when it is not the default (a plain address stays plain).
-    if (selection.colour && selection.colour !== 'abs') p.set('colour', selection.colour);
+    if (selection.colour && selection.colour !== 'auto') p.set('colour', selection.colour);
     if (selection.present) p.set('present', '1');
     if (selection.present && selection.slide) p.set('slide', selection.slide);
+    // ---- the view's own settings for a lecture hall (text scale), each only when not the default
+    if (selection.text && selection.text !== 1) p.set('text', String(Math.round(selection.text * 100)));
+    // the clicked cell: its key (its query and head are q and head), so that a shared link explains it again
+    if (Number.isInteger(selection.key) && selection.key >= 0) p.set('key', String(selection.key));
     return `#${p.toString()}`;
   }
 
@@ -368,7 +372,7 @@
     const step = Number(get('step', 'x'));
     const q = Number(get('q', '1'));
     const head = Number(get('head', '0'));
-    const colour = get('colour', 'abs');
+    const colour = get('colour', 'auto');
     const slide = get('slide', '');
     const layer = get('layer', 'x');
     const bstage = get('bstage', '');
@@ -376,16 +380,24 @@
       step: Number.isInteger(step) && step >= 0 ? step : null,
       query: Number.isInteger(q) && q >= 0 ? q : 1,
       head: Number.isInteger(head) && head >= 0 ? head : 0,
-      colour: SCALE_MODES.includes(colour) ? colour : 'abs',
+      colour: SCALE_MODES.includes(colour) ? colour : 'auto',
       present: get('present', '0') === '1',
       slide: /^[a-z_]{1,32}$/.test(slide) ? slide : null,
       layer: /^\d{1,3}$/.test(layer) ? Number(layer) : null,
       bstage: /^[a-z_0-9]{1,32}$/.test(bstage) ? bstage : null,
+      // ---- the view's own settings for a lecture hall, only when the address sets them (a reader takes the
+      // default otherwise): the text scale, a percentage of TEXT_SCALES
+      ...(TEXT_SCALES.includes(Number(get('text', '100')) / 100) && get('text', '100') !== '100'
+        ? { text: Number(get('text', '100')) / 100 } : {}),
+      ...(/^\d{1,4}$/.test(get('key', '')) ? { key: Number(get('key', '')) } : {}),
     };
   }
 
+  /** The projector text scales the page offers (× the text size; present mode's 125% on top). */
+  const TEXT_SCALES = Object.freeze([1, 1.25, 1.5, 2]);
+
   globalThis.AttentionTrace.urlState = Object.freeze({
     FIELDS, FIELD, DEFAULTS, DEFAULT_FIELDS, BLOCKS, HEAD_KINDS, headKinds, kindsText, PRESET_FIELDS, withPreset, readInt, splitLines, requestFrom, fieldsFromTrace, comparisonBody, divisors, dkCard, fieldError, curlFor,
-    hashFor, fieldsFromHash, selectionFromHash, UI_WORDS, uiWords,
+    hashFor, fieldsFromHash, selectionFromHash, UI_WORDS, uiWords, TEXT_SCALES,
   });
 })();

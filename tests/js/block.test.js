@@ -141,3 +141,15 @@ test('present mode: a stack adds the block and the residual stream after the lay
   assert.deepEqual(T.presentSlides(T.layerView(doc, 1)).map((s) => s.id), ids, 'the layer shown is a stack\'s');
   assert.ok(!T.presentSlides({ ...doc, stages: { scores: {}, weights: {} } }).some((s) => s.id === 'block'));
 });
+
+test('the diagram writes the norms as the block has them: LN₁(x) under LayerNorm, RMSNorm₁(x) under RMSNorm', () => {
+  const detail = (d, id) => d.boxes.find((b) => b.id === id).detail;
+  const llama = B.blockDiagram(B.blockOf({ stages: LLAMA, config: {} }), { numHeads: 2 });
+  assert.equal(detail(llama, 'attention'), '2 heads · reads RMSNorm₁(x)');
+  assert.equal(detail(llama, 'residual1'), 'x + MHA(RMSNorm₁(x))');
+  assert.equal(detail(llama, 'ffn'), 'reads RMSNorm₂(h)');
+  assert.ok(!llama.boxes.some((b) => /LN₁|LN₂/.test(b.detail.replace(/RMSNorm/g, ''))), 'no LayerNorm name under RMSNorm');
+  const gpt2 = B.blockDiagram(B.blockOf({ stages: PRE_LN, config: {} }), { numHeads: 2 });
+  assert.equal(detail(gpt2, 'attention'), '2 heads · reads LN₁(x)');
+  assert.equal(detail(gpt2, 'residual2'), 'h + FFN(LN₂(h))');
+});

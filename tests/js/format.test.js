@@ -170,7 +170,19 @@ test('mapScale: scores on the map\'s range (they have no fixed one), or each row
   assert.equal(row.t(1, 2), 0.5);
   assert.equal(F.mapScale(S, { mode: 'rainbow' }).mode, 'abs', 'an unknown mode is the default');
   assert.equal(F.mapScale([[5, 5]], { mode: 'row' }).t(0, 5), 0.5, 'one value: mid-scale');
-  assert.deepEqual(F.SCALE_MODES, ['abs', 'map', 'row']);
+  assert.deepEqual(F.SCALE_MODES, ['auto', 'abs', 'map', 'row']);
+});
+
+test('mapScale auto: 0 … 1 up to 12 rows, each row\'s largest above, and it says it chose', () => {
+  const uniform = (n) => Array.from({ length: n }, () => Array.from({ length: n }, () => 1 / n));
+  const short = F.mapScale(uniform(12), { kind: 'weight', mode: 'auto' });
+  assert.deepEqual([short.mode, short.auto, short.lo, short.hi], ['abs', true, '0.00', '1.00']);
+  for (const n of [13, 30, 60]) {
+    const long = F.mapScale(uniform(n), { kind: 'weight', mode: 'auto' });
+    assert.deepEqual([long.mode, long.auto, long.hi], ['row', true, 'row max'], String(n));
+    assert.equal(long.t(0, 1 / n), 1, 'a uniform row is the darkest colour, not near-white');
+  }
+  assert.equal(F.mapScale(uniform(30), { kind: 'weight', mode: 'abs' }).auto, false, 'a scale chosen by hand');
 });
 
 test('subscript: head numbers as the formulas write them', () => {

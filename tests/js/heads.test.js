@@ -90,7 +90,7 @@ test('the presets: one per job, each within its kind\'s limits, each a preset ag
     assert.ok(Number.isInteger(dk), p.id);
     assert.equal(body.head_weights.length, body.num_heads, p.id);
     for (const kind of body.head_weights) assert.ok(dk >= MIN_DK[kind], `${p.id}: ${kind} at d_k ${dk}`);
-    assert.ok(body.d_model >= (body.head_weights.includes('induction') ? 42 : 30), p.id);
+    assert.ok(body.d_model >= (body.head_weights.includes('induction') ? 43 : 30), p.id);
     assert.equal(body.causal, true, p.id);
     assert.ok(!body.head_weights.includes('induction') || (body.num_layers >= 2 && body.block), p.id);
     assert.ok(p.caption.length > 80 && p.label, p.id);
@@ -125,4 +125,18 @@ test('a head\'s name says its job', () => {
   assert.equal(H.headName({ head_weights: ['previous_token', 'seeded'] }, 0), 'head 0 · previous-token');
   assert.equal(H.headName({ head_weights: ['previous_token', 'seeded'] }, 1), 'head 1');
   assert.equal(H.headName({}, 2), 'head 2');
+});
+
+test('a request that names fewer fields but makes a preset\'s trace is that preset, given its config', () => {
+  const ind = H.PRESETS.find((p) => p.id === 'induction');
+  // What `attention-trace … --block gpt2 --layers 2 --head-weights induction --d-model 128 --html` sends.
+  const cli = { sentence: ind.fields.sentence, d_model: 128, block: 'gpt2', num_layers: 2, head_weights: ['induction'] };
+  const cfg = { d_model: 128, num_heads: 1, seed: 0, scale: true, causal: true, positional_encoding: 'sinusoidal',
+    num_layers: 2, block: 'gpt2', head_weights: ['induction'], sharpness: 10.0 };
+  assert.equal(H.presetOf(cli), null, 'without the config: not the same request');
+  assert.equal(H.presetOf(cli, cfg)?.id, 'induction');
+  assert.equal(H.captionFor(cli, cfg).lines[0], ind.caption);
+  assert.equal(H.presetOf(cli, { ...cfg, seed: 1 }), null, 'another seed is another trace');
+  assert.equal(H.presetOf({ ...cli, window: 3 }, cfg), null, 'a field the preset does not send');
+  assert.equal(H.presetOf({ ...cli, sentence: 'harry potter' }, cfg), null);
 });

@@ -223,3 +223,14 @@ test('27 keys: the column labels stand upright, one text line a column apart, so
   const top = Number(labels.children[0].attrs.transform.match(/translate\([\d.]+ ([\d.]+)\)/)[1]);
   assert.ok(top - S.textWidth('because', size) > 20 + 3 * 18, 'the tallest label clears the caption');
 });
+
+test('a constructed head\'s map names its kind in the title and the heading; a seeded head\'s does not', () => {
+  const doc = fakeTrace(['the', 'cat', 'sat']);
+  doc.config.head_weights = ['previous_token', 'seeded'];
+  const root = parseXml(S.svgFile(S.heatmapSvg(weightsSpec(doc, 0), { doc, head: 0 })));
+  const title = [...walk(root)].find((el) => el.tag === 'title');
+  assert.equal(textOf(title), 'Weights, head 0 (previous-token): attention-trace');
+  assert.ok([...walk(root)].some((el) => el.tag === 'text' && textOf(el).startsWith('Weights · head 0 (previous-token) of 2')));
+  const seeded = parseXml(S.svgFile(S.heatmapSvg(weightsSpec(doc, 1), { doc, head: 1 })));
+  assert.equal(textOf([...walk(seeded)].find((el) => el.tag === 'title')), 'Weights, head 1: attention-trace');
+});

@@ -119,15 +119,15 @@ test('the address: the defaults, and the example in docs/viewer.md', () => {
     '#sentence=the+cat+sat&d_model=24&num_heads=1&seed=0&scale=1&causal=0&q=1&head=0');
   assert.deepEqual(U.fieldsFromHash(''), U.DEFAULT_FIELDS);
   assert.deepEqual(U.fieldsFromHash('#'), U.DEFAULT_FIELDS);
-  assert.deepEqual(U.selectionFromHash(''), { step: null, query: 1, head: 0, colour: 'abs', present: false, slide: null, layer: null, bstage: null });
+  assert.deepEqual(U.selectionFromHash(''), { step: null, query: 1, head: 0, colour: 'auto', present: false, slide: null, layer: null, bstage: null });
   const hash = '#sentence=the+cat+sat&d_model=24&num_heads=4&q=1&head=2&causal=1';
   assert.deepEqual(U.fieldsFromHash(hash), fields({ num_heads: '4', causal: true }));
   assert.deepEqual(U.fieldsFromHash(hash.slice(1)), U.fieldsFromHash(hash), 'with or without the #');
-  assert.deepEqual(U.selectionFromHash(hash), { step: null, query: 1, head: 2, colour: 'abs', present: false, slide: null, layer: null, bstage: null });
+  assert.deepEqual(U.selectionFromHash(hash), { step: null, query: 1, head: 2, colour: 'auto', present: false, slide: null, layer: null, bstage: null });
   const variants = '#sentence=the+cat+sat+on+the+mat&d_model=24&num_heads=4&kv=2&causal=1&window=3&decode=1&step=4';
   assert.deepEqual(U.fieldsFromHash(variants), fields({ sentence: 'the cat sat on the mat', num_heads: '4',
     num_kv_heads: '2', causal: true, window: '3', decode: true }));
-  assert.deepEqual(U.selectionFromHash(variants), { step: 4, query: 1, head: 0, colour: 'abs', present: false, slide: null, layer: null, bstage: null });
+  assert.deepEqual(U.selectionFromHash(variants), { step: 4, query: 1, head: 0, colour: 'auto', present: false, slide: null, layer: null, bstage: null });
 });
 
 test('the address round trip: every field and the selection come back as they were', () => {
@@ -144,7 +144,7 @@ test('the address round trip: every field and the selection come back as they we
     fields({ block: 'vaswani2017' }),
     fields({ num_layers: '2' }),
   ];
-  const selections = [{ query: 0, head: 0, step: null, colour: 'abs', present: false, slide: null, layer: null, bstage: null }, { query: 5, head: 3, step: 2, colour: 'abs', present: false, slide: null, layer: null, bstage: null },
+  const selections = [{ query: 0, head: 0, step: null, colour: 'auto', present: false, slide: null, layer: null, bstage: null }, { query: 5, head: 3, step: 2, colour: 'auto', present: false, slide: null, layer: null, bstage: null },
     { query: 2, head: 1, step: null, colour: 'row', present: true, slide: 'masked_scores', layer: null, bstage: null },
     { query: 2, head: 1, step: 3, colour: 'map', present: true, slide: null, layer: 2, bstage: 'ffn' }];
   for (const f of cases) {
@@ -178,10 +178,10 @@ test('the address rejects what it cannot hold: each such value falls back to its
   assert.equal(U.fieldsFromHash(`#rope_base=${'9'.repeat(25)}`).rope_base, '10000', 'more than 24 characters');
   assert.equal(U.fieldsFromHash('#rope_base=5e5').rope_base, '5e5');
   assert.equal(U.fieldsFromHash('#kv=%20%202').num_kv_heads, '', 'spaces are not digits');
-  assert.deepEqual(U.selectionFromHash('#q=-1&head=1.5&step=abc'), { step: null, query: 1, head: 0, colour: 'abs', present: false, slide: null, layer: null, bstage: null });
-  assert.deepEqual(U.selectionFromHash('#q=2&head=3&step=-1'), { step: null, query: 2, head: 3, colour: 'abs', present: false, slide: null, layer: null, bstage: null });
-  assert.deepEqual(U.selectionFromHash('#q=1e1&head=0x2&step=4.0'), { step: 4, query: 10, head: 2, colour: 'abs', present: false, slide: null, layer: null, bstage: null });
-  assert.deepEqual(U.selectionFromHash('#colour=rainbow&present=yes&slide=</script>'), { step: null, query: 1, head: 0, colour: 'abs', present: false, slide: null, layer: null, bstage: null });
+  assert.deepEqual(U.selectionFromHash('#q=-1&head=1.5&step=abc'), { step: null, query: 1, head: 0, colour: 'auto', present: false, slide: null, layer: null, bstage: null });
+  assert.deepEqual(U.selectionFromHash('#q=2&head=3&step=-1'), { step: null, query: 2, head: 3, colour: 'auto', present: false, slide: null, layer: null, bstage: null });
+  assert.deepEqual(U.selectionFromHash('#q=1e1&head=0x2&step=4.0'), { step: 4, query: 10, head: 2, colour: 'auto', present: false, slide: null, layer: null, bstage: null });
+  assert.deepEqual(U.selectionFromHash('#colour=rainbow&present=yes&slide=</script>'), { step: null, query: 1, head: 0, colour: 'auto', present: false, slide: null, layer: null, bstage: null });
   assert.equal(U.selectionFromHash('#present=1&slide=' + 'a'.repeat(33)).slide, null, 'at most 32 letters');
 });
 
@@ -205,7 +205,7 @@ test('a saved trace shows the fields it was made with', () => {
 
 test('the view\'s own settings join the address only when not the defaults', () => {
   const base = { query: 1, head: 0, step: null };
-  assert.equal(U.hashFor(null, { ...base, colour: 'abs', present: false, slide: null, layer: null, bstage: null }), '#q=1&head=0');
+  assert.equal(U.hashFor(null, { ...base, colour: 'auto', present: false, slide: null, layer: null, bstage: null }), '#q=1&head=0');
   assert.equal(U.hashFor(null, { ...base, colour: 'row', present: false, slide: 'weights' }), '#q=1&head=0&colour=row',
     'a slide only in present mode');
   assert.equal(U.hashFor(null, { ...base, colour: 'map', present: true, slide: 'weights' }),
@@ -271,7 +271,7 @@ test('a stack in the address: block, layers, the layer shown and the box, each o
   assert.equal(hash, '#sentence=the+cat+sat&d_model=24&num_heads=1&seed=0&scale=1&causal=1&layers=3&block=gpt2'
     + '&layer=2&bstage=norm2&q=1&head=0');
   assert.deepEqual(U.fieldsFromHash(hash), stack);
-  assert.deepEqual(U.selectionFromHash(hash), { step: null, query: 1, head: 0, colour: 'abs', present: false, slide: null,
+  assert.deepEqual(U.selectionFromHash(hash), { step: null, query: 1, head: 0, colour: 'auto', present: false, slide: null,
     layer: 2, bstage: 'norm2' });
   const plain = U.hashFor(fields(), { query: 1, head: 0, step: null, layer: null, bstage: null });
   assert.ok(!/block|layers|layer=|bstage/.test(plain), plain);
@@ -311,4 +311,22 @@ test('uiWords: a stack\'s messages name the controls', () => {
     '… a stack of blocks keeps a cache per layer, which is not traced: switch KV-cache decoding off, or choose Block: none');
   assert.equal(U.uiWords('… drop the context, or drop the block fields to trace cross-attention alone'),
     '… clear the context sentence and tokens, or choose Block: none to trace cross-attention alone');
+});
+
+test('the projector text scale joins the address only when set, and only as one of the offered scales', () => {
+  const sel = { query: 1, head: 0, step: null };
+  assert.equal(U.hashFor(null, { ...sel, text: 1 }), '#q=1&head=0');
+  assert.equal(U.hashFor(null, { ...sel, text: 1.5 }), '#q=1&head=0&text=150');
+  assert.equal(U.selectionFromHash('#q=1&head=0&text=150').text, 1.5);
+  assert.equal(U.selectionFromHash('#q=1&head=0&text=200').text, 2);
+  for (const bad of ['text=100', 'text=130', 'text=abc', 'text=', '']) assert.equal(U.selectionFromHash(`#q=1&${bad}`).text, undefined, bad);
+  assert.deepEqual(U.TEXT_SCALES, [1, 1.25, 1.5, 2]);
+});
+
+test('the clicked cell joins the address as its key (q and head name its row and head)', () => {
+  const sel = { query: 2, head: 1, step: null };
+  assert.equal(U.hashFor(null, { ...sel, key: 0 }), '#q=2&head=1&key=0');
+  assert.equal(U.hashFor(null, { ...sel, key: null }), '#q=2&head=1');
+  assert.equal(U.selectionFromHash('#q=2&head=1&key=3').key, 3);
+  for (const bad of ['key=-1', 'key=1.5', 'key=x', 'key=']) assert.equal(U.selectionFromHash(`#q=1&${bad}`).key, undefined, bad);
 });
