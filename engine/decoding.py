@@ -99,3 +99,83 @@ def decode_value_count(config: TraceConfig, n: int) -> int:
         cached = pos + 1 if config.window is None else min(pos + 1, config.window)
         total += per_step + 2 * g * cached * d_k + 3 * h * cached  # the caches; scores, scaled, weights
     return total
+
+
+# ------------------------------------------------------------------ generation with the language-model head
+
+
+@dataclass(frozen=True)
+class GenerationStep:
+    """One generated token: how it was chosen from the distribution before it, and its own decoding step."""
+
+    position: int  # the new token's index in the sequence
+    token: str  # its text: vocabulary[index]
+    index: int  # its column in the vocabulary
+    probability: float  # its probability in ``probs`` (at the temperature, before top-k/top-p)
+    kept: np.ndarray  # the indices sampling could draw, most probable first (top-k, then top-p)
+    kept_probs: np.ndarray  # their probabilities renormalised over the kept set
+    logits: np.ndarray  # [vocab]: the logits of the position before it
+    probs: np.ndarray  # [vocab]: softmax(logits / temperature)
+    cache_positions: tuple[int, ...]  # the positions cached after its step (each layer caches the same)
+    weights: np.ndarray  # [layer, head, cached]: the new token's row of attention in each layer
+
+
+def generate(t: Trace, count: int, *, top_k: int | None = None, top_p: float | None = None,
+             sample_seed: int | None = None) -> list[GenerationStep]:
+    """Generate ``count`` tokens after ``t``'s sentence with its stack and language-model head: every token of
+    the sentence, then each new one, goes through ``engine.layer.stack_decode_steps`` with a KV cache per layer
+    (the prompt's last step gives the first distribution). Greedy without ``sample_seed``, else sampled
+    (``engine.lm.choose``). The vocabulary is the trace's: a generated token is one of its columns."""
+    from . import lm as LM
+    from .errors import raise_all, VariantConflictError
+    from .layer import input_rows, stack_decode_steps
+
+    config = t.config
+    raise_all([*LM.generate_conflicts(lm_head=config.lm_head, causal=config.causal, n=t.n_tokens, generate=count,
+                                      max_tokens=config.max_tokens),
+               *([VariantConflictError("generate runs the correct stack: drop inject_bug", field="generate",
+                                       code="generate_with_bug")] if t.bug else []),
+               *([VariantConflictError("generate embeds each new token, so it needs the generated embeddings: drop "
+                                       "input", field="generate", code="generate_needs_embeddings")]
+                 if t.input_source == "explicit" else [])])
+    steps = stack_decode_steps(config)
+    made = {out for s in steps for out in s.writes}
+    base = {name: t.state[name] for s in steps for name in s.inputs if name not in made and name in t.state}
+    g, d_k, L = config.kv_heads, config.d_k, config.num_layers
+    caches = {f"{c}@{layer}": np.zeros((g, 0, d_k)) for c in ("k_cache", "v_cache") for layer in range(L)}
+    texts = [tok.text for tok in t.tokens]
+    vocab = t.state["vocabulary"]
+
+    def step(pos: int) -> dict:
+        state = {**base, **caches, "input": input_rows(config, texts[:pos + 1])[pos:], "position": pos}
+        run(steps, state)
+        caches.update({name: state[name] for name in caches})
+        return state
+
+    for pos in range(len(texts)):  # the sentence, one token at a time: its last step predicts the first new token
+        state = step(pos)
+    out: list[GenerationStep] = []
+    for i in range(count):
+        probs, row = state["next_token_probs"], state["logits"][-1]  # [vocab], [vocab]
+        index, keep, renormalised = LM.choose(probs, top_k=top_k, top_p=top_p, sample_seed=sample_seed, step=i)
+        texts.append(vocab[index])
+        pos = len(texts) - 1
+        state = step(pos)
+        cached = caches["k_cache@0"].shape[1]
+        out.append(GenerationStep(
+            position=pos, token=vocab[index], index=index, probability=float(probs[index]), kept=keep,
+            kept_probs=renormalised, logits=row, probs=probs,
+            cache_positions=tuple(range(pos + 1 - cached, pos + 1)),
+            weights=np.stack([state[f"weights@{layer}"][:, 0] for layer in range(L)])))  # L × [h, c] -> [L, h, c]
+    return out
+
+
+def generate_value_count(config: TraceConfig, n: int, n_vocab: int, count: int) -> int:
+    """How many numbers ``generate`` returns: per step its logits and probabilities over the vocabulary, its kept
+    set's probabilities (at most the vocabulary) and each layer's row of attention."""
+    total = 0
+    for i in range(count):
+        pos = n + i
+        cached = pos + 1 if config.window is None else min(pos + 1, config.window)
+        total += 3 * n_vocab + config.num_layers * config.num_heads * cached
+    return total
