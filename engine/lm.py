@@ -196,3 +196,15 @@ def choose(probs: np.ndarray, *, top_k: int | None = None, top_p: float | None =
     u = (float(uniform_stream(sample_key(sample_seed, step), 1)[0]) + 1.0) / 2.0  # (−1, 1) -> (0, 1)
     at = int(np.searchsorted(np.cumsum(renormalised), u, side="right"))
     return int(keep[min(at, len(keep) - 1)]), keep, renormalised
+
+
+def generate_input_conflicts(*, input_given: bool, bug: str | None) -> list[VariantConflictError]:
+    """Generation embeds each new token and runs the correct stack."""
+    out = []
+    if input_given:
+        out.append(VariantConflictError("generate embeds each new token, so it needs the generated embeddings: drop "
+                                        "input", field="generate", code="generate_needs_embeddings"))
+    if bug is not None:
+        out.append(VariantConflictError("generate runs the correct stack: drop inject_bug", field="generate",
+                                        code="generate_with_bug"))
+    return out

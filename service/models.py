@@ -36,7 +36,8 @@ from pydantic_core import PydanticCustomError
 import engine
 from engine import BUG_NAMES, EngineError, Token, TraceConfig
 from engine.bugs import BLOCK_BUG_NAMES
-from engine.decoding import decode_value_count
+from engine.decoding import decode_value_count, generate_value_count, generate_work
+from engine import lm as LM
 from engine.checks import (
     D_FF_MAX,
     MAX_EXPLICIT_VALUE,
@@ -72,6 +73,7 @@ from engine.layer import (
     BLOCK_PRESETS,
     BLOCK_STAGE_IDS,
     DEFAULT_ROPE_BASE,
+    LM_STAGE_IDS,
     FFN_KINDS,
     NORM_KINDS,
     NORM_POSITIONS,
@@ -90,7 +92,7 @@ from .settings import Settings
 
 #: a stage id a request may name: engine 1.0's and its variants' (ALL_STAGE_IDS), then a stack of blocks' own
 #: (BLOCK_STAGE_IDS, which only a trace with a block field computes)
-STAGE_ID_CHOICES: tuple[str, ...] = (*ALL_STAGE_IDS, *BLOCK_STAGE_IDS)
+STAGE_ID_CHOICES: tuple[str, ...] = (*ALL_STAGE_IDS, *BLOCK_STAGE_IDS, *LM_STAGE_IDS)
 
 
 def _quoted(choices: tuple[str, ...]) -> str:
@@ -218,6 +220,11 @@ _FIELD_RULES: dict[str, Callable[[Any], object]] = {
     "norm_eps": check_norm_eps,
     "head_weights": lambda v: raise_all(constructed.kind_problems(v)),
     "sharpness": lambda v: raise_all(constructed.sharpness_problems(v)),
+    # the language-model head's
+    "lm_head": partial(check_optional_choice, "lm_head", choices=LM.LM_HEADS),
+    "temperature": LM.check_temperature,
+    "candidates": lambda v: LM.check_candidates(v) if isinstance(v, list) and all(isinstance(t, str) for t in v)
+    else None,
 }
 
 class TraceSpec(BaseModel):
@@ -352,6 +359,23 @@ class TraceSpec(BaseModel):
         default=None, description="The norms' γ and β: unit (γ = 1, β = 0, the default, as torch initialises a "
         "norm) or seeded (drawn from the seed).")
 
+    # The language-model head (docs/engine.md, "The language-model head"): a stack's last step, opt-in. These three
+    # fields, and /trace's generate, top_k, top_p and sample_seed, are its whole request.
+    lm_head: Literal[LM.LM_HEADS] | None = Field(  # type: ignore[valid-type]
+        default=None,
+        description="End the stack with a language-model head (a block field is needed): tied (W_U = the "
+        "vocabulary's token embeddings, as GPT-2 ties them) or seeded (its own rows, seeded per token). Adds the "
+        "stages unembedding [vocab, d_model], logits [token, vocab] and next_token_probs [vocab] (the token after "
+        "the sentence), and `vocabulary`, the token of each column. Null: no head.")
+    temperature: float = Field(
+        default=1.0, ge=LM.TEMPERATURE_MIN, le=LM.TEMPERATURE_MAX,
+        description="next_token_probs = softmax(logits[n − 1] / temperature); with lm_head only.")
+    candidates: list[Annotated[str, Field(min_length=1, max_length=_TOKEN_HARD_MAX)]] | None = Field(
+        default=None, min_length=1, max_length=LM.MAX_VOCABULARY,
+        description="Tokens the vocabulary holds besides the sentence's own: the vocabulary is the sentence's "
+        f"distinct tokens in order of first appearance, then these (those not already in it), in order; at most "
+        f"{LM.MAX_VOCABULARY} in all. With lm_head only.")
+
     # The variants', the block's and the constructed heads' own fields are checked by the engine's rules
     # (_FIELD_RULES) before the schema's, so that HTTP and the engine refuse them alike: the engine's type
     # and message (docs/engine.md, "Errors of the variants"). The schema keeps its bounds, which document
@@ -385,6 +409,15 @@ class TraceSpec(BaseModel):
             raise PydanticCustomError("bad_character", "the {field} contains {what}", {"field": what, "what": bad})
         with engine_rules():
             check_sentence(v, field=field)
+        return v
+
+    @field_validator("candidates", mode="before")
+    @classmethod
+    def _candidate_texts(cls, v: Any) -> Any:
+        for i, t in enumerate(v if isinstance(v, list) else []):
+            bad = _bad_characters(t) if isinstance(t, str) else None
+            if bad:
+                raise PydanticCustomError("bad_character", "candidates[{i}] contains {what}", {"i": i, "what": bad})
         return v
 
     @field_validator("tokens", "context_tokens", mode="before")
@@ -444,7 +477,9 @@ class TraceSpec(BaseModel):
                 block=self.block, norm=self.norm, norm_position=self.norm_position, ffn=self.ffn, d_ff=self.d_ff,
                 norm_eps=self.norm_eps, norm_weights=self.norm_weights,
                 head_weights=None if self.head_weights is None else tuple(self.head_weights),
-                sharpness=self.sharpness, cross=cross, input_given=self.input is not None,
+                sharpness=self.sharpness, lm_head=self.lm_head, temperature=self.temperature,
+                candidates=None if self.candidates is None else tuple(self.candidates),
+                cross=cross, input_given=self.input is not None,
                 context_input_given=self.context_input is not None, parameters_given=self.parameters is not None,
                 decode=getattr(self, "decode", False), bug=getattr(self, "inject_bug", None))
             # Count tokens now (the tokenizer stops at limit + 1), so the size of
@@ -459,14 +494,27 @@ class TraceSpec(BaseModel):
                 check_input_shape(self.context_input, m, self.d_model, "context_input")
             if self.parameters is not None:
                 check_parameter_shapes(dict(self.parameters), self.d_model, self.num_heads, self.num_kv_heads)
+            n_vocab = None
+            if config.has_lm_head:
+                n_vocab = len(LM.vocabulary([t.text for t in tokens], config.candidates))
+                LM.check_vocabulary_size(n_vocab)
             count = trace_value_count(config, n, with_parameters=getattr(self, "include_parameters", False),
-                                      n_context=m)
+                                      n_context=m, n_vocab=n_vocab)
             decoding = decode_value_count(config, n) if getattr(self, "decode", False) else 0
+            generating = getattr(self, "generate", None)
+            if generating is not None:
+                raise_all([*LM.generate_conflicts(lm_head=config.lm_head, causal=config.causal, n=n,
+                                                  generate=generating, max_tokens=settings.max_tokens),
+                           *LM.generate_input_conflicts(input_given=self.input is not None,
+                                                        bug=getattr(self, "inject_bug", None))])
+                decoding += generate_value_count(config, n, n_vocab or 0, generating)
             count += decoding
             check_trace_size(count, settings.max_trace_values, n=n, d_model=self.d_model, num_heads=self.num_heads,
                              n_context=m, decode_values=decoding)
-            if config.has_block:  # and every layer's weights, generated before anything is computed
-                check_block_cost(count, config.n_parameters, settings.max_request_cost, num_layers=config.num_layers)
+            if config.has_block:  # and every layer's weights, generated before anything is computed (and generation)
+                work = 0 if generating is None else generate_work(config, n, n_vocab or 0, generating)
+                check_block_cost(count + work, config.n_parameters, settings.max_request_cost,
+                                 num_layers=config.num_layers)
         # One update of the private values: each assignment through pydantic's __setattr__ costs ~0.3 µs.
         self.__pydantic_private__.update(_config=config, _tokens=tokens, _context=context, _value_count=count)
         return self
@@ -515,7 +563,8 @@ def _checked_config(*, d_model: int, num_heads: int, seed: int, scale: bool, cau
                     max_tokens: int, num_kv_heads: int | None, window: int | None, rope_base: float,
                     rope_pairing: str, num_layers: int, block: str | None, norm: str | None,
                     norm_position: str | None, ffn: str | None, d_ff: int | None, norm_eps: float | None,
-                    norm_weights: str | None, head_weights: tuple[str, ...] | None, sharpness: float, cross: bool,
+                    norm_weights: str | None, head_weights: tuple[str, ...] | None, sharpness: float,
+                    lm_head: str | None, temperature: float, candidates: tuple[str, ...] | None, cross: bool,
                     input_given: bool, context_input_given: bool, parameters_given: bool, decode: bool,
                     bug: str | None) -> TraceConfig:
     """A request's TraceConfig, its sizes and every conflict between its settings checked by the engine (an
@@ -536,7 +585,7 @@ def _checked_config(*, d_model: int, num_heads: int, seed: int, scale: bool, cau
                          positional_encoding=positional_encoding, max_tokens=max_tokens, num_kv_heads=num_kv_heads,
                          window=window, rope_base=rope_base, rope_pairing=rope_pairing, num_layers=num_layers,
                          block=block, norm=norm, norm_position=norm_position, ffn=ffn, d_ff=d_ff, norm_eps=norm_eps,
-                         norm_weights=norm_weights)
+                         norm_weights=norm_weights, lm_head=lm_head, temperature=temperature, candidates=candidates)
     if head_weights is not None:  # constructed heads: their own x and weights (engine.constructed)
         config = replace(config, head_weights=head_weights, sharpness=sharpness)
         raise_all(constructed.trace_conflicts(constructed=config.constructed, input_given=input_given,
@@ -624,6 +673,14 @@ class ConfigOut(BaseModel):
     norm_weights: Literal[NORM_WEIGHTS] | None = omitted("A stack of blocks only.")  # type: ignore[valid-type]
     head_weights: list[HeadKindName] | None = omitted("Only with a constructed head: each head's kind.")
     sharpness: float | None = omitted("Only with a constructed head.")
+    # The language-model head only.
+    lm_head: Literal[LM.LM_HEADS] | None = omitted("Only with lm_head.")  # type: ignore[valid-type]
+    temperature: float | None = omitted("Only with lm_head.")
+    n_vocabulary: int | None = omitted("Only with lm_head: how many tokens the vocabulary holds.")
+    generate: int | None = omitted("Only with generate: how many tokens were generated.")
+    top_k: int | None = omitted("Only with generate and top_k.")
+    top_p: float | None = omitted("Only with generate and top_p.")
+    sample_seed: int | None = omitted("Only with generate: the sampling seed, null for greedy.", nullable=True)
 
 
 class InjectedBug(BaseModel):

@@ -16,7 +16,8 @@ import numpy as np
 import orjson
 
 from engine import Trace
-from engine.decoding import DecodeStep
+from engine.decoding import DecodeStep, GenerationStep
+from engine.lm import SHOWN_CANDIDATES
 from engine.tokenize import Token
 
 SCHEMA_VERSION = "1.3.0"
@@ -156,8 +157,36 @@ def trace_document(
     if decode is not None:
         doc["config"]["decode"] = True
         doc["decode"] = decode_document(decode, precision, finite)
+    if t.config.has_lm_head:  # the token of each column of the logits
+        doc["vocabulary"] = t.vocabulary
     finite.check()
     return doc
+
+
+def generation_document(steps: list[GenerationStep], vocabulary: list[str], precision: int | None
+                        ) -> list[dict[str, Any]]:
+    """The ``generation`` member: each generated token, how it was chosen (its candidates name their tokens from
+    ``vocabulary``) and its rows."""
+    finite = Finite()
+
+    def arr(a: np.ndarray, where: str) -> np.ndarray:
+        return _array(a, where, precision, finite)
+
+    def num(x: float) -> float:
+        return float(x) if precision is None else float(np.round(x, precision))
+
+    out = []
+    for s in steps:
+        out.append({
+            "position": s.position, "token": s.token, "index": s.index, "probability": num(s.probability),
+            "candidates": [{"token": vocabulary[j], "index": int(j), "probability": num(s.probs[j]), "sampling_probability": num(p)}
+                           for j, p in zip(s.kept[:SHOWN_CANDIDATES], s.kept_probs[:SHOWN_CANDIDATES])],
+            "logits": arr(s.logits, f"generation[{s.position}].logits"),
+            "probs": arr(s.probs, f"generation[{s.position}].probs"),
+            "cache_positions": list(s.cache_positions),
+            "weights": arr(s.weights, f"generation[{s.position}].weights")})
+    finite.check()
+    return out
 
 
 def tokens_document(tokens: list[Token]) -> list[dict[str, Any]]:
@@ -216,6 +245,8 @@ def config_document(
                 "norm_eps": cfg.eps, "norm_weights": "seeded" if cfg.seeded_norm else "unit"}
     if cfg.constructed:  # which heads are built by hand (engine.constructed)
         doc |= {"head_weights": list(cfg.head_kinds), "sharpness": cfg.sharpness}
+    if cfg.has_lm_head:
+        doc |= {"lm_head": cfg.lm_head, "temperature": cfg.temperature, "n_vocabulary": len(t.vocabulary or ())}
     return doc
 
 
