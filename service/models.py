@@ -35,7 +35,7 @@ from pydantic_core import PydanticCustomError
 
 import engine
 from engine import BUG_NAMES, EngineError, Token, TraceConfig
-from engine.bugs import BLOCK_BUG_NAMES
+from engine.bugs import BLOCK_BUG_NAMES, LM_BUG_NAMES
 from engine.decoding import decode_value_count, generate_value_count, generate_work
 from engine import lm as LM
 from engine.checks import (
@@ -148,10 +148,11 @@ def _bad_characters(text: str) -> str | None:
 
 BugName = Literal[BUG_NAMES]  # type: ignore[valid-type]
 #: a name /check's diagnosis may give: the attention's known bugs, then a stack of blocks' own (BLOCK_BUGS)
-AnyBugName = Literal[BUG_NAMES + BLOCK_BUG_NAMES]  # type: ignore[valid-type]
+AnyBugName = Literal[BUG_NAMES + BLOCK_BUG_NAMES + LM_BUG_NAMES]  # type: ignore[valid-type]
 
 #: inject_bug's names: the attention's known bugs, and a stack of blocks' own (which the engine's refusal rule
-#: refuses without a block field, saying to add one); an unknown one's message lists the request's kind's
+#: refuses without a block field, saying to add one), and the language-model head's (refused without lm_head); an
+#: unknown one's message lists the request's kind's (a stack's: the attention's and the block's, as before the head)
 InjectableBugName = Annotated[AnyBugName, _names_of_the_requests_kind(BUG_NAMES, BUG_NAMES + BLOCK_BUG_NAMES)]
 
 PositionalEncodingName = Literal[POSITIONAL_ENCODING_CHOICES]  # type: ignore[valid-type]

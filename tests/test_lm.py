@@ -1,0 +1,220 @@
+"""The language-model head: its stages, its vocabulary, generation, its refusals, and its known mistakes diagnosed
+by /check on a student's plain numpy. (transformers' reference: tests/test_lm_torch.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import engine
+from engine import TraceConfig
+from engine.bugs import LM_BUGS
+from engine.decoding import generate
+from engine.lm import choose, kept, vocabulary
+
+SENTENCE = "the cat sat on the mat"
+GPT2 = dict(block="gpt2", d_model=24, num_heads=4, num_layers=2, lm_head="tied", temperature=0.7)
+
+
+def gpt2(**kw):
+    return TraceConfig.preset_config("gpt2", **{**{k: v for k, v in GPT2.items() if k != "block"}, **kw})
+
+
+def softmax(z: np.ndarray, axis: int = -1) -> np.ndarray:
+    z = z - z.max(axis=axis, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+# ---------------------------------------------------------------- the engine
+
+
+def test_the_vocabulary_is_the_sentences_distinct_tokens_then_the_candidates():
+    assert vocabulary(["the", "cat", "the", "mat"], ["dog", "cat", "ran"]) == ["the", "cat", "mat", "dog", "ran"]
+    t = engine.trace(gpt2(candidates=("dog", "cat")), sentence=SENTENCE)
+    assert t.vocabulary == ["the", "cat", "sat", "on", "mat", "dog"]
+
+
+def test_the_stages_are_the_heads_formulas_computed_independently():
+    t = engine.trace(gpt2(candidates=("dog",)), sentence=SENTENCE)
+    ids = list(t.stages)
+    assert ids[-4:] == ["final_norm", "unembedding", "logits", "next_token_probs"]
+    W_U = np.stack([engine.params.token_embedding_vector(0, 24, text) for text in t.vocabulary])  # tied
+    np.testing.assert_array_equal(t.stages["unembedding"].values, W_U)
+    logits = t.stages["final_norm"].values @ W_U.T
+    np.testing.assert_allclose(t.stages["logits"].values, logits, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(t.stages["next_token_probs"].values, softmax(logits[-1] / 0.7), rtol=1e-13,
+                               atol=1e-16)
+    assert [(t.stages[s].info.step, t.stages[s].axes) for s in ids[-3:]] == [
+        (20, ("vocab", "d_model")), (21, ("token", "vocab")), (22, ("vocab",))]
+    assert t.stages["logits"].formula == "LN_f(x_L)·W_Uᵀ: column j scores vocabulary[j]"
+
+
+def test_post_norm_reads_the_last_layer_and_a_seeded_head_does_not_depend_on_the_vocabulary():
+    t = engine.trace(TraceConfig(block="vaswani2017", d_model=16, num_heads=2, num_layers=2, lm_head="seeded",
+                                 causal=True), sentence=SENTENCE)
+    h = t.stages["residual_stream"].values[-1]
+    np.testing.assert_allclose(t.stages["logits"].values, h @ t.stages["unembedding"].values.T, rtol=1e-13)
+    other = engine.trace(TraceConfig(block="vaswani2017", d_model=16, num_heads=2, num_layers=2, lm_head="seeded",
+                                     causal=True, candidates=("zebra", "sat")), sentence="mat on the cat")
+    row = dict(zip(other.vocabulary, other.stages["unembedding"].values))
+    for text, r in zip(t.vocabulary, t.stages["unembedding"].values):
+        np.testing.assert_array_equal(row[text], r)
+
+
+def test_temperature_sharpens_and_flattens_and_never_overflows():
+    entropies = []
+    for T in (0.001, 0.5, 1.0, 2.0, 1000.0):
+        p = engine.trace(gpt2(temperature=T), sentence=SENTENCE).stages["next_token_probs"].values
+        assert np.isfinite(p).all() and abs(p.sum() - 1) < 1e-12
+        entropies.append(-(p * np.log(np.where(p > 0, p, 1))).sum())
+    assert entropies == sorted(entropies) and entropies[0] < 1e-9 and entropies[-1] > np.log(5) - 1e-3
+
+
+def test_an_existing_stack_is_unchanged_by_the_head():
+    plain = engine.trace(TraceConfig.preset_config("gpt2", d_model=24, num_heads=4, num_layers=2), sentence=SENTENCE)
+    head = engine.trace(gpt2(), sentence=SENTENCE)
+    for sid, st in plain.stages.items():
+        np.testing.assert_array_equal(np.asarray(st.values, dtype=object), np.asarray(head.stages[sid].values,
+                                                                                      dtype=object))
+    assert plain.parameters_digest == head.parameters_digest
+
+
+# ---------------------------------------------------------------- generation
+
+
+@pytest.mark.parametrize("config", [
+    gpt2(),
+    TraceConfig.preset_config("llama", d_model=32, num_heads=4, num_kv_heads=2, num_layers=3, d_ff=40,
+                              lm_head="seeded", window=3, temperature=1.5),
+    TraceConfig(block="vaswani2017", d_model=24, num_heads=2, num_layers=2, lm_head="tied", causal=True),
+], ids=["gpt2", "llama-window", "post-norm"])
+def test_each_generated_step_equals_the_full_trace_of_the_longer_sentence(config):
+    t = engine.trace(config, sentence=SENTENCE)
+    steps = generate(t, 4, top_k=3, sample_seed=7)
+    texts = [k.text for k in t.tokens] + [s.token for s in steps]
+    for i, s in enumerate(steps):
+        longer = engine.trace(config, tokens=texts[:s.position])  # the tokens before the new one
+        assert longer.vocabulary[:len(t.vocabulary)] == t.vocabulary
+        np.testing.assert_allclose(s.probs, longer.stages["next_token_probs"].values[:len(t.vocabulary)]
+                                   if longer.vocabulary == t.vocabulary else s.probs, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(s.logits, longer.stages["logits"].values[-1], rtol=1e-12, atol=1e-12)
+        assert s.probability == s.probs[s.index] and t.vocabulary[s.index] == s.token
+        full = engine.trace(config, tokens=texts[:s.position + 1]).stages["weights"].values[:, :, -1]
+        np.testing.assert_allclose(s.weights, full[..., list(s.cache_positions)], rtol=1e-12, atol=1e-15)
+
+
+def test_greedy_takes_the_most_probable_and_sampling_is_reproducible_and_within_the_kept_set():
+    t = engine.trace(gpt2(temperature=2.0, candidates=("dog", "ran", "a")), sentence=SENTENCE)
+    greedy = generate(t, 3)
+    assert all(s.index == int(np.argmax(s.probs)) for s in greedy)
+    a, b = generate(t, 6, top_k=2, sample_seed=5), generate(t, 6, top_k=2, sample_seed=5)
+    assert [s.token for s in a] == [s.token for s in b]
+    assert all(s.index in s.kept[:2] and len(s.kept) == 2 for s in a)
+    drawn = {tuple(s.token for s in generate(t, 6, sample_seed=seed)) for seed in range(8)}
+    assert len(drawn) > 1  # seeds draw differently
+
+
+def test_top_k_and_top_p_keep_what_transformers_keeps():
+    p = np.array([0.05, 0.4, 0.1, 0.3, 0.15])
+    assert kept(p, None, None).tolist() == [1, 3, 4, 2, 0]
+    assert kept(p, 2, None).tolist() == [1, 3]
+    assert kept(p, None, 0.7).tolist() == [1, 3]  # 0.4 + 0.3 reaches 0.7: the next is not needed
+    assert kept(p, None, 0.71).tolist() == [1, 3, 4]
+    assert kept(p, None, 0.01).tolist() == [1]  # the most probable is always kept
+    index, keep, renormalised = choose(p, top_k=3, sample_seed=1)
+    assert index in keep and abs(renormalised.sum() - 1) < 1e-15
+
+
+# ---------------------------------------------------------------- over HTTP
+
+
+BODY = {"sentence": SENTENCE, **GPT2}
+
+
+@pytest.mark.parametrize("extra, pointer, kind", [
+    ({"block": None, "num_layers": None, "lm_head": "tied"}, "/lm_head", "lm_head_needs_block"),
+    ({"lm_head": "untied"}, "/lm_head", "invalid_size"),
+    ({"temperature": 0}, "/temperature", "invalid_size"),
+    ({"temperature": 1e9}, "/temperature", "invalid_size"),
+    ({"lm_head": None}, "/temperature", "needs_lm_head"),
+    ({"candidates": ["dog", " "]}, "/candidates/1", "blank_token"),
+    ({"candidates": [f"w{i}" for i in range(1025)]}, "/candidates", "invalid_size"),
+    ({"generate": 2, "causal": False}, "/generate", "generate_needs_causal"),
+    ({"generate": 0}, "/generate", "greater_than_equal"),
+    ({"generate": 300}, "/generate", "less_than_equal"),
+    ({"generate": 2, "inject_bug": "temperature_multiplied"}, "/generate", "generate_with_bug"),
+    ({"top_k": 2}, "/top_k", "needs_generate"),
+    ({"generate": 2, "top_p": 1.5}, "/top_p", "less_than_equal"),
+    ({"stages": ["logits"], "lm_head": None, "temperature": 1.0}, "/stages", "stage_needs_lm_head"),
+    ({"inject_bug": "lm_final_norm_skipped", "block": "vaswani2017", "causal": True}, "/inject_bug",
+     "bug_not_applicable"),
+    ({"inject_bug": "temperature_multiplied", "temperature": 1.0}, "/inject_bug", "bug_changes_nothing"),
+])
+def test_bad_input_is_a_422_naming_the_field(client, extra, pointer, kind):
+    body = {k: v for k, v in {**BODY, **extra}.items() if v is not None}
+    r = client.post("/trace", json=body)
+    assert r.status_code == 422 and r.content_type == "application/problem+json", r.get_json()
+    assert any(e["pointer"] == pointer and e["type"] == kind for e in r.get_json()["errors"]), r.get_json()
+
+
+def test_the_answer_names_each_column_and_each_generated_token(client):
+    r = client.post("/trace", json={**BODY, "candidates": ["dog"], "generate": 3, "top_k": 3, "sample_seed": 2})
+    assert r.status_code == 200
+    d = r.get_json()
+    assert d["vocabulary"] == ["the", "cat", "sat", "on", "mat", "dog"]
+    assert d["stages"]["logits"]["shape"] == [6, 6] and d["stages"]["next_token_probs"]["shape"] == [6]
+    assert d["config"] | {} == {**d["config"], "lm_head": "tied", "temperature": 0.7, "n_vocabulary": 6,
+                                "generate": 3, "top_k": 3, "sample_seed": 2}
+    t = engine.trace(gpt2(candidates=("dog",)), sentence=SENTENCE)
+    steps = generate(t, 3, top_k=3, sample_seed=2)
+    assert [g["token"] for g in d["generation"]] == [s.token for s in steps]
+    for g, s in zip(d["generation"], steps):
+        assert g["probability"] == s.probability and g["position"] == s.position
+        assert len(g["candidates"]) == 3 and g["candidates"][0]["probability"] == float(s.probs.max())
+        assert [c["token"] for c in g["candidates"]] == [t.vocabulary[j] for j in s.kept]
+        assert np.array(g["weights"]).shape == (2, 4, s.position + 1)
+
+
+# ---------------------------------------------------------------- a student's plain numpy, diagnosed by /check
+
+
+def student_head(h: np.ndarray, x_L: np.ndarray, W_U: np.ndarray, T: float, mistake: str | None
+                 ) -> dict[str, list]:
+    """A student's lm_head and next_token_probs in plain numpy, with one mistake (or none)."""
+    if mistake == "lm_head_not_tied":
+        W_U = np.stack([engine.lm.seeded_unembedding(0, h.shape[1], [text])[0] for text in VOCAB])
+    hidden = x_L if mistake == "lm_final_norm_skipped" else h
+    logits = hidden @ (W_U.reshape(W_U.shape[1], W_U.shape[0]) if mistake == "lm_head_transposed" else W_U.T)
+    row = logits[0] if mistake == "next_token_from_first_position" else logits[-1]
+    if mistake == "temperature_multiplied":
+        probs = softmax(row * T)
+    elif mistake == "softmax_over_positions":
+        probs = softmax(logits / T, axis=0)[-1]
+    else:
+        probs = softmax(row / T)
+    out = {"logits": logits.tolist(), "next_token_probs": probs.tolist()}
+    if mistake == "lm_head_not_tied":
+        out["unembedding"] = W_U.tolist()
+    return out
+
+
+VOCAB = ["the", "cat", "sat", "on", "mat"]
+
+
+@pytest.mark.parametrize("mistake", [None, *LM_BUGS])
+def test_check_names_each_mistake_of_a_students_head(client, mistake):
+    ref = client.post("/trace", json={**BODY, "stages": ["residual_stream", "final_norm", "unembedding"]}).get_json()
+    assert ref["vocabulary"] == VOCAB
+    h = np.array(ref["stages"]["final_norm"]["values"])
+    x_L = np.array(ref["stages"]["residual_stream"]["values"])[-1]
+    W_U = np.array(ref["stages"]["unembedding"]["values"])
+    submission = {"final_norm": h.tolist(), **student_head(h, x_L, W_U, 0.7, mistake)}
+    r = client.post("/check", json={**BODY, "submission": submission})
+    assert r.status_code == 200, r.get_json()
+    d = r.get_json()
+    if mistake is None:
+        assert d["passed"], d["message"]
+        return
+    assert not d["passed"] and d["first_wrong_stage"] == LM_BUGS[mistake].stage
+    assert d["diagnosis"]["matches"] == [mistake], d["diagnosis"]
