@@ -50,6 +50,7 @@ from engine.layer import BLOCK_PRESETS, FFN_KINDS, NORM_KINDS, NORM_POSITIONS, N
 
 from .client import CheckResult, ClientError, ProblemError, Trace, TransportError
 from .explain_cli import run_explain
+from . import generate_cli
 
 #: the stages the walkthrough table reads
 TABLE_STAGES = ["scores", "scaled_scores", "masked_scores", "weights", "context"]
@@ -58,7 +59,7 @@ ROW_LAYOUT_MAX_KEYS = 8
 #: the formats of --export and of the export subcommand (POST /export)
 EXPORT_FORMATS = ("bertviz", "circuitsvis", "transformer-explainer")
 #: the subcommands; anything else first is a sentence to trace
-COMMANDS = ("trace", "check", "explain", "export", "html")
+COMMANDS = ("trace", "check", "explain", "export", "html", "generate")
 
 # Request fields as the command-line options that set them (for error messages).
 FIELD_FLAGS = {"/sentence": "SENTENCE", "/d_model": "--d-model", "/num_heads": "--heads", "/seed": "--seed",
@@ -375,6 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("file", metavar="FILE", help="where to write it ('-' is standard output)")
     connection_options(h)
     h.set_defaults(run=run_html_command, flags=FIELD_FLAGS)
+    generate_cli.add_parser(sub)
     return p
 
 

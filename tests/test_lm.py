@@ -3,6 +3,8 @@ by /check on a student's plain numpy. (transformers' reference: tests/test_lm_to
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -264,3 +266,28 @@ def test_where_it_breaks_a_post_norm_stack_ties_the_token_with_its_copy():
         winners.append({A: "A", B: "B"}.get(t.vocabulary[int(np.argmax(t.stages["next_token_probs"].values))], "other"))
     print("post-norm, 40 sentences:", {w: winners.count(w) for w in ("A", "B", "other")})
     assert winners.count("B") <= 30 and winners.count("A") >= 10
+
+
+# ---------------------------------------------------------------- the client and the command line
+
+
+def test_the_client_generates_and_the_command_line_prints_each_step(capsys):
+    from attention_trace import LocalClient
+    from attention_trace.cli import main
+
+    with LocalClient() as client:
+        doc = client.generate("harry potter went to the shop and harry", tokens=3, head_weights=["induction"],
+                              num_layers=2, d_model=64)
+    assert [s["token"] for s in doc["generation"]] == ["potter", "went", "to"]  # the induction head's copies
+    assert list(doc["stages"]) == ["next_token_probs"]
+    assert main(["generate", "harry potter went to the shop and harry", "--tokens", "3", "--head-weights",
+                 "induction", "--layers", "2", "--d-model", "64", "--color", "never"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "harry potter went to the shop and harry  →  potter went to"
+    assert out[2].startswith("step 1 (position 8): potter p = ") and "candidates: potter" in out[2]
+    assert len(out) == 5
+    assert main(["generate", "the cat", "--tokens", "2", "--temperature", "0"]) == 2
+    assert "--temperature (/temperature): temperature must be" in capsys.readouterr().err
+    assert main(["generate", "the cat sat", "--tokens", "3", "--top-k", "2", "--seed", "4", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["config"]["sample_seed"] == 4 and all(len(s["candidates"]) == 2 for s in doc["generation"])
