@@ -71,6 +71,8 @@ def answers(client) -> list[tuple[str, str, str, int, str, object]]:
                                                             "top_k": 3, "top_p": 0.9, "sample_seed": 1})
     post("trace, language-model head, greedy", "/trace", {**base, "block": "gpt2", "lm_head": "seeded",
                                                            "generate": 1})
+    post("explain, a logit", "/explain", {**base, "block": "gpt2", "lm_head": "tied", "cell": "logit", "token": 2,
+                                           "column": 1})
     stack = post("trace, reference stack", "/trace", {**base, "block": "gpt2", "stages": ["norm1", "weights"]})
     post("check, a stack's stages", "/check", {**base, "block": "gpt2", "submission": {
         "norm1": stack["stages"]["norm1"]["values"], "weights": [[[[0.5] * 3] * 3] * 2]}})

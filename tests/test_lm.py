@@ -291,3 +291,25 @@ def test_the_client_generates_and_the_command_line_prints_each_step(capsys):
     assert main(["generate", "the cat sat", "--tokens", "3", "--top-k", "2", "--seed", "4", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["config"]["sample_seed"] == 4 and all(len(s["candidates"]) == 2 for s in doc["generation"])
+
+
+def test_explain_walks_one_logit_number_by_number(client):
+    body = {**BODY, "candidates": ["dog"], "cell": "logit"}
+    t = engine.trace(gpt2(candidates=("dog",)), sentence=SENTENCE)
+    h, W_U = t.stages["final_norm"].values, t.stages["unembedding"].values
+    for token, column in ((5, 5), (2, 1)):
+        d = client.post("/explain", json={**body, "token": token, "column": column}).get_json()
+        steps = {s["id"]: s for s in d["steps"]}
+        assert d["column_token"] == t.vocabulary[column] and d["source_stage"] == "final_norm"
+        np.testing.assert_array_equal(steps["products"]["values"], h[token] * W_U[column])
+        np.testing.assert_array_equal(steps["products"]["w"],
+                                      engine.params.token_embedding_vector(0, 24, t.vocabulary[column]))  # tied
+        assert steps["logit"]["value"] == t.stages["logits"].values[token, column]
+        assert abs(steps["logit"]["recomputed"] - steps["logit"]["value"]) < 1e-13
+        assert ("probability" in steps) == (token == 5)
+    assert steps.get("probability") is None
+    d = client.post("/explain", json={**body, "token": 5, "column": 5}).get_json()
+    p = d["steps"][-1]
+    assert p["value"] == t.stages["next_token_probs"].values[5] and abs(p["recomputed"] - p["value"]) < 1e-15
+    r = client.post("/explain", json={**body, "token": 0, "column": 6})
+    assert r.status_code == 422 and r.get_json()["errors"][0]["pointer"] == "/column"
