@@ -75,7 +75,7 @@ def gpt2_model(t: engine.Trace, n_positions: int):
     cfg = GPT2Config(vocab_size=len(t.vocabulary), n_embd=c.d_model, n_head=c.num_heads, n_layer=c.num_layers,
                      n_inner=c.ff_width, n_positions=n_positions, activation_function="gelu_new",
                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=c.eps,
-                     tie_word_embeddings=True, eos_token_id=None, pad_token_id=0)
+                     tie_word_embeddings=True, bos_token_id=None, eos_token_id=None, pad_token_id=0)
     cfg._attn_implementation = "eager"
     model = GPT2LMHeadModel(cfg).double().eval()
     with torch.no_grad():
@@ -100,7 +100,7 @@ def llama_model(t: engine.Trace):
                       num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.kv_heads,
                       rms_norm_eps=c.eps, hidden_act="silu", attention_bias=False, mlp_bias=False,
                       max_position_embeddings=128, rope_theta=c.rope_base, tie_word_embeddings=True,
-                      bos_token_id=0, eos_token_id=None, pad_token_id=0)
+                      bos_token_id=0, bos_token_id=None, eos_token_id=None, pad_token_id=0)
     cfg._attn_implementation = "sdpa"  # the eager attention's softmax runs in float32
     model = LlamaForCausalLM(cfg).double().eval()
     d = c.d_model
