@@ -624,7 +624,8 @@ def _probs_of_first_position(logits: np.ndarray, temperature: float) -> np.ndarr
 
 
 def _logits_reshaped(h: np.ndarray, W_U: np.ndarray) -> np.ndarray:
-    return h @ W_U.reshape(W_U.shape[1], W_U.shape[0])  # [n, d] @ [d, vocab]: reshaped, not transposed
+    out: np.ndarray = h @ W_U.reshape(W_U.shape[1], W_U.shape[0])  # [n, d] @ [d, vocab]: reshaped, not transposed
+    return out
 
 
 def _other_head(step: Step) -> Step:

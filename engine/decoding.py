@@ -23,6 +23,7 @@ a matrix, and those kernels may sum in different orders.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -140,7 +141,7 @@ def generate(t: Trace, count: int, *, top_k: int | None = None, top_p: float | N
     texts = [tok.text for tok in t.tokens]
     vocab = t.state["vocabulary"]
 
-    def step(pos: int) -> dict:
+    def step(pos: int) -> dict[str, Any]:
         state = {**base, **caches, "input": input_rows(config, texts[:pos + 1])[pos:], "position": pos}
         run(steps, state)
         caches.update({name: state[name] for name in caches})

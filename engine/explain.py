@@ -510,7 +510,9 @@ def explain_logit_cell(trace: Trace, token: int, column: int) -> dict[str, Any]:
     h = h_row[token]  # [d_model]
     W_U = st["unembedding"][column]  # [d_model]
     prods = products(h, W_U)  # [d_model]
-    logit = _f(trace.stages["logits"].values[token, column])
+    logits_ = np.asarray(trace.stages["logits"].values)  # [n, vocab]
+    probs = np.asarray(trace.stages["next_token_probs"].values)  # [vocab]
+    logit = _f(logits_[token, column])
     logit_re = _f(sum_in_order(prods))
     tied = cfg.lm_head == "tied"
     steps: list[dict[str, Any]] = [
@@ -524,18 +526,18 @@ def explain_logit_cell(trace: Trace, token: int, column: int) -> dict[str, Any]:
          "note": "recomputed: the products added in order; the trace's value is BLAS's matrix product"},
     ]
     if token == trace.n_tokens - 1:  # the last position's logits give the next token's probabilities
-        row = trace.stages["logits"].values[token] / cfg.temperature  # [vocab]
+        row = logits_[token] / cfg.temperature  # [vocab]
         peak = float(row.max())
         e = np.exp(row - peak)  # [vocab]
         total = _f(sum_in_order(e))
-        p = _f(trace.stages["next_token_probs"].values[column])
+        p = _f(probs[column])
         p_re = _f(e[column]) / total
         steps.append({"id": "probability", "stage": "next_token_probs", "index": [column],
                       "formula": "p = exp((logit − max)/T) / Σᵥ exp((logitᵥ − max)/T)", "value": p,
                       "recomputed": p_re, "exact": p_re == p, "temperature": cfg.temperature,
                       "row_max": peak * cfg.temperature, "exponent": _f(e[column]), "denominator": total,
                       "note": f"the last position predicts the token after the sentence; {vocab[column]!r} has "
-                              f"rank {int((trace.stages['next_token_probs'].values > p).sum()) + 1} of {len(vocab)}"})
+                              f"rank {int((probs > p).sum()) + 1} of {len(vocab)}"})
     return {"token": token, "token_text": trace.tokens[token].text, "column": column, "column_token": vocab[column],
             "lm_head": cfg.lm_head, "source_stage": source, "steps": steps}
 
@@ -543,6 +545,6 @@ def explain_logit_cell(trace: Trace, token: int, column: int) -> dict[str, Any]:
 def _hidden_source(trace: Trace) -> tuple[np.ndarray, str, list[int]]:
     """What the head reads: the final norm's output (pre-norm), or the last residual stream (post-norm)."""
     if trace.config.final_norm:
-        return trace.stages["final_norm"].values, "final_norm", []
+        return np.asarray(trace.stages["final_norm"].values), "final_norm", []
     depth = trace.num_layers
-    return trace.stages["residual_stream"].values[depth], "residual_stream", [depth]
+    return np.asarray(trace.stages["residual_stream"].values)[depth], "residual_stream", [depth]

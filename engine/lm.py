@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from . import attention as A
-from .errors import EmptyInputError, InvalidSizeError, VariantConflictError
+from .errors import EmptyInputError, EngineError, InvalidSizeError, VariantConflictError
 from .params import _readonly, _scaled, byte_bounded_cache, stream_key, uniform_stream
 
 #: lm_head: the unembedding tied to the token embeddings (GPT-2, and Llama-style tie_word_embeddings), or its own
@@ -92,9 +92,9 @@ def check_generate(value: Any) -> None:
 
 
 def lm_conflicts(*, lm_head: str | None, block: bool, temperature_given: bool = False,
-                 candidates_given: bool = False) -> list[VariantConflictError]:
+                 candidates_given: bool = False) -> list[EngineError]:
     """The head reads a stack's last hidden state; temperature and candidates belong to the head."""
-    out = []
+    out: list[EngineError] = []
     if lm_head is not None and not block:
         out.append(VariantConflictError(
             "lm_head turns a stack's last hidden state into logits, and this trace is one attention layer: give "
@@ -108,9 +108,9 @@ def lm_conflicts(*, lm_head: str | None, block: bool, temperature_given: bool = 
 
 
 def generate_conflicts(*, lm_head: str | None, causal: bool, n: int, generate: int, max_tokens: int
-                       ) -> list[VariantConflictError]:
+                       ) -> list[EngineError]:
     """Generation predicts each token from the ones before it: a head, a causal mask and room for the tokens."""
-    out = []
+    out: list[EngineError] = []
     if lm_head is None:
         out.append(VariantConflictError("generate needs the language-model head: add lm_head (\"tied\" or "
                                         "\"seeded\") and a block", field="generate", code="generate_needs_lm_head"))
@@ -154,13 +154,15 @@ def seeded_unembedding(seed: int, d_model: int, vocab: list[str]) -> np.ndarray:
 
 def logits(h: np.ndarray, W_U: np.ndarray) -> np.ndarray:
     """h·W_Uᵀ: each position's score for every vocabulary token."""
-    return h @ W_U.T  # [n, d_model] @ [d_model, vocab] -> [n, vocab]
+    out: np.ndarray = h @ W_U.T  # [n, d_model] @ [d_model, vocab] -> [n, vocab]
+    return out
 
 
 def next_token_probs(logits_: np.ndarray, temperature: float) -> np.ndarray:
     """softmax(logits[n − 1] / T) over the vocabulary: the last position predicts the token after the sentence
     (stable: the largest scaled logit is subtracted first)."""
-    return A.softmax(logits_[-1] / temperature)  # [n, vocab] -> [vocab]
+    probs: np.ndarray = A.softmax(logits_[-1] / temperature)  # [n, vocab] -> [vocab]
+    return probs
 
 
 # ------------------------------------------------------------------ choosing the next token
@@ -198,9 +200,9 @@ def choose(probs: np.ndarray, *, top_k: int | None = None, top_p: float | None =
     return int(keep[min(at, len(keep) - 1)]), keep, renormalised
 
 
-def generate_input_conflicts(*, input_given: bool, bug: str | None) -> list[VariantConflictError]:
+def generate_input_conflicts(*, input_given: bool, bug: str | None) -> list[EngineError]:
     """Generation embeds each new token and runs the correct stack."""
-    out = []
+    out: list[EngineError] = []
     if input_given:
         out.append(VariantConflictError("generate embeds each new token, so it needs the generated embeddings: drop "
                                         "input", field="generate", code="generate_needs_embeddings"))

@@ -313,3 +313,28 @@ def test_explain_walks_one_logit_number_by_number(client):
     assert p["value"] == t.stages["next_token_probs"].values[5] and abs(p["recomputed"] - p["value"]) < 1e-15
     r = client.post("/explain", json={**body, "token": 0, "column": 6})
     assert r.status_code == 422 and r.get_json()["errors"][0]["pointer"] == "/column"
+
+
+@pytest.mark.parametrize("config, sentence", [
+    (gpt2(), SENTENCE), (gpt2(temperature=1.0), SENTENCE), (gpt2(candidates=("dog",)), "cat"),
+    (gpt2(lm_head="seeded", candidates=("dog",)), SENTENCE),
+    (TraceConfig(block="vaswani2017", d_model=16, num_heads=2, lm_head="tied", causal=True, temperature=2.0), SENTENCE),
+    (TraceConfig.preset_config("gpt2", d_model=42, num_heads=1, num_layers=2, head_weights=["induction"],
+                               lm_head="tied", temperature=0.5), SENTENCE),
+], ids=["gpt2", "temperature-1", "one-token", "seeded", "post-norm", "constructed"])
+def test_a_head_mistake_is_refused_exactly_where_it_would_change_nothing_or_cannot_show(config, sentence):
+    from engine.bugs import refusal
+
+    t = engine.trace(config, sentence=sentence)
+    for name, bug in LM_BUGS.items():
+        refused = refusal(bug, config, t.n_tokens)
+        if refused is not None and refused.code == "bug_not_applicable":
+            continue  # its step has another form here (no final norm; the layout's own embeddings)
+        changed = not engine.same_numbers(engine.recompute(t, bug), t, list(t.stages))
+        assert changed == (refused is None), (name, refused and refused.message)
+    # A vocabulary of one token (one distinct token, no candidates) makes every probability 1: the backstop
+    # refuses what the rules cannot see (they know the token count, not the vocabulary's).
+    with pytest.raises(engine.BugNotApplicableError, match="changes no number"):
+        engine.trace(gpt2(), sentence="cat cat", bug="temperature_multiplied")
+    plain = TraceConfig.preset_config("gpt2", d_model=24, num_heads=4)
+    assert all(refusal(b, plain, 3).code == "bug_not_applicable" for b in LM_BUGS.values())
