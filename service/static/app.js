@@ -58,6 +58,7 @@
     queryText: 'cat',
     head: 0, // selected head index (0-based)
     step: null, // selected KV-cache decoding step (null: the first one)
+    temperature: null, // the next-token panel's temperature (null: the answer's own)
     colour: 'abs', // the maps' colour scale (format.js, SCALE_MODES)
     present: false, // present mode: one stage at a time
     slide: null, // present mode's slide (trace.js, presentSlides; null: the first)
@@ -92,6 +93,8 @@
     kvSection: $('kv-section'), kvBody: $('kv-body'),
     decodeSection: $('decode-section'), decodeBody: $('decode-body'), decodeStep: $('decode-step'),
     decodeStepValue: $('decode-step-value'),
+    nextTokenSection: $('next-token-section'), nextTokenBody: $('next-token-body'), lmTemperature: $('lm-temperature'),
+    lmTemperatureValue: $('lm-temperature-value'),
     factMatricesLabel: $('fact-matrices-label'), factParamsLabel: $('fact-params-label'),
     dkCard: $('dk-card'), dkDModel: $('dk-dmodel'), dkHeads: $('dk-heads'), dkValue: $('dk-value'),
     dkStatus: $('dk-status'), dkMessage: $('dk-message'),
@@ -135,7 +138,7 @@
   const { explainCell, clearExplain } = explainer;
   const renderer = AT.render.create({ state, ui, saved: STANDALONE, actions: { select, explainCell, downloadSvg, demo, selectLayer, selectBox } });
   const { renderSelection, renderPickers, syncPickers, renderStatus, renderFooter, renderDecode, renderSaturation,
-    renderPresent, renderBlock } = renderer;
+    renderPresent, renderBlock, renderNextToken } = renderer;
 
   // ------------------------------------------------------------------ inputs
 
@@ -805,6 +808,10 @@
     ui.download.addEventListener('click', downloadJson);
     ui.downloadHtml.addEventListener('click', downloadHtml);
     ui.saturationSvg.addEventListener('click', downloadComparisonSvg);
+    ui.lmTemperature.addEventListener('input', () => { // the bars redrawn from the answer's logits: no request
+      state.temperature = Number(ui.lmTemperature.value);
+      renderNextToken();
+    });
     ui.decodeStep.addEventListener('input', () => {
       if (!state.main) return;
       state.step = Number(ui.decodeStep.value);

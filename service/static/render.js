@@ -183,6 +183,7 @@
       renderMultihead();
       renderBlock();
       renderResidual();
+      renderNextToken();
       renderPresent();
     }
 
@@ -1092,6 +1093,46 @@
       ].filter(Boolean));
     }
 
+    /**
+     * The language-model head's next-token panel (an answer with `vocabulary`): the top 10 tokens as bars. At the
+     * answer's temperature the bars are its own next_token_probs; at another (the slider, state.temperature) they are
+     * softmax(logits[n − 1] / T) of the answer's logits, computed here (stable: the row's max subtracted first).
+     */
+    function renderNextToken() {
+      const full = state.main.doc.full || state.main.doc;
+      const vocab = full.vocabulary;
+      const logits = full.stages.logits;
+      if (!Array.isArray(vocab) || !logits || !full.stages.next_token_probs) {
+        ui.nextTokenSection.hidden = true;
+        ui.nextTokenBody.replaceChildren();
+        return;
+      }
+      ui.nextTokenSection.hidden = false;
+      const given = full.config.temperature;
+      const T = state.temperature ?? given;
+      const row = logits.values[logits.values.length - 1];
+      let probs = full.stages.next_token_probs.values;
+      if (T !== given) {
+        const peak = Math.max(...row.map((z) => z / T));
+        const e = row.map((z) => Math.exp(z / T - peak));
+        const total = e.reduce((a, b) => a + b, 0);
+        probs = e.map((x) => x / total);
+      }
+      ui.lmTemperature.value = String(T);
+      ui.lmTemperatureValue.value = fmt(T, 2);
+      ui.lmTemperatureValue.textContent = fmt(T, 2);
+      const order = probs.map((p, j) => j).sort((a, b) => probs[b] - probs[a] || a - b).slice(0, 10);
+      const last = full.tokens[full.tokens.length - 1].text;
+      ui.nextTokenBody.replaceChildren(
+        h('p', { class: 'explain', text: `After ${quoted(last)}, at T = ${fmt(T, 2)}${T === given ? ' (the answer\'s)' : ''}: `
+          + `the ${order.length} most probable of the vocabulary's ${vocab.length} tokens.` }),
+        h('ol', { class: 'next-token-bars', 'aria-label': 'The most probable next tokens' }, order.map((j) =>
+          h('li', { class: 'nt-row', data: { token: vocab[j], column: j, prob: String(probs[j]) } },
+            h('span', { class: 'nt-token', text: vocab[j] }),
+            h('span', { class: 'nt-track' }, h('span', { class: 'nt-bar', vars: { '--nt-width': `${(100 * probs[j]).toFixed(2)}%` } })),
+            h('span', { class: 'nt-prob num', text: `${fmt(100 * probs[j], 1)}%` })))));
+    }
+
     function renderResidual() {
       const doc = state.main.doc;
       const full = doc.full || doc;
@@ -1164,7 +1205,7 @@
 
     return {
       renderStatus, renderFooter, renderSelection, renderPickers, syncPickers, renderDecode, renderSaturation, renderPresent,
-      markOverflow, renderBlock, renderResidual,
+      markOverflow, renderBlock, renderResidual, renderNextToken,
     };
   }
 

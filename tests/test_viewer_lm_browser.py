@@ -1,0 +1,56 @@
+"""The viewer's next-token panel: headless Chromium on the offline page of a stack with the language-model head.
+
+The panel's bars are the answer's next_token_probs at its temperature, each named by its vocabulary token; the
+temperature slider redraws them as softmax(logits / T) of the answer's logits, with no request (the offline page
+has no service, and its CSP allows none).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+from selenium.webdriver.common.by import By
+
+from viewer_browser_support import js, service_trace, wait_ready, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.browser]
+
+BODY = {"sentence": "harry potter went to the shop and harry", "d_model": 64, "num_heads": 1, "block": "gpt2",
+        "num_layers": 2, "head_weights": ["induction"], "lm_head": "tied", "candidates": ["wand"]}
+
+
+def bars(driver) -> list[tuple[str, float]]:
+    return [(token, float(p)) for token, p in js(driver, "return [...document.querySelectorAll('#next-token-body .nt-row')]"
+                                                         ".map(li => [li.dataset.token, li.dataset.prob]);")]
+
+
+def test_the_next_token_panel_shows_the_answers_probabilities_and_redraws_with_the_temperature(
+        driver, server, console, tmp_path: Path):
+    page = requests.post(server.url + "/trace/html", json=BODY, timeout=30)
+    assert page.status_code == 200
+    doc = service_trace(server, BODY)
+    path = tmp_path / "lm.html"
+    path.write_bytes(page.content)
+    driver.get("about:blank")
+    driver.get(path.as_uri())
+    wait_ready(driver)
+    section = driver.find_element(By.ID, "next-token-section")
+    assert section.is_displayed()
+    probs, vocab = np.array(doc["stages"]["next_token_probs"]["values"]), doc["vocabulary"]
+    order = sorted(range(len(vocab)), key=lambda j: (-probs[j], j))
+    assert bars(driver) == [(vocab[j], probs[j]) for j in order]  # the answer's numbers, exactly
+    assert bars(driver)[0][0] == "potter"  # the induction head's copy
+    # The slider: softmax(logits[n − 1] / T) of the answer's logits, computed in the page, no request.
+    slider = driver.find_element(By.ID, "lm-temperature")
+    js(driver, "arguments[0].value = '0.5'; arguments[0].dispatchEvent(new Event('input'));", slider)
+    wait_until(driver, lambda d: d.find_element(By.ID, "lm-temperature-value").text == "0.50")
+    row = np.array(doc["stages"]["logits"]["values"][-1]) / 0.5
+    expected = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
+    shown = bars(driver)
+    assert [t for t, _ in shown] == [vocab[j] for j in sorted(range(len(vocab)), key=lambda j: (-expected[j], j))]
+    np.testing.assert_allclose([p for _, p in shown], [expected[vocab.index(t)] for t, _ in shown], rtol=1e-12)
+    assert shown[0][1] > probs.max()  # a lower temperature sharpens
+    assert js(driver, "return document.documentElement.dataset.cspViolations || '0'") == "0"
