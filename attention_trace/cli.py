@@ -71,7 +71,8 @@ FIELD_FLAGS = {"/sentence": "SENTENCE", "/d_model": "--d-model", "/num_heads": "
                "/num_layers": "--layers", "/block": "--block", "/norm": "--norm", "/norm_position": "--norm-position",
                "/ffn": "--ffn", "/d_ff": "--d-ff", "/norm_eps": "--norm-eps", "/norm_weights": "--norm-weights",
                "/layer": "--layer",
-               "/head_weights": "--head-weights", "/sharpness": "--sharpness"}
+               "/head_weights": "--head-weights", "/sharpness": "--sharpness",
+               "/lm_head": "--lm-head", "/temperature": "--temperature", "/candidates": "--candidates"}
 #: the block's request fields, each set by its option of the same name (--layers sets num_layers)
 BLOCK_FIELDS = ("num_layers", "block", "norm", "norm_position", "ffn", "d_ff", "norm_eps", "norm_weights")
 
@@ -274,6 +275,11 @@ def _trace_options(p: argparse.ArgumentParser, *, sentence_help: str = "the text
                    help="unit (γ = 1, β = 0; the default) or seeded")
     v.add_argument("--decode", action="store_true",
                    help="also show the KV-cache decoding step of the query token (with --causal)")
+    m = p.add_argument_group("language-model head (with a block field; docs/engine.md)")
+    m.add_argument("--lm-head", choices=("tied", "seeded"), dest="lm_head",
+                   help="end the stack with logits and next-token probabilities (tied: W_U = the token embeddings)")
+    m.add_argument("--temperature", type=float, metavar="T", help="next_token_probs = softmax(logits / T) (default 1)")
+    m.add_argument("--candidates", nargs="+", metavar="TOKEN", help="tokens the vocabulary holds besides the sentence's")
     k = p.add_argument_group("constructed heads (docs/engine.md)")
     k.add_argument("--head-weights", nargs="+", metavar="KIND", dest="head_weights",
                    help="each head's weights, one per head: seeded, previous_token, same_token, first_token, "
@@ -402,6 +408,9 @@ def trace_body(args: argparse.Namespace) -> dict[str, Any]:
         body["head_weights"] = list(args.head_weights)
     if args.sharpness is not None:
         body["sharpness"] = args.sharpness
+    for name in ("lm_head", "temperature", "candidates"):
+        if getattr(args, name) is not None:
+            body[name] = getattr(args, name)
     if args.decode:
         body["decode"] = True
     return body

@@ -291,6 +291,12 @@ def test_the_client_generates_and_the_command_line_prints_each_step(capsys):
     assert main(["generate", "the cat sat", "--tokens", "3", "--top-k", "2", "--seed", "4", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["config"]["sample_seed"] == 4 and all(len(s["candidates"]) == 2 for s in doc["generation"])
+    assert main(["the cat sat", "--block", "gpt2", "--lm-head", "tied", "--temperature", "0.5", "--candidates", "dog",
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["vocabulary"] == ["the", "cat", "sat", "dog"] and doc["config"]["temperature"] == 0.5
+    assert main(["the cat sat", "--lm-head", "tied"]) == 2
+    assert "--lm-head (/lm_head): lm_head turns a stack's last hidden state" in capsys.readouterr().err
 
 
 def test_explain_walks_one_logit_number_by_number(client):
