@@ -2,7 +2,8 @@
 
 The panel's bars are the answer's next_token_probs at its temperature, each named by its vocabulary token; the
 temperature slider redraws them as softmax(logits / T) of the answer's logits, with no request (the offline page
-has no service, and its CSP allows none).
+has no service, and its CSP allows none); "Generate a token" appends the answer's generated tokens one by one,
+each with the distribution it was chosen from and its new row of attention.
 """
 
 from __future__ import annotations
@@ -53,4 +54,40 @@ def test_the_next_token_panel_shows_the_answers_probabilities_and_redraws_with_t
     assert [t for t, _ in shown] == [vocab[j] for j in sorted(range(len(vocab)), key=lambda j: (-expected[j], j))]
     np.testing.assert_allclose([p for _, p in shown], [expected[vocab.index(t)] for t, _ in shown], rtol=1e-12)
     assert shown[0][1] > probs.max()  # a lower temperature sharpens
+    assert js(driver, "return document.documentElement.dataset.cspViolations || '0'") == "0"
+
+
+def test_generate_appends_the_answers_tokens_and_shows_each_new_row_of_attention(driver, server, console,
+                                                                                  tmp_path: Path):
+    body = {**BODY, "generate": 3}
+    page = requests.post(server.url + "/trace/html", json=body, timeout=30)
+    assert page.status_code == 200
+    doc = service_trace(server, body)
+    path = tmp_path / "gen.html"
+    path.write_bytes(page.content)
+    driver.get("about:blank")
+    driver.get(path.as_uri())
+    wait_ready(driver)
+    button = driver.find_element(By.ID, "lm-generate")
+    assert button.is_displayed()
+    vocab = doc["vocabulary"]
+    prompt = [t["text"] for t in doc["tokens"]]
+    for k, step in enumerate(doc["generation"], 1):
+        button.click()
+        wait_until(driver, lambda d: d.find_element(By.CSS_SELECTOR, "#next-token-body .nt-sequence").text
+                   == " ".join(prompt + [s["token"] for s in doc["generation"][:k]]))
+        chosen = js(driver, "return document.querySelector('#next-token-body .nt-row.is-chosen').dataset.token;")
+        assert chosen == step["token"] == vocab[step["index"]]
+        shown = dict(bars(driver))
+        assert shown[step["token"]] == step["probability"]  # the distribution it was chosen from, exactly
+        weights = js(driver, "return [...document.querySelectorAll('#next-token-body .nt-attention li')]"
+                             ".map(li => [Number(li.dataset.pos), Number(li.dataset.weight)]);")
+        layer = js(driver, "return Number((document.getElementById('maps-title').textContent.match(/layer (\\d+)/) "
+                           "|| [0, 0])[1]);")
+        row = step["weights"][layer][0]
+        assert weights == [[pos, w] for pos, w in zip(step["cache_positions"], row)]
+    assert [s["token"] for s in doc["generation"]] == ["potter", "went", "to"]
+    assert not button.is_enabled()
+    driver.find_element(By.ID, "lm-generate-reset").click()
+    wait_until(driver, lambda d: d.find_element(By.CSS_SELECTOR, "#next-token-body .nt-sequence").text == " ".join(prompt))
     assert js(driver, "return document.documentElement.dataset.cspViolations || '0'") == "0"

@@ -59,6 +59,7 @@
     head: 0, // selected head index (0-based)
     step: null, // selected KV-cache decoding step (null: the first one)
     temperature: null, // the next-token panel's temperature (null: the answer's own)
+    generated: 0, // how many of the answer's generated tokens the next-token panel has appended
     colour: 'abs', // the maps' colour scale (format.js, SCALE_MODES)
     present: false, // present mode: one stage at a time
     slide: null, // present mode's slide (trace.js, presentSlides; null: the first)
@@ -94,7 +95,7 @@
     decodeSection: $('decode-section'), decodeBody: $('decode-body'), decodeStep: $('decode-step'),
     decodeStepValue: $('decode-step-value'),
     nextTokenSection: $('next-token-section'), nextTokenBody: $('next-token-body'), lmTemperature: $('lm-temperature'),
-    lmTemperatureValue: $('lm-temperature-value'),
+    lmTemperatureValue: $('lm-temperature-value'), lmGenerate: $('lm-generate'), lmGenerateReset: $('lm-generate-reset'),
     factMatricesLabel: $('fact-matrices-label'), factParamsLabel: $('fact-params-label'),
     dkCard: $('dk-card'), dkDModel: $('dk-dmodel'), dkHeads: $('dk-heads'), dkValue: $('dk-value'),
     dkStatus: $('dk-status'), dkMessage: $('dk-message'),
@@ -810,6 +811,14 @@
     ui.saturationSvg.addEventListener('click', downloadComparisonSvg);
     ui.lmTemperature.addEventListener('input', () => { // the bars redrawn from the answer's logits: no request
       state.temperature = Number(ui.lmTemperature.value);
+      renderNextToken();
+    });
+    ui.lmGenerate.addEventListener('click', () => { // the answer's next generated token appended: no request
+      state.generated += 1;
+      renderNextToken();
+    });
+    ui.lmGenerateReset.addEventListener('click', () => {
+      state.generated = 0;
       renderNextToken();
     });
     ui.decodeStep.addEventListener('input', () => {
