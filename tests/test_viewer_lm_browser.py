@@ -91,3 +91,22 @@ def test_generate_appends_the_answers_tokens_and_shows_each_new_row_of_attention
     driver.find_element(By.ID, "lm-generate-reset").click()
     wait_until(driver, lambda d: d.find_element(By.CSS_SELECTOR, "#next-token-body .nt-sequence").text == " ".join(prompt))
     assert js(driver, "return document.documentElement.dataset.cspViolations || '0'") == "0"
+
+
+def test_present_mode_has_a_slide_for_the_next_token(driver, server, console, tmp_path: Path):
+    page = requests.post(server.url + "/trace/html", json=BODY, timeout=30)
+    path = tmp_path / "present.html"
+    path.write_bytes(page.content)
+    driver.get("about:blank")
+    driver.get(path.as_uri() + "#present=1")
+    wait_ready(driver)
+    visible = "return ['maps', 'block-section', 'residual-section', 'walkthrough', 'next-token-section'].filter(id => { " \
+              "const el = document.getElementById(id); return !el.hidden && el.getClientRects().length > 0; });"
+    for _ in range(12):  # to the last slide, the head's
+        if "Predict the next token" in driver.find_element(By.ID, "present-where").text:
+            break
+        driver.find_element(By.ID, "present-next").click()
+    wait_until(driver, lambda d: js(d, visible) == ["next-token-section"])
+    where = driver.find_element(By.ID, "present-where").text
+    assert "Predict the next token" in where, where
+    assert bars(driver)[0][0] == "potter"
