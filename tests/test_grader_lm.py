@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from grading_support import GRADING, STUDENTS, grade_many, student_dir, student_runtime  # noqa: F401 (fixture)
+from grading_support import GRADING, STUDENTS, grade_many, student_dir, student_runtime  # noqa: F401 (a fixture)
 
 from grader import block, config, core
 
@@ -43,7 +43,7 @@ def test_the_heads_functions_need_a_head_in_the_block():
 
 
 @pytest.fixture(scope="module")
-def graded(student_runtime):  # noqa: F811
+def graded(student_runtime):  # noqa: F811 (the fixture imported from grading_support)
     course = config.load(COURSE)
 
     def job(path: Path):

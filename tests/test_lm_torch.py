@@ -36,7 +36,7 @@ def th():
     global torch
     try:
         import torch
-        import transformers  # noqa: F401
+        import transformers  # noqa: F401 (only whether it is installed)
     except ImportError:
         pytest.fail("tests/test_lm_torch.py needs torch and transformers from requirements-dev.txt", pytrace=False)
     return torch
@@ -100,7 +100,7 @@ def llama_model(t: engine.Trace):
                       num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.kv_heads,
                       rms_norm_eps=c.eps, hidden_act="silu", attention_bias=False, mlp_bias=False,
                       max_position_embeddings=128, rope_theta=c.rope_base, tie_word_embeddings=True,
-                      bos_token_id=0, bos_token_id=None, eos_token_id=None, pad_token_id=0)
+                      bos_token_id=None, eos_token_id=None, pad_token_id=0)
     cfg._attn_implementation = "sdpa"  # the eager attention's softmax runs in float32
     model = LlamaForCausalLM(cfg).double().eval()
     d = c.d_model
