@@ -213,7 +213,7 @@ def config_document(
 ) -> dict[str, Any]:
     """The request's settings with defaults filled in, and the derived sizes."""
     cfg = t.config
-    doc = {
+    doc: dict[str, Any] = {
         "d_model": cfg.d_model,
         "num_heads": cfg.num_heads,
         "seed": cfg.seed,
