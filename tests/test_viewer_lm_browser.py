@@ -110,3 +110,28 @@ def test_present_mode_has_a_slide_for_the_next_token(driver, server, console, tm
     where = driver.find_element(By.ID, "present-where").text
     assert "Predict the next token" in where, where
     assert bars(driver)[0][0] == "potter"
+
+
+def test_the_live_page_asks_for_the_head_and_the_slider_sends_no_request(driver, server, console):
+    from viewer_browser_support import clear_requests, open_page, posted, trace_requests
+
+    open_page(driver, server, "#sentence=harry+potter+went+to+the+shop+and+harry&d_model=64&num_heads=1&block=gpt2"
+                              "&layers=2&hw=induction&lm=1&q=0&head=0")
+    section = driver.find_element(By.ID, "next-token-section")
+    wait_until(driver, lambda d: section.is_displayed() and bars(d))
+    assert driver.find_element(By.ID, "lm_head").is_selected()
+    body = {"sentence": "harry potter went to the shop and harry", "d_model": 64, "num_heads": 1, "block": "gpt2",
+            "num_layers": 2, "head_weights": ["induction"], "lm_head": "tied"}
+    doc = service_trace(server, body)
+    probs, vocab = doc["stages"]["next_token_probs"]["values"], doc["vocabulary"]
+    assert bars(driver)[0] == ("potter", max(probs)) and vocab[probs.index(max(probs))] == "potter"
+    clear_requests(driver)
+    slider = driver.find_element(By.ID, "lm-temperature")
+    js(driver, "arguments[0].value = '2'; arguments[0].dispatchEvent(new Event('input'));", slider)
+    wait_until(driver, lambda d: d.find_element(By.ID, "lm-temperature-value").text == "2.00")
+    assert bars(driver)[0][1] < max(probs)  # flatter
+    assert trace_requests(driver) == [] and posted(driver, "/trace") == []
+    # Off: the request is as before, and the panel goes.
+    driver.find_element(By.CSS_SELECTOR, "label[for='lm_head']").click()
+    wait_until(driver, lambda d: not d.find_element(By.ID, "next-token-section").is_displayed())
+    assert "lm_head" not in posted(driver, "/trace")[-1]

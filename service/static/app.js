@@ -87,6 +87,7 @@
     pe: $('positional_encoding'), scale: $('scale'), causal: $('causal'),
     ropeFields: $('rope-fields'), ropeBase: $('rope_base'), ropePairing: $('rope_pairing'),
     kvHeads: $('num_kv_heads'), window: $('window'), contextSentence: $('context_sentence'), decode: $('decode'),
+    lmHead: $('lm_head'),
     contextTokens: $('context_tokens'), block: $('block'), numLayers: $('num_layers'),
     layerPicker: $('layer-picker'), layerOptions: $('layer-options'),
     blockSection: $('block-section'), blockTitle: $('block-title'), blockDiagram: $('block-diagram'), blockStage: $('block-stage'),
@@ -125,13 +126,14 @@
     '/context_sentence': $('context_sentence-error'), '/context_tokens': $('context_tokens-error'),
     '/scale': $('scale-error'), '/causal': $('causal-error'), '/decode': $('decode-error'),
     '/block': $('block-error'), '/num_layers': $('num_layers-error'),
-    '/head_weights': $('head_weights-error'), '/sharpness': $('sharpness-error'),
+    '/head_weights': $('head_weights-error'), '/sharpness': $('sharpness-error'), '/lm_head': $('lm_head-error'),
   };
   const fieldInputs = {
     '/sentence': ui.sentence, '/tokens': ui.sentence, '/d_model': ui.dModel, '/num_heads': ui.heads, '/seed': ui.seed,
     '/positional_encoding': ui.pe, '/rope_base': ui.ropeBase, '/rope_pairing': ui.ropePairing,
     '/num_kv_heads': ui.kvHeads, '/window': ui.window, '/context_sentence': ui.contextSentence,
     '/context_tokens': ui.contextTokens, '/scale': ui.scale, '/causal': ui.causal, '/decode': ui.decode,
+    '/lm_head': ui.lmHead,
     '/block': ui.block, '/num_layers': ui.numLayers, '/head_weights': ui.headKinds, '/sharpness': ui.sharpness,
   };
 
@@ -152,6 +154,7 @@
       window: ui.window.value, context_sentence: ui.contextSentence.value, context_tokens: ui.contextTokens.value,
       decode: ui.decode.checked, block: ui.block.value, num_layers: ui.numLayers.value,
       head_weights: kindsText(headSelects().map((sel) => sel.value)), sharpness: ui.sharpness.value,
+      lm_head: ui.lmHead.checked,
     };
   }
 
@@ -220,6 +223,7 @@
     ui.contextSentence.value = fields.context_sentence;
     ui.contextTokens.value = fields.context_tokens;
     ui.decode.checked = fields.decode;
+    ui.lmHead.checked = fields.lm_head;
     ui.block.value = fields.block;
     ui.numLayers.value = fields.num_layers;
     ui.sharpness.value = fields.sharpness;
@@ -851,7 +855,7 @@
       resizeHeadKinds();
       schedule(SLIDER_DEBOUNCE_MS);
     });
-    for (const input of [ui.scale, ui.causal, ui.pe, ui.ropePairing, ui.decode]) input.addEventListener('change', () => schedule(0));
+    for (const input of [ui.scale, ui.causal, ui.pe, ui.ropePairing, ui.decode, ui.lmHead]) input.addEventListener('change', () => schedule(0));
     window.addEventListener('hashchange', () => {
       readHash();
       schedule(0);

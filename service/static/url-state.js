@@ -34,6 +34,7 @@
     rope_base: String(DEFAULTS.rope_base), rope_pairing: DEFAULTS.rope_pairing, num_kv_heads: '', window: '',
     context_sentence: '', context_tokens: '', decode: false, block: '', num_layers: '1',
     head_weights: '', sharpness: String(DEFAULTS.sharpness),
+    lm_head: false, // the language-model head (tied), with a block
   });
 
   /** The block presets the page offers ('' is attention alone, no block), in the order the control lists them. */
@@ -123,6 +124,7 @@
       body.num_layers = readInt(layersText);
       if (body.num_layers === null) errors['/num_layers'] = 'enter a whole number, 1 or more';
     }
+    if (fields.lm_head) body.lm_head = 'tied'; // the language-model head: the service refuses it without a block
     // Constructed heads: sent only when a head is not seeded, with the sharpness (explicit, so the curl says it).
     const kinds = String(fields.head_weights ?? '').trim();
     if (kinds !== '') {
@@ -157,6 +159,7 @@
       num_layers: String(request.num_layers ?? cfg.num_layers ?? 1),
       head_weights: Array.isArray(cfg.head_weights) ? kindsText(cfg.head_weights) : '',
       sharpness: cfg.sharpness !== undefined ? String(cfg.sharpness) : DEFAULT_FIELDS.sharpness,
+      lm_head: cfg.lm_head !== undefined,
     };
   }
 
@@ -301,6 +304,7 @@
       if (body.block) p.set('block', body.block);
       if (String(fields.num_layers ?? '1').trim() !== '1') p.set('layers', String(fields.num_layers).trim());
       if (body.head_weights) p.set('hw', body.head_weights.join(','));
+      if (body.lm_head) p.set('lm', '1');
       const sharpness = String(fields.sharpness ?? '').trim();
       if (body.head_weights && sharpness !== '' && sharpness !== String(DEFAULTS.sharpness)) p.set('sharpness', sharpness);
     }
@@ -348,6 +352,7 @@
       num_layers: whole('layers', 1),
       head_weights: kinds,
       sharpness: /^[0-9.eE+-]{1,24}$/.test(sharpness) ? sharpness : String(DEFAULTS.sharpness),
+      lm_head: get('lm', '0') === '1',
     };
   }
 

@@ -193,6 +193,7 @@ test('a saved trace shows the fields it was made with', () => {
     sentence: 'the cat', d_model: '24', num_heads: '4', seed: '3', scale: false, causal: true,
     positional_encoding: 'rope', rope_base: '500000', rope_pairing: 'interleaved', num_kv_heads: '2', window: '3',
     context_sentence: '', context_tokens: '', decode: true, block: '', num_layers: '1', head_weights: '', sharpness: '10',
+    lm_head: false,
   });
   const plain = { config: { d_model: 8, num_heads: 2, seed: 0, scale: true, causal: false, positional_encoding: 'sinusoidal' },
     tokens: [{ text: 'x' }] };
@@ -311,4 +312,17 @@ test('uiWords: a stack\'s messages name the controls', () => {
     '… a stack of blocks keeps a cache per layer, which is not traced: switch KV-cache decoding off, or choose Block: none');
   assert.equal(U.uiWords('… drop the context, or drop the block fields to trace cross-attention alone'),
     '… clear the context sentence and tokens, or choose Block: none to trace cross-attention alone');
+});
+
+test('the language-model head: a switch sent as lm_head "tied", kept in the address and read back from an answer', () => {
+  const { body } = U.requestFrom(fields({ block: 'gpt2', lm_head: true }));
+  assert.equal(body.lm_head, 'tied');
+  assert.equal(U.requestFrom(fields()).body.lm_head, undefined, 'off: the request is as before');
+  const hash = U.hashFor(fields({ block: 'gpt2', lm_head: true }), { query: 0, head: 0, step: null });
+  assert.ok(hash.includes('lm=1'), hash);
+  assert.equal(U.fieldsFromHash(hash).lm_head, true);
+  assert.equal(U.fieldsFromHash('#block=gpt2').lm_head, false);
+  const doc = { config: { d_model: 8, num_heads: 2, seed: 0, scale: true, causal: true, positional_encoding: 'sinusoidal',
+    block: 'gpt2', num_layers: 1, lm_head: 'tied', temperature: 1 }, tokens: [{ text: 'x' }] };
+  assert.equal(U.fieldsFromTrace({ sentence: 'x', block: 'gpt2', lm_head: 'tied' }, doc).lm_head, true);
 });
