@@ -503,15 +503,16 @@ class TraceSpec(BaseModel):
                                       n_context=m, n_vocab=n_vocab)
             decoding = decode_value_count(config, n) if getattr(self, "decode", False) else 0
             generating = getattr(self, "generate", None)
+            generated = 0
             if generating is not None:
                 raise_all([*LM.generate_conflicts(lm_head=config.lm_head, causal=config.causal, n=n,
                                                   generate=generating, max_tokens=settings.max_tokens),
                            *LM.generate_input_conflicts(input_given=self.input is not None,
                                                         bug=getattr(self, "inject_bug", None))])
-                decoding += generate_value_count(config, n, n_vocab or 0, generating)
-            count += decoding
+                generated = generate_value_count(config, n, n_vocab or 0, generating)
+            count += decoding + generated
             check_trace_size(count, settings.max_trace_values, n=n, d_model=self.d_model, num_heads=self.num_heads,
-                             n_context=m, decode_values=decoding)
+                             n_context=m, decode_values=decoding, generate_values=generated)
             if config.has_block:  # and every layer's weights, generated before anything is computed (and generation)
                 work = 0 if generating is None else generate_work(config, n, n_vocab or 0, generating)
                 check_block_cost(count + work, config.n_parameters, settings.max_request_cost,

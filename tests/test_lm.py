@@ -344,3 +344,14 @@ def test_a_head_mistake_is_refused_exactly_where_it_would_change_nothing_or_cann
         engine.trace(gpt2(), sentence="cat cat", bug="temperature_multiplied")
     plain = TraceConfig.preset_config("gpt2", d_model=24, num_heads=4)
     assert all(refusal(b, plain, 3).code == "bug_not_applicable" for b in LM_BUGS.values())
+
+
+def test_generated_numbers_count_towards_the_trace_size_and_the_message_says_so(client):
+    body = {"sentence": " ".join(f"w{i}" for i in range(200)), "block": "gpt2", "num_layers": 6, "d_model": 64,
+            "num_heads": 4, "lm_head": "tied", "stages": ["next_token_probs"]}
+    assert client.post("/trace", json={**body, "num_layers": 1}).status_code == 200
+    r = client.post("/trace", json={**body, "generate": 50})
+    assert r.status_code == 422
+    (error,) = r.get_json()["errors"]
+    assert error["type"] == "trace_too_large" and "of them in the generated tokens" in error["message"]
+    assert error["message"].endswith("or generate fewer tokens")
