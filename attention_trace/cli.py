@@ -44,6 +44,7 @@ from engine.layer import preset_fields
 
 from .client import ClientError, ProblemError, TransportError
 from .explain_cli import run_explain
+from . import generate_cli
 from .render import ROW_LAYOUT_MAX_KEYS, Style, render_check, render_walkthrough
 
 #: the stages the walkthrough table reads
@@ -51,7 +52,7 @@ TABLE_STAGES = ["scores", "scaled_scores", "masked_scores", "weights", "context"
 #: the formats of --export and of the export subcommand (POST /export)
 EXPORT_FORMATS = ("bertviz", "circuitsvis", "transformer-explainer")
 #: the subcommands; anything else first is a sentence to trace
-COMMANDS = ("trace", "check", "explain", "export", "html")
+COMMANDS = ("trace", "check", "explain", "export", "html", "generate")
 
 #: the options that set a request field but are not trace settings, by the field's pointer (for error messages)
 _OPTION_FLAGS = {"/decode": "--decode", "/head": "--head", "/query": "--explain", "/key": "--explain",
@@ -81,7 +82,7 @@ def _add_field_option(group: argparse._ActionsContainer, f: fields.Field) -> Non
         options |= {"type": int if f.kind == "int" else float, "metavar": f.metavar or "N"}
     elif f.kind == "choice":
         options["choices"] = f.choices
-    elif f.kind in ("choices", "tokens"):
+    elif f.kind in ("choices", "tokens", "strings"):
         options["nargs"] = "+"
     group.add_argument(f.flag, **options)
 
@@ -195,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("file", metavar="FILE", help="where to write it ('-' is standard output)")
     connection_options(h)
     h.set_defaults(run=run_html_command, flags=FIELD_FLAGS)
+    generate_cli.add_parser(sub)
     return p
 
 

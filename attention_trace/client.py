@@ -238,7 +238,7 @@ class _ConfigReader:
 _ANSWER_SIZES: tuple[tuple[str, Any], ...] = (
     ("include_parameters", bool), ("stages", Union[list[str], None]), ("precision", Union[int, None]),
     ("d_k", int), ("scale_factor", float), ("n_tokens", int), ("n_parameters", int), ("n_matrices", int))
-_TYPES = {"int": int, "float": float, "bool": bool, "choice": str, "choices": list[str]}
+_TYPES = {"int": int, "float": float, "bool": bool, "choice": str, "choices": list[str], "strings": list[str]}
 
 
 def _config_class() -> type:
@@ -827,6 +827,23 @@ class _Base:
         request = _merge(body, fields)
         doc, rid = self._call("POST", "/trace", request, request_id, NPZ if arrays else None)
         return Trace.from_json(_document(doc), rid, request=request)
+
+    def generate(self, sentence: str | Request | None = None, /, *, tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, sample_seed: int | None = None,
+                 request_id: str | None = None, **options: Any) -> dict[str, Any]:
+        """POST /trace with ``generate``: ``tokens`` tokens generated after the sentence by a stack's language-model
+        head (``options`` are /trace's fields; ``block`` defaults to "gpt2" and ``lm_head`` to "tied"). Greedy
+        unless ``sample_seed`` is given. Returns the JSON document: ``vocabulary``, ``stages`` (only
+        next_token_probs) and ``generation``, one entry per token (its probability, candidates, logits and row of
+        attention)."""
+        body = {"sentence": sentence} if isinstance(sentence, str) else dict(sentence or {})
+        fields: dict[str, Any] = {"block": "gpt2", "lm_head": "tied", "stages": ["next_token_probs"], **options,
+                                  "generate": tokens}
+        fields |= {name: value for name, value in (("temperature", temperature), ("top_k", top_k),
+                                                   ("top_p", top_p), ("sample_seed", sample_seed))
+                   if value is not None and not (name == "temperature" and value == 1.0)}
+        doc, _ = self._call("POST", "/trace", _merge(body, fields), request_id)
+        return _document(doc)
 
     def trace_npz(self, body: Request | None = None, /, *, request_id: str | None = None, **fields: Any) -> bytes:
         """POST /trace with ``Accept: application/x-npz``: the archive's bytes exactly as the service sent

@@ -34,8 +34,10 @@ import numpy as np
 
 from . import attention as A
 from . import block as B
+from . import lm as LM
 from .errors import BugNotApplicableError, UnknownBugError
 from .layer import Rewrite, Step, TraceConfig, block_wiring
+from .params import token_embeddings
 
 
 @dataclass(frozen=True)
@@ -600,8 +602,107 @@ BLOCK_BUGS: dict[str, Bug] = {
     )
 }
 BLOCK_BUG_NAMES: tuple[str, ...] = tuple(BLOCK_BUGS)
+
+
+# ---------------------------------------------------------------- the language-model head's mistakes
+#
+# Made in a student's ``lm_head`` (the logits from the last hidden state) and ``next_token_probs``; kept apart as the
+# block's are, so that a stack without a head is diagnosed and refused exactly as before.
+
+
+def _probs_times_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
+    return A.softmax(logits[-1] * temperature)  # [vocab]: logits·T, not logits/T
+
+
+def _probs_over_positions(logits: np.ndarray, temperature: float) -> np.ndarray:
+    over_tokens = A.softmax((logits / temperature).T)  # [vocab, n]: each vocabulary column normalised over positions
+    return over_tokens[:, -1]  # [vocab]: the last position's column, which sums to 1 over the positions, not here
+
+
+def _probs_of_first_position(logits: np.ndarray, temperature: float) -> np.ndarray:
+    return A.softmax(logits[0] / temperature)  # [vocab]: row 0 (a batch index taken for the position)
+
+
+def _logits_reshaped(h: np.ndarray, W_U: np.ndarray) -> np.ndarray:
+    out: np.ndarray = h @ W_U.reshape(W_U.shape[1], W_U.shape[0])  # [n, d] @ [d, vocab]: reshaped, not transposed
+    return out
+
+
+def _other_head(step: Step) -> Step:
+    """The other unembedding: the seeded rows where the tied head was asked for, or the reverse."""
+    if step.fn is LM.seeded_unembedding:
+        return Step(step.name, token_embeddings, ("seed", "d_model", "vocabulary"), "E[vocabulary]",
+                    note=": the token embeddings (tied) where a seeded head was asked for")
+    return Step(step.name, LM.seeded_unembedding, ("seed", "d_model", "vocabulary"), "W_U[vocabulary] (seeded)",
+                note=": a separately seeded head where the head tied to the embeddings was asked for")
+
+
+def _needs_lm_head(here: Here) -> Refusal | None:
+    return _cannot(None if here.config.has_lm_head else
+                   "it is a mistake in the language-model head, and this trace has none; add lm_head (\"tied\" or "
+                   "\"seeded\") to a stack of blocks")
+
+
+def _temperature_one(here: Here) -> Refusal | None:
+    return _unchanged("with temperature 1 multiplying and dividing by it agree" if here.config.temperature == 1.0
+                      else None)
+
+
+def _constructed_layout(here: Here) -> Refusal | None:
+    return _cannot("with constructed heads the tied head is the layout's embeddings, which a seeded head does not "
+                   "replace here; show it with seeded heads" if here.config.constructed else None)
+
+
+def _final_norm_there(here: Here) -> Refusal | None:
+    return _cannot(None if here.config.final_norm else
+                   "a post-norm stack has no final norm: its last layer ends with a norm; show it in pre-norm")
+
+
+def _lm_hidden(config: TraceConfig) -> tuple[Step, ...]:
+    return (Step("logits", LM.logits, ("stack_output", "unembedding"), "x_L·W_Uᵀ",
+                 note=": the final norm skipped: the raw last residual stream"),)
+
+
+LM_BUGS: dict[str, Bug] = {
+    b.name: b
+    for b in (
+        Bug("temperature_multiplied",
+            "the logits were multiplied by the temperature, softmax(logits·T), instead of divided by it, so a "
+            "temperature below 1 flattens the distribution and above 1 sharpens it", "next_token_probs",
+            (Step("next_token_probs", _probs_times_temperature, ("logits", "temperature"),
+                  "softmax(({logits})[n−1] · T)", note=": multiplied by T, not divided"),),
+            first(_needs_lm_head, _temperature_one)),
+        Bug("softmax_over_positions",
+            "the softmax was taken over the positions (axis 0) instead of over the vocabulary, so the "
+            "probabilities do not sum to 1", "next_token_probs",
+            (Step("next_token_probs", _probs_over_positions, ("logits", "temperature"),
+                  "softmax_over_positions(({logits}) / T)[n−1]"),), _needs_lm_head),
+        Bug("lm_final_norm_skipped",
+            "the head read the last residual stream itself, not its final norm (GPT-2's ln_f), so every logit "
+            "is scaled and shifted", "logits", (), first(_needs_lm_head, _final_norm_there), _lm_hidden),
+        Bug("lm_head_not_tied",
+            "the head was not tied to the token embeddings: a separately seeded W_U where the tied head was asked "
+            "for (or the embeddings where a seeded head was)", "unembedding",
+            (Rewrite("unembedding", _other_head),), first(_needs_lm_head, _constructed_layout)),
+        Bug("lm_head_transposed",
+            "W_U [vocab, d_model] was reshaped to [d_model, vocab] instead of transposed, so every logit mixes "
+            "the wrong weights", "logits",
+            (Step("logits", _logits_reshaped, ("final_norm", "unembedding"), "h·reshape(W_U, [d_model, vocab])"),),
+            _needs_lm_head, lambda config: (Step(
+                "logits", _logits_reshaped,
+                ("final_norm" if config.final_norm else f"layer_output@{config.num_layers - 1}", "unembedding"),
+                "h·reshape(W_U, [d_model, vocab])"),)),
+        Bug("next_token_from_first_position",
+            "the next token's probabilities came from the first position's logits (logits[0]) instead of the "
+            "last one's (logits[n − 1])", "next_token_probs",
+            (Step("next_token_probs", _probs_of_first_position, ("logits", "temperature"),
+                  "softmax(({logits})[0] / T)", note=": the first position's logits, not the last's"),),
+            first(_needs_lm_head, _one_token)),
+    )
+}
+LM_BUG_NAMES: tuple[str, ...] = tuple(LM_BUGS)
 #: every known mistake, the attention's first: diagnosis names the first match in this order
-ALL_BUGS: dict[str, Bug] = {**BUGS, **BLOCK_BUGS}
+ALL_BUGS: dict[str, Bug] = {**BUGS, **BLOCK_BUGS, **LM_BUGS}
 
 
 def refusal(bug: Bug, config: TraceConfig, n: int, *, explicit_input: bool = False,
@@ -627,7 +728,8 @@ def check_bug(name: str, config: TraceConfig, n: int, *, explicit_input: bool = 
               n_context: int | None = None) -> Bug:
     """The bug of that name, if it exists and changes this trace; else an EngineError that says why."""
     if name not in ALL_BUGS:
-        known = ALL_BUGS if config.has_block else BUGS  # a trace without a block names engine 1.0's list, as before
+        # a trace without a block names engine 1.0's list, as before; a stack without a head the block's too
+        known = {**BUGS, **BLOCK_BUGS, **(LM_BUGS if config.has_lm_head else {})} if config.has_block else BUGS
         raise UnknownBugError(f"unknown bug {name!r}; known bugs: {', '.join(known)}")
     error = refusal(ALL_BUGS[name], config, n, explicit_input=explicit_input, n_context=n_context)
     if error:
@@ -638,5 +740,6 @@ def check_bug(name: str, config: TraceConfig, n: int, *, explicit_input: bool = 
 def applicable_bugs(config: TraceConfig, n: int, *, explicit_input: bool = False,
                     n_context: int | None = None) -> list[Bug]:
     """The bugs that change a trace of this configuration, in the documented order (for diagnosis)."""
-    return [b for b in (ALL_BUGS if config.has_block else BUGS).values()
+    return [b for b in ((ALL_BUGS if config.has_lm_head else {**BUGS, **BLOCK_BUGS}) if config.has_block
+                        else BUGS).values()
             if refusal(b, config, n, explicit_input=explicit_input, n_context=n_context) is None]

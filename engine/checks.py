@@ -472,14 +472,16 @@ def check_block_cost(values: int, weights: int, limit: int, *, num_layers: int) 
 
 
 def check_trace_size(count: int, limit: int, *, n: int, d_model: int, num_heads: int,
-                     n_context: int | None = None, decode_values: int = 0) -> None:
+                     n_context: int | None = None, decode_values: int = 0, generate_values: int = 0) -> None:
     """A trace may hold at most ``limit`` numbers: checked before any array exists. ``count`` includes the
-    ``decode_values`` numbers of KV-cache decoding's steps, which the message then names."""
+    ``decode_values`` numbers of KV-cache decoding's steps and the ``generate_values`` of generation's, which the
+    message then names."""
     if count > limit:
         tokens = f"{n} tokens" if n_context is None else f"{n} tokens, {n_context} context tokens"
         decoding = f"; {decode_values} of them in the decoding steps" if decode_values else ""
+        generating = f"; {generate_values} of them in the generated tokens" if generate_values else ""
         raise TraceTooLargeError(
-            f"this trace would return {count} numbers ({tokens}, d_model {d_model}, {num_heads} heads{decoding}), "
-            f"above the limit of {limit}; use fewer tokens, a smaller d_model or fewer heads"
-            + (", or drop decode" if decode_values else "")
+            f"this trace would return {count} numbers ({tokens}, d_model {d_model}, {num_heads} heads{decoding}"
+            f"{generating}), above the limit of {limit}; use fewer tokens, a smaller d_model or fewer heads"
+            + (", or drop decode" if decode_values else "") + (", or generate fewer tokens" if generate_values else "")
         )

@@ -487,3 +487,65 @@ def decode_cell(steps: Sequence[Any], head: int, query: int, key: int, *, score:
                 "note": f"key {key} {why} at step {query}: the cache holds positions {cached[0]} … {cached[-1]}, "
                         "so no mask is needed"}
     return doc
+
+
+# ------------------------------------------------------------------ one logit of the language-model head
+
+
+def check_logit_cell(trace: Trace, token: int, column: int) -> None:
+    if not trace.config.has_lm_head:
+        raise VariantConflictError("this trace has no language-model head: add lm_head (\"tied\" or \"seeded\") to "
+                                   "a stack of blocks", field="cell", code="explain_needs_lm_head")
+    _check_index("token", token, trace.n_tokens, "tokens")
+    _check_index("column", column, len(trace.vocabulary or ()), "vocabulary tokens")
+
+
+def explain_logit_cell(trace: Trace, token: int, column: int) -> dict[str, Any]:
+    """One logit, ``logits[token, column]``: the last hidden state's products with the column's row of W_U (its
+    token embedding, with the tied head), their sum, and at the last position its next-token probability."""
+    check_explainable(trace.bug)
+    check_logit_cell(trace, token, column)
+    cfg, st = trace.config, trace.state
+    vocab = trace.vocabulary or []
+    h_row, source, source_index = _hidden_source(trace)
+    h = h_row[token]  # [d_model]
+    W_U = st["unembedding"][column]  # [d_model]
+    prods = products(h, W_U)  # [d_model]
+    logits_ = np.asarray(trace.stages["logits"].values)  # [n, vocab]
+    probs = np.asarray(trace.stages["next_token_probs"].values)  # [vocab]
+    logit = _f(logits_[token, column])
+    logit_re = _f(sum_in_order(prods))
+    tied = cfg.lm_head == "tied"
+    steps: list[dict[str, Any]] = [
+        {"id": "products", "stage": "logits", "index": [token, column], "value": None, "values": _vec(prods),
+         "formula": f"h[j]·W_U[{column}, j] for j = 0 … {cfg.d_model - 1}", "x": _vec(h), "w": _vec(W_U),
+         "note": f"h = {source}{[*source_index, token]}, the last hidden state of {trace.tokens[token].text!r}; "
+                 f"W_U[{column}] is {'the token embedding of' if tied else 'the seeded row of'} "
+                 f"{vocab[column]!r}"},
+        {"id": "logit", "stage": "logits", "index": [token, column], "formula": "logit = Σⱼ h[j]·W_U[v, j]",
+         "value": logit, "recomputed": logit_re, "exact": logit_re == logit,
+         "note": "recomputed: the products added in order; the trace's value is BLAS's matrix product"},
+    ]
+    if token == trace.n_tokens - 1:  # the last position's logits give the next token's probabilities
+        row = logits_[token] / cfg.temperature  # [vocab]
+        peak = float(row.max())
+        e = np.exp(row - peak)  # [vocab]
+        total = _f(sum_in_order(e))
+        p = _f(probs[column])
+        p_re = _f(e[column]) / total
+        steps.append({"id": "probability", "stage": "next_token_probs", "index": [column],
+                      "formula": "p = exp((logit − max)/T) / Σᵥ exp((logitᵥ − max)/T)", "value": p,
+                      "recomputed": p_re, "exact": p_re == p, "temperature": cfg.temperature,
+                      "row_max": peak * cfg.temperature, "exponent": _f(e[column]), "denominator": total,
+                      "note": f"the last position predicts the token after the sentence; {vocab[column]!r} has "
+                              f"rank {int((probs > p).sum()) + 1} of {len(vocab)}"})
+    return {"token": token, "token_text": trace.tokens[token].text, "column": column, "column_token": vocab[column],
+            "lm_head": cfg.lm_head, "source_stage": source, "steps": steps}
+
+
+def _hidden_source(trace: Trace) -> tuple[np.ndarray, str, list[int]]:
+    """What the head reads: the final norm's output (pre-norm), or the last residual stream (post-norm)."""
+    if trace.config.final_norm:
+        return np.asarray(trace.stages["final_norm"].values), "final_norm", []
+    depth = trace.num_layers
+    return np.asarray(trace.stages["residual_stream"].values)[depth], "residual_stream", [depth]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import constructed
+from . import lm as LM
 from .checks import (
     D_FF_MAX,
     MAX_LAYERS,
@@ -65,7 +66,7 @@ TOKENS_HARD_MAX = 100_000
 TOKEN_HARD_MAX = 1024
 
 #: what a field's value is: a setting's type, or one of the inputs' kinds (text, tokens, an x, weights)
-KINDS = ("int", "float", "bool", "choice", "choices", "text", "tokens", "matrix", "weights")
+KINDS = ("int", "float", "bool", "choice", "choices", "text", "tokens", "strings", "matrix", "weights")
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,13 @@ VARIANTS: tuple[Variant, ...] = (
         lambda t: t.config.constructed,
         echo_doc="Only with a constructed head.",
         switch=("head_weights", None),
+    ),
+    Variant(
+        "lm",
+        "language-model head (docs/engine.md)",
+        lambda t: t.config.has_lm_head,
+        lambda t: {"n_vocabulary": len(t.vocabulary or ())},
+        echo_doc="Only with lm_head.",
     ),
 )
 _VARIANT_NAMES = tuple(v.name for v in VARIANTS)
@@ -611,6 +619,55 @@ FIELDS: tuple[Field, ...] = (
         doc="The norms' γ and β: unit (γ = 1, β = 0, the default, as torch initialises a norm) or seeded (drawn "
         "from the seed).",
         help="unit (γ = 1, β = 0; the default) or seeded",
+    ),
+    # The language-model head (docs/engine.md, "The language-model head"): a stack's last step, opt-in. These
+    # three fields, and /trace's generate, top_k, top_p and sample_seed, are its whole request.
+    Field(
+        "lm_head",
+        "choice",
+        None,
+        variant="lm",
+        choices=LM.LM_HEADS,
+        rule=lambda v: check_optional_choice("lm_head", v, LM.LM_HEADS),
+        refusal="invalid_size",
+        echo=_attr("lm_head"),
+        url="lm",
+        doc="End the stack with a language-model head (a block field is needed): tied (W_U = the "
+        "vocabulary's token embeddings, as GPT-2 ties them) or seeded (its own rows, seeded per token). Adds the "
+        "stages unembedding [vocab, d_model], logits [token, vocab] and next_token_probs [vocab] (the token after "
+        "the sentence), and `vocabulary`, the token of each column. Null: no head.",
+        help="end the stack with a language-model head: tied (to the token embeddings, as GPT-2) or seeded",
+    ),
+    Field(
+        "temperature",
+        "float",
+        1.0,
+        variant="lm",
+        minimum=LM.TEMPERATURE_MIN,
+        maximum=LM.TEMPERATURE_MAX,
+        rule=LM.check_temperature,
+        refusal="invalid_size",
+        echo=_attr("temperature"),
+        url="temp",
+        doc="next_token_probs = softmax(logits[n − 1] / temperature); with lm_head only.",
+        metavar="T",
+        help="next_token_probs = softmax(logits / T) (with --lm-head)",
+    ),
+    Field(
+        "candidates",
+        "strings",
+        None,
+        variant="lm",
+        max_items=LM.MAX_VOCABULARY,
+        max_chars=TOKEN_HARD_MAX,
+        rule=lambda v: LM.check_candidates(v) if isinstance(v, list) and all(isinstance(t, str) for t in v) else None,
+        refusal="invalid_size",
+        url="cand",
+        doc="Tokens the vocabulary holds besides the sentence's own: the vocabulary is the sentence's "
+        "distinct tokens in order of first appearance, then these (those not already in it), in order; at most "
+        f"{LM.MAX_VOCABULARY} in all. With lm_head only.",
+        metavar="TOKEN",
+        help="tokens the vocabulary holds besides the sentence's own (with --lm-head)",
     ),
 )
 

@@ -37,6 +37,7 @@ import numpy as np
 from . import attention as A
 from . import block as B
 from . import constructed as C
+from . import lm as LM
 from .checks import (
     check_choice,
     check_d_ff,
@@ -253,10 +254,16 @@ class TraceConfig:
     # Constructed heads (engine.constructed): one kind per head ("seeded", "previous_token", …); None is all seeded
     head_weights: tuple[str, ...] | None = None
     sharpness: float = C.DEFAULT_SHARPNESS  # the constructed heads' scores are sharpness × their closed form
+    # The language-model head (engine.lm): None is no head (the trace ends with the stack's last hidden state)
+    lm_head: str | None = None  # "tied" (W_U = the vocabulary's token embeddings) or "seeded"
+    temperature: float = 1.0  # next_token_probs = softmax(logits[n − 1] / temperature)
+    candidates: tuple[str, ...] | None = None  # tokens the vocabulary holds besides the sentence's own
 
     def __post_init__(self) -> None:
         if isinstance(self.head_weights, list):  # hashable, as every field
             object.__setattr__(self, "head_weights", tuple(self.head_weights))
+        if isinstance(self.candidates, list):
+            object.__setattr__(self, "candidates", tuple(self.candidates))
         head_dim(self.d_model, self.num_heads)  # raises on bad sizes or fractional d_k
         kv_heads(self.num_heads, self.num_kv_heads)  # raises unless it divides num_heads
         check_seed(self.seed)
@@ -280,6 +287,12 @@ class TraceConfig:
         raise_all(C.head_conflicts(self.head_weights, self.sharpness, d_model=self.d_model, num_heads=self.num_heads,
                                    num_layers=self.num_layers, block=self.has_block, rope=self.rope,
                                    grouped=self.grouped, rope_base=self.rope_base))
+        check_optional_choice("lm_head", self.lm_head, LM.LM_HEADS)
+        LM.check_temperature(self.temperature)
+        LM.check_candidates(self.candidates)
+        raise_all(LM.lm_conflicts(lm_head=self.lm_head, block=self.has_block,
+                                  temperature_given=self.temperature != 1.0,
+                                  candidates_given=self.candidates is not None))
 
     # The values derived from the fields that every trace reads (several times each) are cached properties:
     # the configuration is immutable, and the service builds one per distinct configuration
@@ -433,6 +446,11 @@ class TraceConfig:
         """A pre-norm stack ends with a norm of the last residual stream (GPT-2's ln_f, Llama's norm)."""
         return self.has_block and self.pre_norm
 
+    @property
+    def has_lm_head(self) -> bool:
+        """Whether the stack ends with the language-model head (logits and next-token probabilities)."""
+        return self.lm_head is not None
+
     @classmethod
     def preset_config(cls, block: str, **fields: Any) -> TraceConfig:
         """A configuration of the preset ``block``, with what it sets outside the block (llama's RoPE, gpt2's and
@@ -453,7 +471,8 @@ def layer_steps(config: TraceConfig, *, explicit_input: bool = False, cross: boo
     if config.has_block:  # cross-attention and decoding are refused with a block (engine.checks)
         return _stack_steps(config.positional_encoding, config.mask, config.scale, explicit_input,
                             config.rope_pairing if config.rope else None, config.grouped, config.norm_kind,
-                            config.pre_norm, config.ffn_kind, config.num_layers, config.constructed)
+                            config.pre_norm, config.ffn_kind, config.num_layers, config.constructed,
+                            config.lm_head)
     return _steps(config.positional_encoding, config.mask, config.scale, explicit_input or decode,
                   config.rope_pairing if config.rope else None, config.grouped, cross, decode, config.constructed)
 
@@ -469,6 +488,35 @@ def decode_steps(config: TraceConfig) -> tuple[Step, ...]:
     return layer_steps(config, decode=True)
 
 
+@lru_cache(maxsize=32)  # one tuple per configuration
+def stack_decode_steps(config: TraceConfig) -> tuple[Step, ...]:
+    """One token through a causal stack with a KV cache per layer (``k_cache@l``, ``v_cache@l``), then the
+    final norm and the language-model head on its row: generation's step (``engine.decoding.generate``).
+
+    Each layer is the block's template around the attention's decoding steps (:func:`decode_steps`' recipe);
+    the unembedding is the trace's own (not recomputed)."""
+    rope_pairing = config.rope_pairing if config.rope else None
+    attention = _steps("sinusoidal", config.mask, config.scale, True, rope_pairing, config.grouped, False, True)
+    before, after = block_wiring(config.norm_kind, config.pre_norm, config.ffn_kind)
+    template = (*before, *attention, *after)
+    L = config.num_layers
+    layers = tuple(in_layer(step, layer) for layer in range(L) for step in template)
+    tail: tuple[Step, ...] = ()
+    if config.pre_norm:
+        tail = (Step("stack_output", B.same, (f"layer_output@{L - 1}",)),
+                *norm_steps("final_norm", "stack_output", config.norm_kind, "x_L", "_f"))
+    if config.lm_head is not None:
+        tail += lm_steps(config.lm_head, config.pre_norm, L, config.constructed, unembedding=False)
+    return (*layers, *tail)
+
+
+def input_rows(config: TraceConfig, texts: list[str]) -> np.ndarray:
+    """x for these tokens at positions 0 … n − 1, as the trace's embedding steps make it ([n, d_model])."""
+    state = initial_state(config, texts, {})
+    run(_embedding_steps(config.positional_encoding, config.rope, False, config.constructed), state)
+    return np.asarray(state["input"])
+
+
 # ------------------------------------------------------------------ the block and the stack
 #
 # A stack is the embedding steps, then each layer's steps, then the stack's last steps. Every layer runs the
@@ -482,7 +530,8 @@ def decode_steps(config: TraceConfig) -> tuple[Step, ...]:
 
 #: the state's values every layer shares (sizes, settings): never renamed per layer
 SHARED: frozenset[str] = frozenset({"tokens", "n", "m", "seed", "d_model", "num_heads", "d_k", "scale", "kv_group",
-                                    "window", "rope_base", "norm_eps", "layout"})
+                                    "window", "rope_base", "norm_eps", "layout", "position", "vocabulary",
+                                    "temperature"})
 _PLACEHOLDER = re.compile(r"\{([^{}@]+)\}")
 
 
@@ -599,7 +648,7 @@ def block_template(mask: str, scale: bool, rope_pairing: str | None, grouped: bo
 @lru_cache(maxsize=64)  # one tuple per choice of variants and depth
 def _stack_steps(positional_encoding: str, mask: str, scale: bool, explicit_input: bool, rope_pairing: str | None,
                  grouped: bool, norm_kind: str, pre_norm: bool, ffn_kind: str, num_layers: int,
-                 constructed: bool = False) -> tuple[Step, ...]:
+                 constructed: bool = False, lm_head: str | None = None) -> tuple[Step, ...]:
     embed = () if explicit_input else _embedding_steps(positional_encoding, rope_pairing is not None, False,
                                                        constructed)
     template = block_template(mask, scale, rope_pairing, grouped, norm_kind, pre_norm, ffn_kind)
@@ -611,7 +660,30 @@ def _stack_steps(positional_encoding: str, mask: str, scale: bool, explicit_inpu
     if pre_norm:  # the last residual stream, normalised once more
         tail += (Step("stack_output", B.same, (last,)),
                  *norm_steps("final_norm", "stack_output", norm_kind, "x_L", "_f"))
+    if lm_head is not None:
+        tail += lm_steps(lm_head, pre_norm, num_layers, constructed)
     return (*embed, *layers, *tail)
+
+
+def lm_steps(lm_head: str, pre_norm: bool, num_layers: int, constructed: bool, *,
+             unembedding: bool = True) -> tuple[Step, ...]:
+    """The language-model head after the stack (engine.lm): W_U, the logits of every position from the last
+    hidden state (the final norm's output in pre-norm, the last layer's output in post-norm), and the
+    next-token probabilities of the last position. ``unembedding``: include W_U's step (decoding reuses it)."""
+    hidden, symbol = ("final_norm", "LN_f(x_L)") if pre_norm else (f"layer_output@{num_layers - 1}", "x_L")
+    if lm_head == "tied":
+        fn, inputs = ((C.layout_token_embeddings, ("seed", "layout", "vocabulary")) if constructed
+                      else (token_embeddings, ("seed", "d_model", "vocabulary")))
+        W_U = Step("unembedding", fn, inputs, "W_U = E[vocabulary]",
+                   note=" (tied: row j is the token embedding of vocabulary[j])")
+    else:
+        W_U = Step("unembedding", LM.seeded_unembedding, ("seed", "d_model", "vocabulary"),
+                   "W_U[vocabulary] (seeded per token, untied)")
+    return (*((W_U,) if unembedding else ()),
+            Step("logits", LM.logits, (hidden, "unembedding"), f"{symbol}·W_Uᵀ",
+                 note=": column j scores vocabulary[j]"),
+            Step("next_token_probs", LM.next_token_probs, ("logits", "temperature"),
+                 "softmax(({logits})[n−1] / T)", note=": over the vocabulary, the last position's logits"))
 
 
 _CONTEXT_EMBEDDING = Step("context_token_embedding", token_embeddings, ("seed", "d_model", "context_tokens"),
@@ -722,6 +794,9 @@ def initial_state(config: TraceConfig, texts: list[str], weights: Mapping[str, n
         state["norm_eps"] = config.eps
     if config.constructed:
         state["layout"] = config.layout
+    if config.has_lm_head:
+        state["vocabulary"] = LM.vocabulary(texts, config.candidates)
+        state["temperature"] = config.temperature
     if x is not None:
         state["input"] = x
     if context_texts is not None:
@@ -944,7 +1019,14 @@ BLOCK_STAGES: tuple[StageInfo, ...] = (
     StageInfo("final_norm", 19, "Final norm", ("token", "d_model")),
 )
 BLOCK_STAGE_IDS: tuple[str, ...] = tuple(s.id for s in BLOCK_STAGES)
-STAGE_INFO: dict[str, StageInfo] = {s.id: s for s in (*STAGES, *BLOCK_STAGES)}
+#: the language-model head's stages (a stack with lm_head only; engine.lm): the columns are the vocabulary's tokens
+LM_STAGES: tuple[StageInfo, ...] = (
+    StageInfo("unembedding", 20, "Unembedding W_U (the LM head's weights)", ("vocab", "d_model")),
+    StageInfo("logits", 21, "Logits: every position's score for each vocabulary token", ("token", "vocab")),
+    StageInfo("next_token_probs", 22, "Next-token probabilities", ("vocab",)),
+)
+LM_STAGE_IDS: tuple[str, ...] = tuple(s.id for s in LM_STAGES)
+STAGE_INFO: dict[str, StageInfo] = {s.id: s for s in (*STAGES, *BLOCK_STAGES, *LM_STAGES)}
 #: in a stack, the stages computed once per layer (a leading ``layer`` axis); the others are the whole trace's
 LAYER_STAGE_IDS: frozenset[str] = frozenset(
     {"q", "k", "v", "q_rotated", "k_rotated", "scores", "scaled_scores", "masked_scores", "weights", "context",
@@ -987,8 +1069,9 @@ def stage_ids(config: TraceConfig, *, explicit_input: bool = False, cross: bool 
     before the attention in pre-norm, after each residual sum in post-norm), then ``residual_stream`` and, in
     pre-norm, the final norm's."""
     if config.has_block:
-        return _block_stage_ids(config.mask, config.rope_pairing if config.rope else None, config.grouped,
-                                config.norm_kind, config.pre_norm, config.ffn_kind, explicit_input)
+        ids = _block_stage_ids(config.mask, config.rope_pairing if config.rope else None, config.grouped,
+                               config.norm_kind, config.pre_norm, config.ffn_kind, explicit_input)
+        return (*ids, *LM_STAGE_IDS) if config.has_lm_head else ids
     return _stage_ids(config.mask, config.rope, explicit_input, cross)
 
 
@@ -1034,6 +1117,11 @@ def check_stages(wanted: list[str], config: TraceConfig, *, explicit_input: bool
     for sid in BLOCK_STAGE_IDS:
         if sid in asked and sid not in computed:
             problems.append(StageUnavailableError(_not_in_block(sid, config), field=at(sid), code="stage_needs_block"))
+    for sid in LM_STAGE_IDS:
+        if sid in asked and not config.has_lm_head:
+            problems.append(StageUnavailableError(
+                f"{sid} is a stage of the language-model head: add lm_head (\"tied\" or \"seeded\") to a stack of "
+                "blocks, or drop it", field=at(sid), code="stage_needs_lm_head"))
     for sid in ALL_STAGE_IDS:
         if sid not in asked:
             continue
@@ -1076,20 +1164,24 @@ def _stage_axes(sid: str, grouped: bool, cross: bool, layered: bool = False
 
 
 @lru_cache(maxsize=4096)  # asked for every stage of every request: a handful of configurations and sizes recur
-def stage_shape(sid: str, config: TraceConfig, n: int, n_context: int | None = None) -> tuple[int, ...]:
-    """The shape of a stage for n tokens (and n_context context tokens in cross-attention)."""
+def stage_shape(sid: str, config: TraceConfig, n: int, n_context: int | None = None,
+                n_vocab: int | None = None) -> tuple[int, ...]:
+    """The shape of a stage for n tokens (and n_context context tokens in cross-attention; n_vocab vocabulary
+    tokens with the language-model head, at most n plus the candidates when not given)."""
     names, lists = stage_axes(sid, config, cross=n_context is not None)
     length = {"tokens": n, "context_tokens": n if n_context is None else n_context}
     size = {"head": config.num_heads, "kv_head": config.kv_heads, "d_k": config.d_k, "d_model": config.d_model,
             "concat": config.num_heads * config.d_k}
     if config.has_block:
         size |= {"layer": config.num_layers, "depth": config.num_layers + 1, "d_ff": config.ff_width}
+    if config.has_lm_head:
+        size["vocab"] = n_vocab if n_vocab is not None else n + len(config.candidates or ())
     return tuple(length[t] if t else size[a] for a, t in zip(names, lists))
 
 
 @lru_cache(maxsize=1024)  # the bound every request checks: cached per configuration and size (all hashable)
 def trace_value_count(config: TraceConfig, n: int, *, with_parameters: bool, n_context: int | None = None,
-                      explicit_input: bool = False) -> int:
+                      explicit_input: bool = False, n_vocab: int | None = None) -> int:
     """How many numbers a trace returns (its generated stages, the stats, the weights if asked):
     the bound checked before computing it.
 
@@ -1100,5 +1192,5 @@ def trace_value_count(config: TraceConfig, n: int, *, with_parameters: bool, n_c
     count = 2 * config.num_heads * n * config.num_layers  # the stats: entropy and max_weight, [(layer,) head, query]
     for sid in stage_ids(config, explicit_input=explicit_input, cross=n_context is not None):
         if sid not in ("tokens", "context_tokens"):  # strings, not numbers
-            count += math.prod(stage_shape(sid, config, n, n_context))
+            count += math.prod(stage_shape(sid, config, n, n_context, n_vocab))
     return count + (config.n_parameters if with_parameters else 0)

@@ -138,6 +138,12 @@ class Trace:
         return self.stages["weights"].array if self.config.has_block else self.state["weights"]
 
     @property
+    def vocabulary(self) -> list[str] | None:
+        """The language-model head's vocabulary, the logits' columns in order (None without a head)."""
+        vocab = self.state.get("vocabulary")
+        return None if vocab is None else list(vocab)
+
+    @property
     def num_layers(self) -> int:
         """How many layers the trace has (1 for a single attention layer)."""
         return self.config.num_layers

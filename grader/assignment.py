@@ -48,7 +48,13 @@ ffn(x, W_1, W_2, W_3=None)  [n, d_model], [d_ff, d_model],  act(x·W_1ᵀ)·W_2�
 block(x, params,            x [n, d_model], a dict of the   the block's output         block_output
   causal=False)             block's weights and eps         [n, d_model] (pre-norm:
                                                             after the final norm)
+lm_head(h, W_U)             the last hidden state [n,       h·W_Uᵀ [n, vocab]          logits
+                            d_model], W_U [vocab, d_model]
+next_token_probs(logits,    [n, vocab], a float             softmax(logits[n−1] / T)   next_token_probs
+  temperature)                                              [vocab]
 ==========================  ==============================  =========================  ================
+
+lm_head and next_token_probs are graded in a course whose [block] sets lm_head (course-block-lm.toml).
 
 The attention's functions are graded in a block course too, on the block's own
 attention (its input is the normalised x in pre-norm). Every call is made on the
@@ -71,8 +77,9 @@ STAGES_OF_CONFIG = ("input", "q", "k", "v", "scores", "scaled_scores", "masked_s
                     "concat", "output")
 #: a block course's stages (besides the attention's), in the order a block computes them (post-norm's order;
 #: pre-norm computes norm2 before the FFN and ends with final_norm)
-BLOCK_STAGES = ("norm1", "ffn_output", "norm2", "final_norm", "block_output")
-AXES = {**dict.fromkeys(BLOCK_STAGES, "token, d_model"), "input": "token, d_model", "q": "head, token, d_k", "k": "head, token, d_k", "v": "head, token, d_k",
+BLOCK_STAGES = ("norm1", "ffn_output", "norm2", "final_norm", "block_output", "logits", "next_token_probs")
+AXES = {**dict.fromkeys(BLOCK_STAGES, "token, d_model"), "logits": "token, vocab", "next_token_probs": "vocab",
+        "input": "token, d_model", "q": "head, token, d_k", "k": "head, token, d_k", "v": "head, token, d_k",
         "scores": "head, query, key", "scaled_scores": "head, query, key", "masked_scores": "head, query, key",
         "weights": "head, query, key", "context": "head, token, d_k", "concat": "token, h·d_k",
         "output": "token, d_model"}
@@ -138,6 +145,11 @@ BLOCK_FUNCTIONS: dict[str, Function] = {f.name: f for f in (
     Function("block", "block(x, params, causal=False)",
              (Part("block_output", ("block_input", "block_params"), (("causal", "causal"),)),),
              what="the whole block, end to end"),
+    Function("lm_head", "lm_head(h, W_U)", (Part("logits", ("lm_input", "unembedding")),),
+             what="the logits of every position: the last hidden state times W_Uᵀ (W_U: the token embeddings)"),
+    Function("next_token_probs", "next_token_probs(logits, temperature)",
+             (Part("next_token_probs", ("logits", "temperature")),),
+             what="softmax(logits[n − 1] / temperature) over the vocabulary: the next token's distribution"),
 )}
 #: every function a course may grade
 ALL_FUNCTIONS: dict[str, Function] = {**FUNCTIONS, **BLOCK_FUNCTIONS}

@@ -32,12 +32,12 @@ import numpy as np
 
 import engine
 from engine import TraceConfig
-from engine.bugs import ALL_BUGS, BLOCK_BUGS, applicable_bugs
+from engine.bugs import ALL_BUGS, BLOCK_BUGS, LM_BUGS, applicable_bugs
 from engine.checking import Tolerance, compare
 from engine.layer import base_name, layer_of, swapped
 from engine.params import BlockParameters, NormParameters
 
-from .assignment import BLOCK_STAGES, Reference, reference_from_engine
+from .assignment import AXES, BLOCK_STAGES, Reference, reference_from_engine
 from .config import Configuration
 from .reference import CheckOutcome, StageVerdict, passes
 
@@ -45,12 +45,16 @@ from .reference import CheckOutcome, StageVerdict, passes
 _NORM_STEPS = ("{}_mean", "{}_variance", "{}_mean_square", "{}")
 _FFN_STEPS = ("ffn_pre_activation", "ffn_up", "ffn_activation", "ffn_gated", "ffn_output")
 _NORMS = ("norm1", "norm2", "final_norm")
+#: the language-model head's stage functions and the step each computes
+_LM_STEPS = {"lm_head": "logits", "next_token_probs": "next_token_probs"}
 
 
 def own_bugs(kind: str) -> list[str]:
     """The known mistakes written inside a norm (``kind`` "norm") or the FFN ("ffn"): every step they swap is
     one of that function's. The others (the residual sums, where the norms go, the final norm left out) are
     mistakes of ``block`` itself, which its whole-block recomputation names."""
+    if kind in _LM_STEPS:  # the head's: any of its mistakes that swaps that function's step
+        return list(LM_BUGS)
     mine = set(_FFN_STEPS) if kind == "ffn" else {s.format(n) for n in _NORMS for s in _NORM_STEPS}
     return [name for name, bug in BLOCK_BUGS.items()
             if bug.replaces_for is None and bug.replaces and {base_name(r.name) for r in bug.replaces} <= mine]
@@ -109,18 +113,23 @@ def reference(c: Configuration, seed: int) -> Reference:
             a[f"{which}_beta"] = cast(np.ndarray, n.beta)  # LayerNorm has a bias
     if p.W_3 is not None:
         a["W_3"] = p.W_3
+    if cfg.has_lm_head:  # the head reads the block's output (the final norm's in pre-norm)
+        a.update(lm_input=a["block_output"], unembedding=st["unembedding"], logits=st["logits"],
+                 next_token_probs=st["next_token_probs"])
     params: dict[str, Any] = {**{name: getattr(p.attention, name) for name in ("W_Q", "W_K", "W_V", "W_O")},
               **{name: a[name] for name in ("W_1", "W_2", "W_3") if name in a},
               **{f"{which}_{w}": a[f"{which}_{w}"] for which in norms for w in ("gamma", "beta")
                  if f"{which}_{w}" in a},
               "eps": cfg.eps}
-    ref.values = {"eps": cfg.eps, "block_params": params}
+    ref.values = {"eps": cfg.eps, "block_params": params, "temperature": cfg.temperature}
     ref.stack = t
     position = {s.name: i for i, s in enumerate(t.steps)}
     ref.order = {sid: position[f"{sid}@0"] for sid in ref.arrays if f"{sid}@0" in position}
     ref.order.update(input=position["attention_input@0"], block_output=len(t.steps))
     if pre:
         ref.order["final_norm"] = position["final_norm"]
+    if cfg.has_lm_head:
+        ref.order.update(logits=position["logits"], next_token_probs=position["next_token_probs"])
     return ref
 
 
@@ -130,13 +139,13 @@ def reference(c: Configuration, seed: int) -> Reference:
 def _message(stage: str, expected: np.ndarray, got: np.ndarray, null: np.ndarray, tol: Tolerance) -> tuple[bool, str]:
     """Pass or fail by /check's rule, and /check's kind of message: how many values are off and the first."""
     if got.shape != expected.shape:
-        return False, f"the shape is wrong: expected {list(expected.shape)} (token, d_model), got {list(got.shape)}"
+        return False, f"the shape is wrong: expected {list(expected.shape)} ({AXES[stage]}), got {list(got.shape)}"
     c = compare.compare(expected, None, compare.received_npz(got, null), tol)
     if not c.mismatches:
         return True, f"all {c.n_values} values match (largest error {c.max_abs_error or 0.0:.6g})"
     r = c.first_received
     shown = "null" if r is None else r if isinstance(r, str) else f"{r:.6g}"
-    return False, (f"{c.mismatches} of {c.n_values} values are off; the first is at {c.first} (token, d_model): "
+    return False, (f"{c.mismatches} of {c.n_values} values are off; the first is at {c.first} ({AXES[stage]}): "
                    f"expected {c.first_expected:.6g}, got {shown}")
 
 
@@ -164,6 +173,8 @@ def _steps_of(stage: str) -> set[str]:
     """The base names of the steps a block stage function computes for ``stage``."""
     if stage == "ffn_output":
         return set(_FFN_STEPS)
+    if stage in _LM_STEPS.values():
+        return {stage}
     return {s.format(stage) for s in _NORM_STEPS}
 
 
@@ -172,9 +183,9 @@ def function_matches(ref: Reference, function: str, stage: str, got: np.ndarray,
     """The known mistakes of ``function`` that reproduce its answer for ``stage``: only the function's own steps
     recomputed with the mistake, from the reference's values of everything they read (what it was given)."""
     t = ref.stack
-    own = own_bugs("ffn" if function == "ffn" else "norm")
+    own = own_bugs("ffn" if function == "ffn" else function if function in _LM_STEPS else "norm")
     mine = _steps_of(stage)
-    layer = None if stage == "final_norm" else 0
+    layer = None if stage in ("final_norm", *_LM_STEPS.values()) else 0
     key = stage if layer is None else f"{stage}@{layer}"
     out = []
     for bug in applicable_bugs(t.config, t.n_tokens):
@@ -234,7 +245,7 @@ def cannot_show(c: Configuration, n: int) -> set[str]:
 
 def summaries() -> dict[str, str]:
     """The block's known mistakes' summaries, to name them."""
-    return {name: bug.summary for name, bug in BLOCK_BUGS.items()}
+    return {name: bug.summary for name, bug in {**BLOCK_BUGS, **LM_BUGS}.items()}
 
 
 __all__ = ["BLOCK_STAGES", "about_position", "block_matches", "block_trace", "cannot_show", "check", "function_matches",

@@ -31,7 +31,7 @@ class ConfigError(ValueError):
 
 
 #: the [block] table's keys besides ``preset``: the engine's block fields a course may override
-BLOCK_OVERRIDES = ("norm", "norm_position", "ffn", "d_ff", "norm_eps", "norm_weights")
+BLOCK_OVERRIDES = ("norm", "norm_position", "ffn", "d_ff", "norm_eps", "norm_weights", "lm_head", "temperature")
 
 
 @dataclass(frozen=True)
@@ -404,6 +404,9 @@ def _block_function(function: str, block: Block | None, where: str) -> None:
     if function == "add_positional_encoding":
         raise ConfigError(f"{where}: in a block course the block is given x with the positional encoding added; "
                           "grade add_positional_encoding in an attention course")
+    if function in ("lm_head", "next_token_probs") and dict(block.overrides).get("lm_head") is None:
+        raise ConfigError(f"{where}: {function} is a function of the language-model head; add lm_head = \"tied\" "
+                          "(or \"seeded\") to [block] to grade it")
     norm = block.trace_config(8, 1, False).norm_kind
     if fn.norm is not None and fn.norm != norm:
         raise ConfigError(f"{where}: this block's norm is {norm} ([block]), so grade {norm}, not {function}")

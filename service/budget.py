@@ -55,6 +55,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from engine.bugs import applicable_bugs
+from engine.decoding import generate_work
+from engine.lm import vocabulary
 from engine.layer import layer_steps
 
 from .problems import ProblemError
@@ -114,6 +116,17 @@ def diagnosis_cost(spec: Any) -> int:
     return bugs * (-(-values // RERUN_NUMBERS_PER_UNIT) + ERF_UNITS * erf + STEP_UNITS * steps)
 
 
+def generation_cost(spec: Any) -> int:
+    """Units a /trace's ``generate`` spends decoding the sentence and the new tokens (engine.decoding.generate_work);
+    0 without it."""
+    count = getattr(spec, "generate", None)
+    stack = _stack(spec)
+    if count is None or stack is None:
+        return 0
+    texts = [t.text for t in spec.split]
+    return generate_work(stack, len(texts), len(vocabulary(texts, stack.candidates)), count)
+
+
 def cost(path: str, specs: Iterable[Any]) -> int:
     """The cost of answering these validated requests of one endpoint ("/trace" or "/check") together."""
     total, weights = 0, set()
@@ -122,6 +135,7 @@ def cost(path: str, specs: Iterable[Any]) -> int:
         total += ITEM_COST + values * (CHECK_FACTOR if path == "/check" else 1)
         if path == "/check":
             total += diagnosis_cost(spec)
+        total += generation_cost(spec)
         key = weight_key(spec)
         if key is not None and key not in weights:
             weights.add(key)

@@ -34,8 +34,10 @@ from pydantic_core import PydanticCustomError
 
 import engine
 from engine import BUG_NAMES, EngineError, Token, TraceConfig, fields
-from engine.bugs import BLOCK_BUG_NAMES
-from engine.decoding import decode_value_count
+from engine import lm as LM
+from engine.bugs import BLOCK_BUG_NAMES, LM_BUG_NAMES
+from engine.decoding import decode_value_count, generate_value_count, generate_work
+from engine.errors import raise_all
 from engine.checks import (
     MAX_EXPLICIT_VALUE,
     check_block_cost,
@@ -54,6 +56,7 @@ from engine.layer import (
     ALL_STAGE_IDS,
     BLOCK_FIELDS,
     BLOCK_STAGE_IDS,
+    LM_STAGE_IDS,
     preset_fields,
     trace_value_count,
 )
@@ -64,7 +67,7 @@ from .settings import Settings
 
 #: a stage id a request may name: engine 1.0's and its variants' (ALL_STAGE_IDS), then a stack of blocks' own
 #: (BLOCK_STAGE_IDS, which only a trace with a block field computes)
-STAGE_ID_CHOICES: tuple[str, ...] = (*ALL_STAGE_IDS, *BLOCK_STAGE_IDS)
+STAGE_ID_CHOICES: tuple[str, ...] = (*ALL_STAGE_IDS, *BLOCK_STAGE_IDS, *LM_STAGE_IDS)
 
 
 def _quoted(choices: tuple[str, ...]) -> str:
@@ -120,11 +123,13 @@ if TYPE_CHECKING:  # mypy cannot read a Literal built from the engine's tuples: 
     AnyBugName: TypeAlias = str
 else:
     BugName = Literal[BUG_NAMES]
-    #: a name /check's diagnosis may give: the attention's known bugs, then a stack of blocks' own (BLOCK_BUGS)
-    AnyBugName = Literal[BUG_NAMES + BLOCK_BUG_NAMES]
+    #: a name /check's diagnosis may give: the attention's known bugs, a stack of blocks' own (BLOCK_BUGS), then
+    #: the language-model head's
+    AnyBugName = Literal[BUG_NAMES + BLOCK_BUG_NAMES + LM_BUG_NAMES]
 
 #: inject_bug's names: the attention's known bugs, and a stack of blocks' own (which the engine's refusal rule
-#: refuses without a block field, saying to add one); an unknown one's message lists the request's kind's
+#: refuses without a block field, saying to add one), and the language-model head's (refused without lm_head); an
+#: unknown one's message lists the request's kind's (a stack's: the attention's and the block's, as before the head)
 InjectableBugName = Annotated[AnyBugName, _names_of_the_requests_kind(BUG_NAMES, BUG_NAMES + BLOCK_BUG_NAMES)]
 
 
@@ -182,7 +187,7 @@ def _annotation(f: fields.Field, *, echo: bool = False) -> Any:
         t = list[Literal[f.choices]]  # type: ignore[name-defined]  # a Literal of the declaration's choices, built at run time
     elif kind == "text":
         t = Annotated[str, Field(min_length=1, max_length=f.max_chars)]
-    elif kind == "tokens":
+    elif kind in ("tokens", "strings"):
         t = list[Annotated[str, Field(min_length=1, max_length=f.max_chars)]]
     else:
         t = {"int": int, "float": float, "bool": bool, "matrix": list[list[BoundedNumber]],
@@ -193,7 +198,7 @@ def _annotation(f: fields.Field, *, echo: bool = False) -> Any:
 def _field_info(f: fields.Field) -> Any:
     """A declared field's pydantic Field: its default, bounds and description."""
     bounds: dict[str, Any] = {"ge": f.minimum, "gt": f.above, "le": f.maximum, "max_length": f.max_items,
-              "min_length": 1 if f.kind == "tokens" else None}
+              "min_length": 1 if f.kind in ("tokens", "strings") else None}
     return Field(default=f.default, description=f.doc, **{k: v for k, v in bounds.items() if v is not None})
 
 
@@ -266,6 +271,17 @@ class TraceSpec(_SpecFields):  # type: ignore[valid-type,misc]
             check_sentence(v, field=field)
         return v
 
+    @field_validator(*(f.name for f in fields.FIELDS if f.kind == "strings"), mode="before")
+    @classmethod
+    def _string_texts(cls, v: Any, info: ValidationInfo) -> Any:
+        field = cast(str, info.field_name)  # a field validator's info names its field
+        for i, t in enumerate(v if isinstance(v, list) else []):
+            bad = _bad_characters(t) if isinstance(t, str) else None
+            if bad:
+                raise PydanticCustomError("bad_character", "{field}[{i}] contains {what}",
+                                          {"field": field, "i": i, "what": bad})
+        return v
+
     @field_validator(*(f.name for f in fields.FIELDS if f.kind == "tokens"), mode="before")
     @classmethod
     def _token_texts(cls, v: Any, info: ValidationInfo) -> Any:
@@ -314,14 +330,28 @@ class TraceSpec(_SpecFields):  # type: ignore[valid-type,misc]
                 check_input_shape(self.context_input, m, self.d_model, "context_input")
             if self.parameters is not None:
                 check_parameter_shapes(dict(self.parameters), self.d_model, self.num_heads, self.num_kv_heads)
+            n_vocab = None
+            if config.has_lm_head:
+                n_vocab = len(LM.vocabulary([t.text for t in tokens], config.candidates))
+                LM.check_vocabulary_size(n_vocab)
             count = trace_value_count(config, n, with_parameters=getattr(self, "include_parameters", False),
-                                      n_context=m)
+                                      n_context=m, n_vocab=n_vocab)
             decoding = decode_value_count(config, n) if getattr(self, "decode", False) else 0
-            count += decoding
+            generating = getattr(self, "generate", None)
+            generated = 0
+            if generating is not None:
+                raise_all([*LM.generate_conflicts(lm_head=config.lm_head, causal=config.causal, n=n,
+                                                  generate=generating, max_tokens=settings.max_tokens),
+                           *LM.generate_input_conflicts(input_given=self.input is not None,
+                                                        bug=getattr(self, "inject_bug", None))])
+                generated = generate_value_count(config, n, n_vocab or 0, generating)
+            count += decoding + generated
             check_trace_size(count, settings.max_trace_values, n=n, d_model=self.d_model, num_heads=self.num_heads,
-                             n_context=m, decode_values=decoding)
-            if config.has_block:  # and every layer's weights, generated before anything is computed
-                check_block_cost(count, config.n_parameters, settings.max_request_cost, num_layers=config.num_layers)
+                             n_context=m, decode_values=decoding, generate_values=generated)
+            if config.has_block:  # and every layer's weights, generated before anything is computed (and generation)
+                work = 0 if generating is None else generate_work(config, n, n_vocab or 0, generating)
+                check_block_cost(count + work, config.n_parameters, settings.max_request_cost,
+                                 num_layers=config.num_layers)
         # One update of the private values: each assignment through pydantic's __setattr__ costs ~0.3 µs.
         private = self.__pydantic_private__  # a model with private attributes has their dict
         private.update(_config=config, _tokens=tokens, _context=context,
@@ -455,6 +485,13 @@ _CONFIG_OUT_AFTER: dict[str, dict[str, Any]] = {
         "n_context_tokens": (int | None, omitted("Cross-attention only.")),
         "decode": (bool | None, omitted("Only when decode was asked for (then true).")),
         "parameters_layout": (Literal["torch"] | None, omitted("Only when not per_head.")),
+    },
+    "lm": {
+        "n_vocabulary": (int | None, omitted("Only with lm_head: how many tokens the vocabulary holds.")),
+        "generate": (int | None, omitted("Only with generate: how many tokens were generated.")),
+        "top_k": (int | None, omitted("Only with generate and top_k.")),
+        "top_p": (float | None, omitted("Only with generate and top_p.")),
+        "sample_seed": (int | None, omitted("Only with generate: the sampling seed, null for greedy.", nullable=True)),
     },
 }
 

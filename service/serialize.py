@@ -16,7 +16,8 @@ import numpy as np
 import orjson
 
 from engine import Trace, fields
-from engine.decoding import DecodeStep
+from engine.decoding import DecodeStep, GenerationStep
+from engine.lm import SHOWN_CANDIDATES
 from engine.params import BlockParameters, Parameters
 from engine.tokenize import Token
 
@@ -159,8 +160,36 @@ def trace_document(
     if decode is not None:
         doc["config"]["decode"] = True
         doc["decode"] = decode_document(decode, precision, finite)
+    if t.config.has_lm_head:  # the token of each column of the logits
+        doc["vocabulary"] = t.vocabulary
     finite.check()
     return doc
+
+
+def generation_document(steps: list[GenerationStep], vocabulary: list[str], precision: int | None
+                        ) -> list[dict[str, Any]]:
+    """The ``generation`` member: each generated token, how it was chosen (its candidates name their tokens from
+    ``vocabulary``) and its rows."""
+    finite = Finite()
+
+    def arr(a: np.ndarray, where: str) -> np.ndarray:
+        return _array(a, where, precision, finite)
+
+    def num(x: float) -> float:
+        return float(x) if precision is None else float(np.round(x, precision))
+
+    out = []
+    for s in steps:
+        out.append({
+            "position": s.position, "token": s.token, "index": s.index, "probability": num(s.probability),
+            "candidates": [{"token": vocabulary[j], "index": int(j), "probability": num(s.probs[j]), "sampling_probability": num(p)}
+                           for j, p in zip(s.kept[:SHOWN_CANDIDATES], s.kept_probs[:SHOWN_CANDIDATES])],
+            "logits": arr(s.logits, f"generation[{s.position}].logits"),
+            "probs": arr(s.probs, f"generation[{s.position}].probs"),
+            "cache_positions": list(s.cache_positions),
+            "weights": arr(s.weights, f"generation[{s.position}].weights")})
+    finite.check()
+    return out
 
 
 def tokens_document(tokens: list[Token]) -> list[dict[str, Any]]:

@@ -66,6 +66,13 @@ def answers(client) -> list[tuple[str, str, str, int, str, object]]:
                                           "include_parameters": True})
     post("trace, a block without a preset", "/trace", {**base, "norm": "rms_norm", "include_parameters": True,
                                                        "stages": ["weights", "norm1"]})
+    post("trace, language-model head, sampled", "/trace", {**base, "block": "gpt2", "lm_head": "tied",
+                                                            "candidates": ["dog"], "temperature": 0.7, "generate": 2,
+                                                            "top_k": 3, "top_p": 0.9, "sample_seed": 1})
+    post("trace, language-model head, greedy", "/trace", {**base, "block": "gpt2", "lm_head": "seeded",
+                                                           "generate": 1})
+    post("explain, a logit", "/explain", {**base, "block": "gpt2", "lm_head": "tied", "cell": "logit", "token": 2,
+                                           "column": 1})
     stack = post("trace, reference stack", "/trace", {**base, "block": "gpt2", "stages": ["norm1", "weights"]})
     post("check, a stack's stages", "/check", {**base, "block": "gpt2", "submission": {
         "norm1": stack["stages"]["norm1"]["values"], "weights": [[[[0.5] * 3] * 3] * 2]}})

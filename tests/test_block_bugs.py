@@ -15,7 +15,7 @@ import pytest
 
 import engine
 from engine import TraceConfig
-from engine.bugs import ALL_BUGS, BLOCK_BUGS, BUGS, check_bug, refusal
+from engine.bugs import ALL_BUGS, BLOCK_BUGS, BUGS, LM_BUGS, check_bug, refusal
 from engine.errors import BugNotApplicableError
 
 SENTENCE = "the cat sat on the mat"
@@ -259,7 +259,8 @@ def test_a_trace_without_a_block_knows_only_the_attention_mistakes():
     with pytest.raises(engine.UnknownBugError) as e:
         check_bug("off_by_one", config, 3)
     assert "residual_forgotten" not in e.value.message
-    assert set(ALL_BUGS) == set(BUGS) | set(BLOCK_BUGS) and not set(BUGS) & set(BLOCK_BUGS)
+    assert set(ALL_BUGS) == set(BUGS) | set(BLOCK_BUGS) | set(LM_BUGS) and not set(BUGS) & set(BLOCK_BUGS)
+    assert not (set(BUGS) | set(BLOCK_BUGS)) & set(LM_BUGS)
 
 
 @pytest.mark.parametrize("bug, config, reason", [

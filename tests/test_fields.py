@@ -61,6 +61,8 @@ def beyond(f: fields.Field) -> Any:
     """A value beyond the field's bounds (or not among its choices)."""
     if f.kind in ("choice", "choices"):
         return "no_such_choice" if f.kind == "choice" else ["no_such_choice"]
+    if f.kind == "strings":  # one more than it may hold
+        return [f"w{i}" for i in range((f.max_items or 0) + 1)]
     if f.maximum is not None:
         return f.maximum * 2 if f.kind == "float" else int(f.maximum) + 1
     return (f.above if f.above is not None else f.minimum - 1) if f.kind == "float" else int(f.minimum) - 1
@@ -93,7 +95,7 @@ def address_of(f: fields.Field, value: Any) -> str:
     if switch is not None and switch[0] != f.name:
         on = fields.BY_NAME[switch[0]]
         parts.append((on.address, switch[1] if switch[1] is not None else ",".join(sample(on))))
-    if f.kind == "tokens":
+    if f.kind in ("tokens", "strings"):
         parts += [(f.address, t) for t in value]
     else:
         text = ("1" if value else "0") if f.kind == "bool" else ",".join(value) if f.kind == "choices" else str(value)
@@ -174,6 +176,8 @@ def test_every_echoed_field_is_in_an_answer_read_by_the_clients_config(client):
             "norm_eps": 1e-5,
             "d_ff": 32,
             "norm_weights": "seeded",
+            "lm_head": "tied",
+            "temperature": 0.5,
         },
         {
             "sentence": "the cat sat",

@@ -27,7 +27,8 @@ from pydantic_core import PydanticCustomError
 import engine
 from engine import EngineError, TraceConfig
 from engine.explain import (NORMS, STEP_IDS, check_cell, check_explainable, check_ffn_cell, check_layer,
-                            check_norm_cell, explain_cell, explain_ffn_cell, explain_norm_cell)
+                            check_logit_cell, check_norm_cell, explain_cell, explain_ffn_cell, explain_logit_cell,
+                            explain_norm_cell)
 from engine.layer import FFN_KINDS, NORM_KINDS
 
 from .. import budget, compression, serialize
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 bp = Blueprint("explain", __name__)
 
 #: the cells /explain walks: an attention weight (the default), a norm's value, a feed-forward unit
-CELL_KINDS: tuple[str, ...] = ("attention", *NORMS, "ffn")
+CELL_KINDS: tuple[str, ...] = ("attention", *NORMS, "ffn", "logit")
 
 _CELL_DOC = (" Validated against the configuration after tokenizing; a value out of range is a 422 whose entry "
              "names the field and the valid range.")
@@ -118,6 +119,37 @@ def _at_cell(error: EngineError) -> EngineError:
         return error
     message = "cell" + error.message[len("norm"):] if error.message.startswith("norm must") else error.message
     return type(error)(message, field="cell", code=error.code)
+
+
+class LogitExplainRequest(TraceRequest):
+    """A /trace request with lm_head, plus one logit to explain: cell "logit", token and column (vocabulary)."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"sentence": "the cat sat", "d_model": 8, "num_heads": 2, "block": "gpt2", "lm_head": "tied",
+         "cell": "logit", "token": 2, "column": 1}]})
+
+    cell: Literal["logit"] = Field(description="One logit of the language-model head.")
+    token: int = Field(json_schema_extra={"minimum": 0}, description="The position, 0 … n − 1." + _CELL_DOC)
+    column: int = Field(json_schema_extra={"minimum": 0},
+                        description="The vocabulary token's column, 0 … vocabulary size − 1." + _CELL_DOC)
+
+    @model_validator(mode="after")
+    def _cell(self) -> LogitExplainRequest:
+        with engine_rules():
+            check_explainable(self.inject_bug)
+            check_logit_cell(_LMBounds(self.trace_config, self._tokens), self.token,  # type: ignore[arg-type]  # validated ints
+                             self.column)
+        return self
+
+
+class _LMBounds:
+    """What check_logit_cell reads of a trace (its configuration, token count and vocabulary), before it exists."""
+
+    def __init__(self, config: TraceConfig, tokens: list[Any]) -> None:
+        from engine.lm import vocabulary
+
+        self.config, self.n_tokens = config, len(tokens)
+        self.vocabulary = vocabulary([t.text for t in tokens], config.candidates) if config.has_lm_head else None
 
 
 class NormExplainRequest(TraceRequest):
@@ -289,6 +321,41 @@ class NormExplainResponse(BaseModel):
                                                      "mean_square, normalised, scaled.")
 
 
+class LogitExplainStep(BaseModel):
+    """One step of a logit: the hidden state's products with W_U's row, their sum, the next token's probability."""
+
+    id: Literal["products", "logit", "probability"]
+    stage: StageId
+    index: list[int] = Field(description="Where `value` is in `stage`'s values.")
+    formula: str
+    value: float | None = Field(description="The step's number; null for products (in `values`).")
+    note: str
+    values: list[float] | None = omitted("products: h[j]·W_U[v, j] for each j.")
+    x: list[float] | None = omitted("products: the last hidden state's row.")
+    w: list[float] | None = omitted("products: W_U's row v (the token's embedding with the tied head).")
+    recomputed: float | None = omitted("The step redone from the numbers shown.")
+    exact: bool | None = omitted("Whether `recomputed` equals the trace's number bit for bit.")
+    temperature: float | None = omitted("probability: T.")
+    row_max: float | None = omitted("probability: the row's largest logit.")
+    exponent: float | None = omitted("probability: exp((logit − max)/T).")
+    denominator: float | None = omitted("probability: Σᵥ exp((logitᵥ − max)/T).")
+
+
+class LogitExplainResponse(BaseModel):
+    schema_version: str
+    engine_version: str
+    config: ConfigOut
+    parameters_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    token: int
+    token_text: str
+    column: int
+    column_token: str = Field(description="The vocabulary token of the column.")
+    lm_head: Literal["tied", "seeded"]
+    source_stage: StageId = Field(description="The stage the head reads: final_norm (pre-norm) or "
+                                              "residual_stream (post-norm).")
+    steps: list[LogitExplainStep] = Field(description="products, logit, and at the last position probability.")
+
+
 class FFNExplainStep(BaseModel):
     """One step of a feed-forward unit: the products with its W_1 row, their sum, the activation, its share."""
 
@@ -327,7 +394,8 @@ class FFNExplainResponse(BaseModel):
 
 #: the models whose schemas this module's path publishes in components.schemas
 MODELS: tuple[type[BaseModel], ...] = (ExplainRequest, ExplainResponse, NormExplainRequest, NormExplainResponse,
-                                       FFNExplainRequest, FFNExplainResponse)
+                                       FFNExplainRequest, FFNExplainResponse, LogitExplainRequest,
+                                       LogitExplainResponse)
 
 
 # ------------------------------------------------------------------ the answer
@@ -367,6 +435,8 @@ def explain_document(req: AnyExplainRequest) -> dict[str, Any]:
         cell = explain_norm_cell(t, req.cell, req.token, req.feature, layer=req.layer)
     elif isinstance(req, FFNExplainRequest):
         cell = explain_ffn_cell(t, req.token, req.unit, layer=req.layer)
+    elif isinstance(req, LogitExplainRequest):
+        cell = explain_logit_cell(t, req.token, req.column)
     else:
         cell = explain_cell(t, req.head, req.query, req.key, decode=engine.decode(t) if req.decode else None,
                             layer=req.layer)
@@ -379,8 +449,8 @@ def explain_document(req: AnyExplainRequest) -> dict[str, Any]:
 
 
 #: the request model of each cell other than an attention weight
-_CELL_REQUESTS: dict[str, type[NormExplainRequest | FFNExplainRequest]] = {
-    **{norm: NormExplainRequest for norm in NORMS}, "ffn": FFNExplainRequest}
+_CELL_REQUESTS: dict[str, type[NormExplainRequest | FFNExplainRequest | LogitExplainRequest]] = {
+    **{norm: NormExplainRequest for norm in NORMS}, "ffn": FFNExplainRequest, "logit": LogitExplainRequest}
 
 
 def request_model(raw: bytes) -> type[ExplainRequest | NormExplainRequest | FFNExplainRequest]:
@@ -433,10 +503,12 @@ def openapi_paths(parts: Parts) -> dict[str, Any]:
                        "with token and feature: the token's mean and variance, or mean square, each (x[j] − μ)², "
                        "the normalised value and γ·x̂ + β) or a feed-forward unit (`ffn` with token and unit: the "
                        "products with W_1's row, their sum, the activation, SwiGLU's up projection and gate, and "
-                       "the unit's share of ffn_output).",
+                       "the unit's share of ffn_output). With lm_head, `logit` with token and column: the last hidden "
+                       "state's products with W_U's row (the column token's embedding, tied), their sum, and at the "
+                       "last position the next token's probability.",
         "requestBody": {"required": True, "content": {"application/json": {
             "schema": {"anyOf": [parts.ref("ExplainRequest"), parts.ref("NormExplainRequest"),
-                                 parts.ref("FFNExplainRequest")]},
+                                 parts.ref("FFNExplainRequest"), parts.ref("LogitExplainRequest")]},
             "examples": {"seed": {"summary": "The seed's sentence: query 'cat', key 'sat'",
                                   "value": {"sentence": "the cat sat", "d_model": 24, "num_heads": 1, "head": 0,
                                             "query": 1, "key": 2}}}}}},
@@ -444,7 +516,8 @@ def openapi_paths(parts: Parts) -> dict[str, Any]:
             "200": {"description": "The cell's explanation.", "headers": parts.headers, "content": {
                 "application/json": {"schema": {"anyOf": [parts.ref("ExplainResponse"),
                                                           parts.ref("NormExplainResponse"),
-                                                          parts.ref("FFNExplainResponse")]},
+                                                          parts.ref("FFNExplainResponse"),
+                                                          parts.ref("LogitExplainResponse")]},
                                      "example": _example()}}},
             **parts.problems, **parts.common,
         },

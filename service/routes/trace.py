@@ -21,7 +21,9 @@ from pydantic_core import PydanticCustomError
 
 import engine
 from engine import BUG_NAMES, BUGS, check_bug
+from engine import lm as LM
 from engine.bugs import ALL_BUGS, BLOCK_BUGS
+from engine.checks import SEED_MAX
 from engine.layer import ALL_STAGE_IDS, check_stages
 from viewer.offline_page import comparison_request, export_filename, render_html_bytes
 
@@ -95,6 +97,25 @@ class TraceRequest(TraceSpec):
         "rounds it, `stages` does not filter it, and its numbers count towards max_trace_values.",
     )
 
+    # Generation with the language-model head (lm_head): these four fields, kept together.
+    generate: int | None = Field(
+        default=None, ge=1, le=LM.MAX_GENERATE,
+        description="Also return `generation`: this many tokens generated after the sentence by the stack and its "
+        "language-model head (lm_head, causal), each traced through a KV cache per layer: the chosen token, its "
+        "probability, the candidates, the logits and probabilities it was drawn from, and its row of attention "
+        "in every layer. Greedy unless sample_seed is given. The tokens come from the vocabulary.")
+    top_k: int | None = Field(
+        default=None, ge=1, le=LM.MAX_VOCABULARY,
+        description="With generate: draw only among the top_k most probable tokens (null: all).")
+    top_p: float | None = Field(
+        default=None, gt=0, le=1,
+        description="With generate: then only among the fewest most probable tokens whose probabilities reach "
+        "top_p (nucleus sampling; null: all).")
+    sample_seed: int | None = Field(
+        default=None, ge=0, le=SEED_MAX,
+        description="With generate: sample (each step's uniform number from SHAKE-256 of this seed and the step, "
+        "the same on every machine) instead of choosing greedily.")
+
     inject_bug: InjectableBugName | None = Field(
         default=None,
         description="Return the trace with one known bug injected (clearly labelled in `injected_bug`): "
@@ -113,6 +134,12 @@ class TraceRequest(TraceSpec):
 
     @model_validator(mode="after")
     def _options(self) -> TraceRequest:
+        if self.generate is None:
+            unused = [name for name in ("top_k", "top_p", "sample_seed") if getattr(self, name) is not None]
+            if unused:
+                raise PydanticCustomError("needs_generate", "{message}", {
+                    "message": f"{unused[0]} chooses how generate picks its tokens: add generate (how many tokens) "
+                               f"or drop {unused[0]}", "pointer": f"/{unused[0]}"})
         if self.parameters_layout == "torch":
             layout = []  # both problems at once, as every conflict
             if not self.include_parameters:
@@ -227,6 +254,27 @@ class DecodeStepOut(BaseModel):
     output: list[float] = Field(description="[d_model]")
 
 
+class CandidateOut(BaseModel):
+    token: str
+    index: int = Field(description="Its column in the vocabulary.")
+    probability: float = Field(description="Its probability at the temperature, before top-k and top-p.")
+    sampling_probability: float = Field(description="Its probability renormalised over the kept set (top-k, then "
+                                                    "top-p): what sampling draws with.")
+
+
+class GenerationStepOut(BaseModel):
+    position: int = Field(description="The new token's index in the sequence (the sentence's tokens come first).")
+    token: str = Field(description="The chosen token.")
+    index: int = Field(description="Its column in the vocabulary.")
+    probability: float = Field(description="Its probability at the temperature.")
+    candidates: list[CandidateOut] = Field(description=f"The kept set's {LM.SHOWN_CANDIDATES} most probable "
+                                                       "tokens, most probable first.")
+    logits: list[float] = Field(description="[vocab]: the logits of the position before it.")
+    probs: list[float] = Field(description="[vocab]: softmax(logits / temperature), what it was chosen from.")
+    cache_positions: list[int] = Field(description="The positions each layer's KV cache holds after its step.")
+    weights: list[list[list[float]]] = Field(description="[layer, head, cached]: its row of attention.")
+
+
 class TraceResponse(BaseModel):
     schema_version: str
     engine_version: str
@@ -243,6 +291,8 @@ class TraceResponse(BaseModel):
         "Cross-attention only: the context's tokens (offsets into context_sentence).")
     decode: list[DecodeStepOut] | None = omitted("Only with decode: one entry per token.")
     injected_bug: InjectedBug | None = omitted("Only with inject_bug: the numbers are deliberately wrong in this way.")
+    vocabulary: list[str] | None = omitted("Only with lm_head: the token of each column of the logits.")
+    generation: list[GenerationStepOut] | None = omitted("Only with generate: one entry per generated token.")
 
 
 
@@ -261,6 +311,12 @@ def trace_document(req: TraceRequest, *, binary: bool = False) -> dict[str, Any]
                                    decode=engine.decode(t) if req.decode else None, binary=binary)
     if req.inject_bug:
         doc["injected_bug"] = injected_bug_document(req.inject_bug)
+    if req.generate is not None:
+        steps = engine.decoding.generate(t, req.generate, top_k=req.top_k, top_p=req.top_p,
+                                         sample_seed=req.sample_seed)
+        doc["config"] |= {"generate": req.generate, **({"top_k": req.top_k} if req.top_k is not None else {}),
+                          **({"top_p": req.top_p} if req.top_p is not None else {}), "sample_seed": req.sample_seed}
+        doc["generation"] = serialize.generation_document(steps, t.vocabulary or [], req.precision)
     return doc
 
 

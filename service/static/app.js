@@ -58,6 +58,8 @@
     queryText: 'cat',
     head: 0, // selected head index (0-based)
     step: null, // selected KV-cache decoding step (null: the first one)
+    temperature: null, // the next-token panel's temperature (null: the answer's own)
+    generated: 0, // how many of the answer's generated tokens the next-token panel has appended
     colour: 'auto', // the maps' colour scale (format.js, SCALE_MODES)
     text: 1, // the projector text scale (url-state.js, TEXT_SCALES)
     present: false, // present mode: one stage at a time
@@ -94,6 +96,8 @@
     kvSection: $('kv-section'), kvBody: $('kv-body'),
     decodeSection: $('decode-section'), decodeBody: $('decode-body'), decodeStep: $('decode-step'),
     decodeStepValue: $('decode-step-value'),
+    nextTokenSection: $('next-token-section'), nextTokenBody: $('next-token-body'), lmTemperature: $('lm-temperature'),
+    lmTemperatureValue: $('lm-temperature-value'), lmGenerate: $('lm-generate'), lmGenerateReset: $('lm-generate-reset'),
     factMatricesLabel: $('fact-matrices-label'), factParamsLabel: $('fact-params-label'),
     dkCard: $('dk-card'), dkDModel: $('dk-dmodel'), dkHeads: $('dk-heads'), dkValue: $('dk-value'),
     dkStatus: $('dk-status'), dkMessage: $('dk-message'),
@@ -171,7 +175,7 @@
   const { explainCell, clearExplain } = explainer;
   const renderer = AT.render.create({ state, ui, saved: STANDALONE, actions: { select, explainCell, downloadSvg, demo, selectLayer, selectBox } });
   const { renderSelection, renderPickers, syncPickers, renderStatus, renderFooter, renderDecode, renderSaturation,
-    renderPresent, renderBlock } = renderer;
+    renderPresent, renderBlock, renderNextToken } = renderer;
 
   // ------------------------------------------------------------------ inputs
 
@@ -924,6 +928,18 @@
     ui.download.addEventListener('click', downloadJson);
     ui.downloadHtml.addEventListener('click', downloadHtml);
     ui.saturationSvg.addEventListener('click', downloadComparisonSvg);
+    ui.lmTemperature.addEventListener('input', () => { // the bars redrawn from the answer's logits: no request
+      state.temperature = Number(ui.lmTemperature.value);
+      renderNextToken();
+    });
+    ui.lmGenerate.addEventListener('click', () => { // the answer's next generated token appended: no request
+      state.generated += 1;
+      renderNextToken();
+    });
+    ui.lmGenerateReset.addEventListener('click', () => {
+      state.generated = 0;
+      renderNextToken();
+    });
     ui.decodeStep.addEventListener('input', () => {
       if (!state.main) return;
       state.step = Number(ui.decodeStep.value);

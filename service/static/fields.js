@@ -30,7 +30,10 @@
   {"name": "ffn", "kind": "choice", "default": null, "variant": "block", "setting": true, "help": "the feed-forward network's activation (default: the preset's)", "choices": ["relu", "gelu", "gelu_tanh", "swiglu"], "refusal": "invalid_size", "url": "ffn"},
   {"name": "d_ff", "kind": "int", "default": null, "variant": "block", "setting": true, "help": "the feed-forward network's width (default 4·d_model; swiglu: Llama's rounding)", "minimum": 1, "maximum": 65536, "unit": "units", "refusal": "invalid_size", "url": "d_ff"},
   {"name": "norm_eps", "kind": "float", "default": null, "variant": "block", "setting": true, "help": "the norms' ε (default: the preset's)", "above": 0, "maximum": 1, "refusal": "invalid_size", "url": "norm_eps"},
-  {"name": "norm_weights", "kind": "choice", "default": null, "variant": "block", "setting": true, "help": "unit (γ = 1, β = 0; the default) or seeded", "choices": ["unit", "seeded"], "refusal": "invalid_size", "url": "norm_weights"}
+  {"name": "norm_weights", "kind": "choice", "default": null, "variant": "block", "setting": true, "help": "unit (γ = 1, β = 0; the default) or seeded", "choices": ["unit", "seeded"], "refusal": "invalid_size", "url": "norm_weights"},
+  {"name": "lm_head", "kind": "choice", "default": null, "variant": "lm", "setting": true, "help": "end the stack with a language-model head: tied (to the token embeddings, as GPT-2) or seeded", "choices": ["tied", "seeded"], "refusal": "invalid_size", "url": "lm"},
+  {"name": "temperature", "kind": "float", "default": 1.0, "variant": "lm", "setting": true, "help": "next_token_probs = softmax(logits / T) (with --lm-head)", "minimum": 0.001, "maximum": 1000.0, "refusal": "invalid_size", "url": "temp"},
+  {"name": "candidates", "kind": "strings", "default": null, "variant": "lm", "setting": true, "help": "tokens the vocabulary holds besides the sentence's own (with --lm-head)", "max_items": 1024, "refusal": "invalid_size", "url": "cand"}
  ],
  "switches": {"rope": ["positional_encoding", "rope"], "constructed": ["head_weights", null]},
  "block_presets": {"vaswani2017": {"positional_encoding": "sinusoidal", "causal": false}, "gpt2": {"positional_encoding": "sinusoidal", "causal": true}, "llama": {"positional_encoding": "rope", "causal": true}}

@@ -186,6 +186,7 @@
       renderMultihead();
       renderBlock();
       renderResidual();
+      renderNextToken();
       renderPresent();
     }
 
@@ -1117,6 +1118,72 @@
       ].filter(Boolean));
     }
 
+    /**
+     * The language-model head's next-token panel (an answer with `vocabulary`): the top 10 tokens as bars. At the
+     * answer's temperature the bars are its own next_token_probs; at another (the slider, state.temperature) they are
+     * softmax(logits[n − 1] / T) of the answer's logits, computed here (stable: the row's max subtracted first).
+     * With the answer's `generation` (a request with generate), "Generate a token" appends its next token
+     * (state.generated): the bars become the distribution that token was chosen from, the chosen bar marked, and
+     * the new token's row of attention (the layer and head shown) is drawn over the tokens cached.
+     */
+    function renderNextToken() {
+      const full = state.main.doc.full || state.main.doc;
+      const vocab = full.vocabulary;
+      const logits = full.stages.logits;
+      if (!Array.isArray(vocab) || !logits || !full.stages.next_token_probs) {
+        ui.nextTokenSection.hidden = true;
+        ui.nextTokenBody.replaceChildren();
+        return;
+      }
+      ui.nextTokenSection.hidden = false;
+      const given = full.config.temperature;
+      const T = state.temperature ?? given;
+      const gen = Array.isArray(full.generation) ? full.generation : [];
+      const k = Math.min(state.generated, gen.length);
+      const step = k > 0 ? gen[k - 1] : null;
+      ui.lmGenerate.hidden = gen.length === 0;
+      ui.lmGenerate.disabled = k >= gen.length;
+      ui.lmGenerateReset.hidden = k === 0;
+      const row = step ? step.logits : logits.values[logits.values.length - 1];
+      let probs = step ? step.probs : full.stages.next_token_probs.values;
+      if (T !== given) {
+        const peak = Math.max(...row.map((z) => z / T));
+        const e = row.map((z) => Math.exp(z / T - peak));
+        const total = e.reduce((a, b) => a + b, 0);
+        probs = e.map((x) => x / total);
+      }
+      ui.lmTemperature.value = String(T);
+      ui.lmTemperatureValue.value = fmt(T, 2);
+      ui.lmTemperatureValue.textContent = fmt(T, 2);
+      const order = probs.map((p, j) => j).sort((a, b) => probs[b] - probs[a] || a - b).slice(0, 10);
+      const texts = [...full.tokens.map((t) => t.text), ...gen.slice(0, k).map((s) => s.token)];
+      const last = texts[texts.length - (step ? 2 : 1)];
+      const chosen = step ? step.index : null;
+      let generated = null;
+      if (step) {
+        const layer = Math.min(state.main.doc.layer ?? 0, step.weights.length - 1);
+        const w = step.weights[layer][Math.min(state.head, step.weights[layer].length - 1)];
+        generated = h('div', { class: 'nt-generated' },
+          h('p', { class: 'explain', text: `Step ${k} of ${gen.length}: ${quoted(step.token)} chosen with p = `
+            + `${fmt(100 * step.probability, 1)}% (${full.config.sample_seed == null ? 'greedy' : 'sampled'}) and appended at `
+            + `position ${step.position}. Its row of attention, layer ${layer}, head ${state.head}:` }),
+          h('ol', { class: 'nt-attention', 'aria-label': `The new token's attention over the cached tokens` },
+            step.cache_positions.map((pos, c) => h('li', { data: { pos, weight: String(w[c]) } },
+              h('span', { class: 'nt-token', text: texts[pos] }),
+              h('span', { class: 'nt-track' }, h('span', { class: 'nt-bar', vars: { '--nt-width': `${(100 * w[c]).toFixed(2)}%` } })),
+              h('span', { class: 'nt-prob num', text: `${fmt(100 * w[c], 1)}%` })))));
+      }
+      ui.nextTokenBody.replaceChildren(
+        h('p', { class: 'nt-sequence', text: texts.join(' ') }),
+        h('p', { class: 'explain', text: `After ${quoted(last)}, at T = ${fmt(T, 2)}${T === given ? ' (the answer\'s)' : ''}: `
+          + `the ${order.length} most probable of the vocabulary's ${vocab.length} tokens.` }),
+        h('ol', { class: 'next-token-bars', 'aria-label': 'The most probable next tokens' }, order.map((j) =>
+          h('li', { class: j === chosen ? 'nt-row is-chosen' : 'nt-row', data: { token: vocab[j], column: j, prob: String(probs[j]) } },
+            h('span', { class: 'nt-token', text: vocab[j] }),
+            h('span', { class: 'nt-track' }, h('span', { class: 'nt-bar', vars: { '--nt-width': `${(100 * probs[j]).toFixed(2)}%` } })),
+            h('span', { class: 'nt-prob num', text: `${fmt(100 * probs[j], 1)}%` })))), generated);
+    }
+
     function renderResidual() {
       const doc = state.main.doc;
       const full = doc.full || doc;
@@ -1192,7 +1259,7 @@
 
     return {
       renderStatus, renderFooter, renderSelection, renderPickers, syncPickers, renderDecode, renderSaturation, renderPresent,
-      markOverflow, renderBlock, renderResidual,
+      markOverflow, renderBlock, renderResidual, renderNextToken,
     };
   }
 

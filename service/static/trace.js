@@ -104,6 +104,9 @@
       stack ? { id: 'block', title: 'The block: norms, residual sums and the feed-forward network', rows: [],
         parts: ['block'] } : null,
       stack ? { id: 'residual', title: 'The residual stream, layer by layer', rows: [], parts: ['residual'] } : null,
+      // The language-model head: the next token's probabilities (the temperature slider, the generate step).
+      Array.isArray((doc.full || doc).vocabulary) ? { id: 'next-token', title: 'Predict the next token', rows: [],
+        parts: ['next-token'] } : null,
     ];
     return slides.filter(Boolean);
   }

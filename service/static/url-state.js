@@ -110,6 +110,7 @@
       }
       case 'choices': return String(text).split(',').map((k) => k.trim());
       case 'tokens': return splitLines(text);
+      case 'strings': return String(text).trim().split(/\s+/); // words, one space apart in a one-line control
       default: return text; // a switch's boolean, a choice, a text as typed
     }
   }
@@ -153,6 +154,7 @@
     if (f.kind === 'bool' || f.kind === 'text' || f.kind === 'choice') return value;
     if (f.kind === 'choices') return listText(f, value);
     if (f.kind === 'tokens') return value.join('\n');
+    if (f.kind === 'strings') return value.join(' ');
     return fmtBase(value);
   }
 
@@ -303,7 +305,7 @@
         const value = body[f.name];
         const text = String(fields[f.name] ?? '').trim();
         if (f.kind === 'bool') p.set(f.url, value ? '1' : '0');
-        else if (f.kind === 'tokens') for (const t of value) p.append(f.url, t);
+        else if (f.kind === 'tokens' || f.kind === 'strings') for (const t of value) p.append(f.url, t);
         else if (f.kind === 'choices') p.set(f.url, value.join(','));
         else if (f.kind === 'text') p.set(f.url, value);
         else if (f.kind === 'choice') { if (value !== f.default) p.set(f.url, value); } else if (f.variant === 'attention') {
@@ -353,7 +355,8 @@
     const out = { ...DEFAULT_FIELDS };
     for (const f of FIELDS) {
       if (!p.has(f.url)) continue;
-      const text = f.kind === 'tokens' ? p.getAll(f.url).join('\n') : fromAddress(f, p.get(f.url));
+      const text = f.kind === 'tokens' ? p.getAll(f.url).join('\n')
+        : f.kind === 'strings' ? p.getAll(f.url).join(' ') : fromAddress(f, p.get(f.url));
       if (text !== null) out[f.name] = text;
     }
     out.decode = p.get('decode') === '1';

@@ -193,6 +193,7 @@ test('a saved trace shows the fields it was made with', () => {
     ...U.DEFAULT_FIELDS, sentence: 'the cat', d_model: '24', num_heads: '4', seed: '3', scale: false, causal: true,
     positional_encoding: 'rope', rope_base: '500000', rope_pairing: 'interleaved', num_kv_heads: '2', window: '3',
     context_sentence: '', context_tokens: '', decode: true, block: '', num_layers: '1', head_weights: '', sharpness: '10',
+    lm_head: '',
   });
   const plain = { config: { d_model: 8, num_heads: 2, seed: 0, scale: true, causal: false, positional_encoding: 'sinusoidal' },
     tokens: [{ text: 'x' }] };
@@ -329,4 +330,17 @@ test('the clicked cell joins the address as its key (q and head name its row and
   assert.equal(U.hashFor(null, { ...sel, key: null }), '#q=2&head=1');
   assert.equal(U.selectionFromHash('#q=2&head=1&key=3').key, 3);
   for (const bad of ['key=-1', 'key=1.5', 'key=x', 'key=']) assert.equal(U.selectionFromHash(`#q=1&${bad}`).key, undefined, bad);
+});
+
+test('the language-model head: a declared choice, sent as lm_head, kept in the address and read back from an answer', () => {
+  const { body } = U.requestFrom(fields({ block: 'gpt2', lm_head: 'tied' }));
+  assert.equal(body.lm_head, 'tied');
+  assert.equal(U.requestFrom(fields()).body.lm_head, undefined, 'off: the request is as before');
+  const hash = U.hashFor(fields({ block: 'gpt2', lm_head: 'tied' }), { query: 0, head: 0, step: null });
+  assert.ok(hash.includes('lm=tied'), hash);
+  assert.equal(U.fieldsFromHash(hash).lm_head, 'tied');
+  assert.equal(U.fieldsFromHash('#block=gpt2').lm_head, '');
+  const doc = { config: { d_model: 8, num_heads: 2, seed: 0, scale: true, causal: true, positional_encoding: 'sinusoidal',
+    block: 'gpt2', num_layers: 1, lm_head: 'tied', temperature: 1 }, tokens: [{ text: 'x' }] };
+  assert.equal(U.fieldsFromTrace({ sentence: 'x', block: 'gpt2', lm_head: 'tied' }, doc).lm_head, 'tied');
 });
