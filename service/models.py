@@ -38,6 +38,7 @@ from engine import BUG_NAMES, EngineError, Token, TraceConfig
 from engine.bugs import BLOCK_BUG_NAMES, LM_BUG_NAMES
 from engine.decoding import decode_value_count, generate_value_count, generate_work
 from engine import lm as LM
+from engine import interventions as IV
 from engine.checks import (
     D_FF_MAX,
     MAX_EXPLICIT_VALUE,
@@ -203,6 +204,26 @@ class ParametersIn(BaseModel):
 
 
 
+class InterventionIn(BaseModel):
+    """One intervention (docs/engine.md, "Interventions"): which activation, where, and what replaces it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    target: Literal[IV.TARGETS] = Field(  # type: ignore[valid-type]
+        description="head_output: a head's context (before W_O) [token, d_k]; head_pattern: its attention weights "
+        "[query, key]; mlp_output: the feed-forward network's output; residual: the residual stream at depth "
+        "`layer` (layer l's input; num_layers is the last layer's output). The last two need a block.")
+    layer: int = Field(ge=0, le=MAX_LAYERS, description="The layer (the depth, for residual), from 0.")
+    kind: Literal[IV.KINDS] = Field(  # type: ignore[valid-type]
+        default="zero", description="zero; mean (the mean over the sentence's positions; for head_pattern, uniform "
+        "over the keys each query may attend to: a pattern is not zeroed); patch (the same activation of "
+        "patch_sentence's clean run).")
+    head: int | None = Field(default=None, ge=0, description="The head, for head_output and head_pattern.")
+    positions: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, min_length=1, max_length=_TOKENS_HARD_MAX,
+        description="The token positions (query rows, for head_pattern) replaced; null: every position.")
+
+
 #: the block fields that name a choice, and their choices (checked by the engine's rule)
 _BLOCK_CHOICES: dict[str, tuple[str, ...]] = {"block": tuple(BLOCK_PRESETS), "norm": NORM_KINDS,
                                               "norm_position": NORM_POSITIONS, "ffn": FFN_KINDS,
@@ -241,6 +262,7 @@ class TraceSpec(BaseModel):
     _config: TraceConfig | None = PrivateAttr(default=None)
     _tokens: list[Token] = PrivateAttr(default_factory=list)
     _context: list[Token] | None = PrivateAttr(default=None)
+    _patch: list[Token] | None = PrivateAttr(default=None)
 
     sentence: Annotated[str, Field(min_length=1, max_length=_SENTENCE_HARD_MAX)] | None = Field(
         default=None,
@@ -377,6 +399,23 @@ class TraceSpec(BaseModel):
         f"distinct tokens in order of first appearance, then these (those not already in it), in order; at most "
         f"{LM.MAX_VOCABULARY} in all. With lm_head only.")
 
+    # Interventions (docs/engine.md, "Interventions"): these three fields, kept together.
+    interventions: list[InterventionIn] | None = Field(
+        default=None, min_length=1, max_length=IV.MAX_INTERVENTIONS,
+        description="Take the model apart: each entry replaces one activation (zero, mean, or patched from "
+        "patch_sentence) and every later stage is computed from the replaced value, as a PyTorch forward hook "
+        "would. The answer is the intervened trace, with `intervention`: the baseline request and its digest, "
+        "the baseline's key stage, each stage's largest change per layer, and with lm_head the target token's "
+        "logit and probability before and after. Not with inject_bug, decode or generate.")
+    patch_sentence: Annotated[str, Field(min_length=1, max_length=_SENTENCE_HARD_MAX)] | None = Field(
+        default=None,
+        description="With an intervention of kind patch: the second input (a clean or corrupted sentence with "
+        "as many tokens as the sentence), run clean with the same weights; patched activations come from it.")
+    target_token: Annotated[str, Field(min_length=1, max_length=_TOKEN_HARD_MAX)] | None = Field(
+        default=None,
+        description="With interventions and lm_head: the vocabulary token whose logit and probability "
+        "`intervention.target` follows; null: the baseline's most probable next token.")
+
     # The variants', the block's and the constructed heads' own fields are checked by the engine's rules
     # (_FIELD_RULES) before the schema's, so that HTTP and the engine refuse them alike: the engine's type
     # and message (docs/engine.md, "Errors of the variants"). The schema keeps its bounds, which document
@@ -391,7 +430,7 @@ class TraceSpec(BaseModel):
     # Before the schema's own checks, so that an empty or blank text gets the engine's type and message
     # (empty_sentence, empty_tokens, blank_token), as the engine gives them; text the schema refuses
     # anyway (not a string, over the schema's ceilings) is left to it.
-    @field_validator("sentence", "context_sentence", mode="before")
+    @field_validator("sentence", "context_sentence", "patch_sentence", mode="before")
     @classmethod
     def _sentence_text(cls, v: Any, info: ValidationInfo) -> Any:
         if not isinstance(v, str) or len(v) > _SENTENCE_HARD_MAX:
@@ -499,6 +538,7 @@ class TraceSpec(BaseModel):
             if config.has_lm_head:
                 n_vocab = len(LM.vocabulary([t.text for t in tokens], config.candidates))
                 LM.check_vocabulary_size(n_vocab)
+            patch = self._check_interventions(config, tokens, m, settings.max_tokens)
             count = trace_value_count(config, n, with_parameters=getattr(self, "include_parameters", False),
                                       n_context=m, n_vocab=n_vocab)
             decoding = decode_value_count(config, n) if getattr(self, "decode", False) else 0
@@ -512,13 +552,46 @@ class TraceSpec(BaseModel):
             count += decoding
             check_trace_size(count, settings.max_trace_values, n=n, d_model=self.d_model, num_heads=self.num_heads,
                              n_context=m, decode_values=decoding)
+            if self.interventions is not None:  # the baseline's trace too, and the patch's second input's
+                count += count * (1 + (patch is not None))
             if config.has_block:  # and every layer's weights, generated before anything is computed (and generation)
                 work = 0 if generating is None else generate_work(config, n, n_vocab or 0, generating)
                 check_block_cost(count + work, config.n_parameters, settings.max_request_cost,
                                  num_layers=config.num_layers)
         # One update of the private values: each assignment through pydantic's __setattr__ costs ~0.3 µs.
-        self.__pydantic_private__.update(_config=config, _tokens=tokens, _context=context, _value_count=count)
+        self.__pydantic_private__.update(_config=config, _tokens=tokens, _context=context, _value_count=count,
+                                         _patch=patch)
         return self
+
+    def _check_interventions(self, config: TraceConfig, tokens: list[Token], m: int | None, max_tokens: int
+                             ) -> list[Token] | None:
+        """The interventions' rules (engine.interventions), under engine_rules; the patch's tokens, split."""
+        ivs = self.engine_interventions()
+        raise_all(IV.intervention_conflicts(
+            interventions=bool(ivs), patch_given=self.patch_sentence is not None,
+            target_given=self.target_token is not None, explicit_input=self.input is not None,
+            bug=getattr(self, "inject_bug", None) is not None, decode=getattr(self, "decode", False),
+            generate=getattr(self, "generate", None) is not None, lm_head=config.has_lm_head))
+        if not ivs:
+            return None
+        patch = None
+        if self.patch_sentence is not None:
+            try:
+                patch = split_tokens(sentence=self.patch_sentence, tokens=None, max_tokens=max_tokens)
+            except EngineError as e:
+                e.field = "patch_sentence"
+                raise
+        IV.check_interventions(ivs, config, len(tokens), patch_n=None if patch is None else len(patch), cross=m is not None)
+        if config.has_lm_head:
+            IV.check_target_token(self.target_token, LM.vocabulary([t.text for t in tokens],
+                                                                   config.candidates))
+        return patch
+
+    def engine_interventions(self) -> tuple[IV.Intervention, ...]:
+        """The request's interventions as the engine's."""
+        return tuple(IV.Intervention(target=i.target, layer=i.layer, kind=i.kind, head=i.head,
+                                     positions=None if i.positions is None else tuple(i.positions))
+                     for i in self.interventions or ())
 
     # Read from __pydantic_private__ itself: pydantic's __getattr__ for a private attribute costs ~1.2 µs
     # (it probes the attribute for __get__ through an AttributeError), and a request reads these several times.
@@ -555,8 +628,21 @@ class TraceSpec(BaseModel):
             p = self.parameters
             params = explicit_parameters(p.W_Q, p.W_K, p.W_V, p.W_O, d_model=self.d_model,
                                          num_heads=self.num_heads, num_kv_heads=self.num_kv_heads)
-        return engine.trace(self.trace_config, split=self.split, input=self.input, parameters=params, bug=bug,
-                            context_split=self.context_split, context_input=self.context_input)
+        t = engine.trace(self.trace_config, split=self.split, input=self.input, parameters=params, bug=bug,
+                         context_split=self.context_split, context_input=self.context_input)
+        return t if not self.interventions else self.intervened(t)
+
+    def run_traces(self, bug: str | None = None) -> tuple[engine.Trace, engine.Trace | None]:
+        """(the trace, intervened when asked; its baseline, or None without interventions)."""
+        t = self.run_trace(bug)
+        return t, t.baseline
+
+    def intervened(self, baseline: engine.Trace) -> engine.Trace:
+        """The baseline with the request's interventions made (engine.interventions.intervene); the patch's
+        second input (patch_sentence) is traced clean with the same configuration first."""
+        patch = self.__pydantic_private__["_patch"]
+        source = None if patch is None else engine.trace(self.trace_config, split=patch)
+        return IV.intervene(baseline, self.engine_interventions(), source)
 
 
 @lru_cache(maxsize=1024, typed=True)  # a handful of configurations recur: each checked and built once
