@@ -196,3 +196,31 @@ def test_the_induction_experiment(capsys):
               f"{corrupted_low}; patched back to >= 0.9: {restored}")
     assert eligible >= 285
     assert dropped >= 0.95 * eligible and restored >= 0.95 * eligible and corrupted_low >= 0.95 * eligible
+
+
+def test_the_cli_ablates_and_patches_a_head(capsys):
+    from test_cli import in_process
+
+    code, out, _ = in_process(capsys, "v7 v1 v2 v3 v4 v1", "--block", "gpt2", "--layers", "2", "--d-model", "64",
+                              "--head-weights", "induction", "--ablate", "0.0", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["intervention"]["interventions"][0]["kind"] == "zero"
+    assert doc["stages"]["context"]["values"][0][0] == [[0.0] * 64] * 6
+    code, out, _ = in_process(capsys, "v7 v1 v2 v3 v4 v1", "--block", "gpt2", "--layers", "2", "--d-model", "64",
+                              "--head-weights", "induction", "--ablate", "0.0", "--patch-from", "v7 v1 v2 v3 v4 v1",
+                              "--query", "5")
+    assert code == 0 and "patched from the second input" in out and "max |Δ| output: 0.000, 0.000" in out, out
+    code, _, err = in_process(capsys, "the cat sat", "--ablate", "3.0")
+    assert code == 2 and "--ablate (/interventions/0/layer): layer 3 does not exist" in err, err
+    code, _, err = in_process(capsys, "the cat sat", "--patch-from", "a b c")
+    assert code == 2 and "--patch-from patches the heads of --ablate" in err, err
+
+
+def test_the_client_reads_the_intervention():
+    from attention_trace import LocalClient
+
+    with LocalClient() as client:
+        t = client.trace(sentence="the cat sat", d_model=8, num_heads=2,
+                         interventions=[{"target": "head_output", "layer": 0, "head": 0}])
+        assert t.intervention["max_abs_delta"]["context"] > 0
+        assert client.trace(sentence="the cat sat").intervention is None
