@@ -212,8 +212,9 @@ def _random_case(rng: np.random.Generator, target: str, kind: str) -> tuple[Trac
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target, kind", KINDS, ids=lambda v: str(v))
-def test_interventions_agree_with_forward_hooks_on_transformers_blocks(th, target, kind):  # noqa: F811
+def test_interventions_agree_with_forward_hooks_on_transformers_blocks(th, target, kind, capsys):  # noqa: F811
     rng = np.random.default_rng(KINDS.index((target, kind)))
+    errors: dict[str, float] = {}
     for _ in range(4):
         config, words, other, ivs = _random_case(rng, target, kind)
         base = engine.trace(config, tokens=words)
@@ -225,12 +226,19 @@ def test_interventions_agree_with_forward_hooks_on_transformers_blocks(th, targe
         what = f"{config.block} L={config.num_layers} {[iv.describe() for iv in ivs]}"
         for depth, x in enumerate(stream):
             assert_close(t.stages["residual_stream"].values[depth], x, f"residual_stream[{depth}] {what}")
-        assert_close(t.stages["final_norm"].values, final, f"final_norm {what}")
+            errors["residual_stream"] = max(errors.get("residual_stream", 0.0), float(np.abs(
+                t.stages["residual_stream"].values[depth] - x).max()))
+        assert_close(t.stages["final_norm"].values, final, f"final_norm {what}", errors)
         W_U = t.stages["unembedding"].values
-        assert_close(t.stages["logits"].values, (T(final) @ T(W_U).T).numpy(), f"logits {what}")
+        assert_close(t.stages["logits"].values, (T(final) @ T(W_U).T).numpy(), f"logits {what}", errors)
         # the intervention changed something (else the comparison above proves nothing about it)
         changed = np.abs(t.stages["final_norm"].values - base.stages["final_norm"].values).max()
         assert changed > 1e-9, what
+    with capsys.disabled():
+        largest: dict[str, float] = {}
+        for k, v in errors.items():  # each case's keys name it: the largest per stage
+            largest[k.split()[0]] = max(largest.get(k.split()[0], 0.0), v)
+        print(f"\n{target} {kind}: largest error " + ", ".join(f"{k} {v:.1e}" for k, v in sorted(largest.items())))
 
 
 def test_hooks_without_interventions_reproduce_the_engine(th):  # noqa: F811
