@@ -156,7 +156,8 @@ def check_interventions(interventions: Sequence[Intervention], config: TraceConf
 
 def intervention_conflicts(*, interventions: bool, patch_given: bool = False, target_given: bool = False,
                            explicit_input: bool = False, bug: bool = False, decode: bool = False,
-                           generate: bool = False, lm_head: bool = False) -> list[VariantConflictError]:
+                           generate: bool = False, lm_head: bool = False, explain: bool = False
+                           ) -> list[VariantConflictError]:
     """What interventions cannot be combined with: a known bug, decoding, generation (they recompute the
     trace without the intervention); the second input of a patch needs generated embeddings; a target token
     needs a language-model head."""
@@ -167,6 +168,10 @@ def intervention_conflicts(*, interventions: bool, patch_given: bool = False, ta
                 out.append(VariantConflictError(f"{name} belongs to interventions: add interventions or drop "
                                                 f"{name}", field=name, code="needs_interventions"))
         return out
+    if explain:
+        out.append(VariantConflictError("/explain recomputes a cell from the trace's own steps, which interventions "
+                                        "replace: drop interventions (POST /trace shows the intervened numbers)",
+                                        field="interventions", code="interventions_conflict"))
     for name, given in (("inject_bug", bug), ("decode", decode), ("generate", generate)):
         if given:
             out.append(VariantConflictError(f"interventions and {name} cannot be combined: {name} recomputes the "
@@ -248,7 +253,7 @@ def intervene(base: Trace, interventions: Sequence[Intervention], source: Trace 
             for name in step.writes:
                 if name in hooks:
                     replaced(name)
-    t = _assemble(config, base.tokens, base.parameters, base.parameters_digest, base.steps, state,
+    t = _assemble(config, base.tokens, base.parameters, base.parameters_digest, base.steps, state,  # type: ignore[arg-type]
                   explicit_parameters=base.parameters_source == "explicit", context=base.context_tokens)
     return replace(t, interventions=tuple(interventions), baseline=base)
 
@@ -279,9 +284,10 @@ def target_effect(base: Trace, t: Trace, target_token: str | None = None) -> dic
     logit at the last position and its next-token probability, before and after, and their change (the logit
     difference)."""
     vocab = base.vocabulary or []
-    p0, p1 = base.stages["next_token_probs"].values, t.stages["next_token_probs"].values
+    p0, p1 = np.asarray(base.stages["next_token_probs"].values), np.asarray(t.stages["next_token_probs"].values)
     j = vocab.index(target_token) if target_token is not None else int(np.argmax(p0))
-    l0, l1 = float(base.stages["logits"].values[-1, j]), float(t.stages["logits"].values[-1, j])
+    l0 = float(np.asarray(base.stages["logits"].values)[-1, j])  # the last position's logit of the target
+    l1 = float(np.asarray(t.stages["logits"].values)[-1, j])
     return {"token": vocab[j], "index": j,
             "logit": {"baseline": l0, "intervened": l1, "delta": l1 - l0},
             "probability": {"baseline": float(p0[j]), "intervened": float(p1[j]), "delta": float(p1[j] - p0[j])}}

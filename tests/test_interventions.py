@@ -224,3 +224,9 @@ def test_the_client_reads_the_intervention():
                          interventions=[{"target": "head_output", "layer": 0, "head": 0}])
         assert t.intervention["max_abs_delta"]["context"] > 0
         assert client.trace(sentence="the cat sat").intervention is None
+
+
+def test_explain_refuses_interventions(client):
+    r = client.post("/explain", json={"sentence": "the cat sat", "d_model": 8, "num_heads": 2, "query": 1, "key": 0, "head": 0,
+                                      "interventions": [{"target": "head_output", "layer": 0, "head": 0}]})
+    assert r.status_code == 422 and r.get_json()["errors"][0]["type"] == "interventions_conflict", r.get_data(True)
