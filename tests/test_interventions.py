@@ -230,3 +230,14 @@ def test_explain_refuses_interventions(client):
     r = client.post("/explain", json={"sentence": "the cat sat", "d_model": 8, "num_heads": 2, "query": 1, "key": 0, "head": 0,
                                       "interventions": [{"target": "head_output", "layer": 0, "head": 0}]})
     assert r.status_code == 422 and r.get_json()["errors"][0]["type"] == "interventions_conflict", r.get_data(True)
+
+
+def test_the_budget_counts_the_baseline_and_the_second_input():
+    from service.routes.trace import TraceRequest
+
+    body = {"sentence": "the cat sat", "d_model": 8, "num_heads": 2, "block": "gpt2", "num_layers": 2}
+    plain = TraceRequest.model_validate(body).value_count
+    ablated = TraceRequest.model_validate({**body, "interventions": [{"target": "mlp_output", "layer": 1}]})
+    patched = TraceRequest.model_validate({**body, "patch_sentence": "a dog ran", "interventions": [
+        {"target": "mlp_output", "layer": 1, "kind": "patch"}]})
+    assert (ablated.value_count, patched.value_count) == (2 * plain, 3 * plain)

@@ -29,7 +29,7 @@ import engine
 import test_block_torch as tb
 from engine import TraceConfig
 from engine.interventions import Intervention, intervene
-from test_block_torch import T, assert_close, causal_additive, gpt2_block, llama_angles, llama_layer, th  # noqa: F401
+from test_block_torch import T, assert_close, causal_additive, gpt2_block, llama_angles, llama_layer, th  # noqa: F401 (th: the fixture)
 
 WORDS = [f"w{i}" for i in range(200)]
 _HOOKED = "intervention_hooks"
@@ -212,7 +212,7 @@ def _random_case(rng: np.random.Generator, target: str, kind: str) -> tuple[Trac
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target, kind", KINDS, ids=lambda v: str(v))
-def test_interventions_agree_with_forward_hooks_on_transformers_blocks(th, target, kind, capsys):  # noqa: F811
+def test_interventions_agree_with_forward_hooks_on_transformers_blocks(th, target, kind, capsys):  # noqa: F811 (the imported fixture)
     rng = np.random.default_rng(KINDS.index((target, kind)))
     errors: dict[str, float] = {}
     for _ in range(4):
@@ -241,7 +241,7 @@ def test_interventions_agree_with_forward_hooks_on_transformers_blocks(th, targe
         print(f"\n{target} {kind}: largest error " + ", ".join(f"{k} {v:.1e}" for k, v in sorted(largest.items())))
 
 
-def test_hooks_without_interventions_reproduce_the_engine(th):  # noqa: F811
+def test_hooks_without_interventions_reproduce_the_engine(th):  # noqa: F811 (the imported fixture)
     # The reference itself, with the pattern's attention function and no hook replacing anything.
     for preset, extra in (("gpt2", {}), ("llama", {"num_kv_heads": 2})):
         config = TraceConfig.preset_config(preset, d_model=32, num_heads=4, num_layers=2, **extra)
