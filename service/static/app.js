@@ -76,6 +76,7 @@
     explain: null, // {head, query, key}: the cell whose explanation is shown
     explainController: null,
     serviceVersion: null,
+    ablate: null, // {layer, head}: the head whose output the trace zeroes (null: none)
   };
 
   const $ = (id) => document.getElementById(id);
@@ -87,6 +88,8 @@
     kvHeads: $('num_kv_heads'), window: $('window'), contextSentence: $('context_sentence'), decode: $('decode'),
     contextTokens: $('context_tokens'), block: $('block'), numLayers: $('num_layers'),
     layerPicker: $('layer-picker'), layerOptions: $('layer-options'),
+    ablateHead: $('ablate-head'), ablateLabel: $('ablate-label'), intervention: $('intervention'),
+    interventionBody: $('intervention-body'),
     blockSection: $('block-section'), blockTitle: $('block-title'), blockDiagram: $('block-diagram'), blockStage: $('block-stage'),
     residualSection: $('residual-section'), residualBody: $('residual-body'),
     kvSection: $('kv-section'), kvBody: $('kv-body'),
@@ -409,6 +412,7 @@
 
   async function refresh() {
     const { body, errors } = readRequest();
+    if (state.ablate) body.interventions = [{ target: 'head_output', layer: state.ablate.layer, head: state.ablate.head }];
     const seq = ++state.seq;
     if (state.controller) state.controller.abort();
     state.controller = null;
@@ -500,6 +504,38 @@
     ui.downloadHtml.disabled = false;
     clearExplain('The inputs changed: click a cell (or press Enter on it) to explain it.');
     render();
+    renderIntervention(main.doc.intervention);
+  }
+
+  /** Ablate the head on screen (zero its output, in its layer), or stop: the trace is asked for again. */
+  function toggleAblation() {
+    state.ablate = ui.ablateHead.checked ? { layer: state.layer ?? 0, head: state.head } : null;
+    ui.ablateLabel.textContent = state.ablate ? `Ablated: layer ${state.ablate.layer}, head ${state.ablate.head}`
+      : 'Ablate this head';
+    schedule(0);
+  }
+
+  /** What the ablation changed (the answer's intervention): its description and each stage's largest change. */
+  function renderIntervention(iv) {
+    ui.intervention.hidden = !iv;
+    if (!iv) {
+      ui.interventionBody.replaceChildren();
+      return;
+    }
+    const rows = Object.entries(iv.max_abs_delta).filter(([, d]) => Array.isArray(d) ? d.some((x) => x > 0) : d > 0)
+      .map(([sid, d]) => h('tr', { 'data-stage': sid }, [
+        h('th', { scope: 'row', text: sid }),
+        h('td', { text: (Array.isArray(d) ? d : [d]).map((x) => fmt(x, 4)).join(' · ') })]));
+    const target = iv.target ? [h('p', { id: 'intervention-target', text: `Next token "${iv.target.token}": `
+      + `${fmt(100 * iv.target.probability.baseline, 1)}% → ${fmt(100 * iv.target.probability.intervened, 1)}%`
+      + ` (logit ${fmt(iv.target.logit.delta, 4)})` })] : [];
+    ui.interventionBody.replaceChildren(
+      ...iv.interventions.map((one) => h('p', { class: 'intervention-what', text: one.description })),
+      ...target,
+      h('table', { class: 'intervention-table' }, [
+        h('thead', {}, [h('tr', {}, [h('th', { scope: 'col', text: 'stage' }),
+          h('th', { scope: 'col', text: 'max |Δ| per layer' })])]),
+        h('tbody', {}, rows)]));
   }
 
   /** A failed request: field messages inline, the rest in the alert; nothing else breaks. */
@@ -795,6 +831,7 @@
 
   function init() {
     ui.colourScale.addEventListener('change', setColour);
+    ui.ablateHead.addEventListener('change', toggleAblation);
     ui.presentToggle.addEventListener('click', () => setPresent(!state.present));
     ui.presentExit.addEventListener('click', () => setPresent(false));
     ui.presentNext.addEventListener('click', () => step(1));
