@@ -5,6 +5,7 @@ On the induction preset, layer 0 (the previous-token half) picked, "Ablate this 
 /trace answers for that request (layer 1's head no longer finds the B after the first A), and the comparison panel
 gives each stage's largest change from the baseline as the answer's `intervention.max_abs_delta`. Unticking it
 brings the baseline back.
+(The offline handout's panel: tests/test_standalone_ablate.py, which needs its own browser profile.)
 """
 
 from __future__ import annotations
@@ -60,3 +61,4 @@ def test_ablating_a_head_shows_the_intervened_maps_and_the_change(driver, server
     wait_until(driver, lambda d: same_cells(d, baseline["stages"]["weights"]["values"][1][0]))
     assert sent_body(driver) == INDUCTION
     assert np.isfinite(shown_weights(driver)).all()
+
