@@ -62,3 +62,26 @@ def test_ablating_a_head_shows_the_intervened_maps_and_the_change(driver, server
     assert sent_body(driver) == INDUCTION
     assert np.isfinite(shown_weights(driver)).all()
 
+
+
+STACK = "#sentence=the+cat+sat+on&d_model=8&num_heads=2&seed=0&scale=1&causal=1&block=gpt2&layers=2&q=1&head=1"
+
+
+def test_ablating_an_mlp_in_the_block_changes_what_follows_it(driver, server, console):
+    open_page(driver, server, STACK + "&layer=1")
+    body = sent_body(driver)
+    driver.find_element(By.ID, "ablate-mlp").click()
+    wait_until(driver, lambda d: d.find_element(By.ID, "intervention").is_displayed())
+    want = {**body, "interventions": [{"target": "mlp_output", "layer": 1}]}
+    assert sent_body(driver) == want
+    doc = service_trace(server, want)
+    assert "Ablated: layer 1's MLP" in driver.find_element(By.ID, "ablate-mlp-label").text
+    rows = panel_rows(driver)
+    delta = doc["intervention"]["max_abs_delta"]
+    assert rows["ffn_output"] == f"{delta['ffn_output'][0]:.4f} · {delta['ffn_output'][1]:.4f}"
+    assert delta["ffn_output"] == [0.0, delta["ffn_output"][1]] and delta["ffn_output"][1] > 0
+    assert "weights" not in rows, "layer 1's MLP comes after every attention map"
+    assert rows["final_norm"] == f"{delta['final_norm']:.4f}"
+    driver.find_element(By.ID, "ablate-mlp").click()
+    wait_until(driver, lambda d: not d.find_element(By.ID, "intervention").is_displayed())
+    assert sent_body(driver) == body

@@ -77,6 +77,7 @@
     explainController: null,
     serviceVersion: null,
     ablate: null, // {layer, head}: the head whose output the trace zeroes (null: none)
+    ablateMlp: null, // the layer whose MLP output the trace zeroes (null: none)
   };
 
   const $ = (id) => document.getElementById(id);
@@ -89,6 +90,7 @@
     contextTokens: $('context_tokens'), block: $('block'), numLayers: $('num_layers'),
     layerPicker: $('layer-picker'), layerOptions: $('layer-options'),
     ablateHead: $('ablate-head'), ablateLabel: $('ablate-label'), intervention: $('intervention'),
+    ablateMlp: $('ablate-mlp'), ablateMlpLabel: $('ablate-mlp-label'),
     interventionBody: $('intervention-body'),
     blockSection: $('block-section'), blockTitle: $('block-title'), blockDiagram: $('block-diagram'), blockStage: $('block-stage'),
     residualSection: $('residual-section'), residualBody: $('residual-body'),
@@ -412,7 +414,10 @@
 
   async function refresh() {
     const { body, errors } = readRequest();
-    if (state.ablate) body.interventions = [{ target: 'head_output', layer: state.ablate.layer, head: state.ablate.head }];
+    const ablated = [
+      ...(state.ablate ? [{ target: 'head_output', layer: state.ablate.layer, head: state.ablate.head }] : []),
+      ...(state.ablateMlp !== null ? [{ target: 'mlp_output', layer: state.ablateMlp }] : [])];
+    if (ablated.length) body.interventions = ablated;
     const seq = ++state.seq;
     if (state.controller) state.controller.abort();
     state.controller = null;
@@ -512,6 +517,14 @@
     state.ablate = ui.ablateHead.checked ? { layer: state.layer ?? 0, head: state.head } : null;
     ui.ablateLabel.textContent = state.ablate ? `Ablated: layer ${state.ablate.layer}, head ${state.ablate.head}`
       : 'Ablate this head';
+    schedule(0);
+  }
+
+  /** Ablate the MLP of the layer shown (zero its output), or stop. */
+  function toggleMlpAblation() {
+    state.ablateMlp = ui.ablateMlp.checked ? (state.layer ?? 0) : null;
+    ui.ablateMlpLabel.textContent = state.ablateMlp !== null ? `Ablated: layer ${state.ablateMlp}'s MLP`
+      : 'Ablate this layer\'s MLP';
     schedule(0);
   }
 
@@ -832,6 +845,7 @@
   function init() {
     ui.colourScale.addEventListener('change', setColour);
     ui.ablateHead.addEventListener('change', toggleAblation);
+    ui.ablateMlp.addEventListener('change', toggleMlpAblation);
     ui.presentToggle.addEventListener('click', () => setPresent(!state.present));
     ui.presentExit.addEventListener('click', () => setPresent(false));
     ui.presentNext.addEventListener('click', () => step(1));
