@@ -157,11 +157,11 @@ def check_interventions(interventions: Sequence[Intervention], config: TraceConf
 def intervention_conflicts(*, interventions: bool, patch_given: bool = False, target_given: bool = False,
                            explicit_input: bool = False, bug: bool = False, decode: bool = False,
                            generate: bool = False, lm_head: bool = False, explain: bool = False
-                           ) -> list[VariantConflictError]:
+                           ) -> list[EngineError]:
     """What interventions cannot be combined with: a known bug, decoding, generation (they recompute the
     trace without the intervention); the second input of a patch needs generated embeddings; a target token
     needs a language-model head."""
-    out = []
+    out: list[EngineError] = []
     if not interventions:
         for name, given in (("patch_sentence", patch_given), ("target_token", target_given)):
             if given:

@@ -613,6 +613,11 @@ class TraceSpec(BaseModel):
         return self.__pydantic_private__["_context"]
 
     @property
+    def patch_split(self) -> list[Token] | None:
+        """patch_sentence's tokens, split once during validation (None without it)."""
+        return self.__pydantic_private__["_patch"]
+
+    @property
     def value_count(self) -> int:
         """How many numbers the trace holds (what max_trace_values bounds), counted once during validation."""
         return self.__pydantic_private__["_value_count"]
@@ -640,7 +645,7 @@ class TraceSpec(BaseModel):
     def intervened(self, baseline: engine.Trace) -> engine.Trace:
         """The baseline with the request's interventions made (engine.interventions.intervene); the patch's
         second input (patch_sentence) is traced clean with the same configuration first."""
-        patch = self.__pydantic_private__["_patch"]
+        patch = self.patch_split
         source = None if patch is None else engine.trace(self.trace_config, split=patch)
         return IV.intervene(baseline, self.engine_interventions(), source)
 

@@ -370,12 +370,12 @@ def trace_document(req: TraceRequest, *, binary: bool = False) -> dict[str, Any]
 INTERVENTION_FIELDS = frozenset({"interventions", "patch_sentence", "target_token"})
 
 
-def baseline_request(req: TraceSpec) -> dict[str, Any]:
+def baseline_request(req: TraceRequest) -> dict[str, Any]:
     """The request without its interventions (the fields as given): what a client posts for the baseline."""
     return req.model_dump(mode="json", exclude_unset=True, exclude=set(INTERVENTION_FIELDS), by_alias=True)
 
 
-def intervention_document(req: TraceSpec, t: engine.Trace, baseline: engine.Trace) -> dict[str, Any]:
+def intervention_document(req: TraceRequest, t: engine.Trace, baseline: engine.Trace) -> dict[str, Any]:
     """What the interventions changed: each described, the baseline request and its digest, the baseline's key
     stage, each stage's largest change (per layer in a stack) and, with lm_head, the target token's logit and
     probability before and after."""
@@ -391,11 +391,11 @@ def intervention_document(req: TraceSpec, t: engine.Trace, baseline: engine.Trac
         "baseline_request": base_req,
         "baseline_digest": "sha256:" + hashlib.sha256(orjson.dumps(base_req, option=orjson.OPT_SORT_KEYS))
         .hexdigest(),
-        "baseline_stages": {key: rounded(baseline.stages[key].values.tolist())},
+        "baseline_stages": {key: rounded(np.asarray(baseline.stages[key].values).tolist())},
         "max_abs_delta": {sid: rounded(d) for sid, d in IV.max_abs_delta(baseline, t).items()},
     }
     if req.patch_sentence is not None:
-        out["patch_tokens"] = [tok.text for tok in req.__pydantic_private__["_patch"] or ()]
+        out["patch_tokens"] = [tok.text for tok in req.patch_split or ()]
     if t.config.has_lm_head:
         effect = IV.target_effect(baseline, t, req.target_token)
         for part in ("logit", "probability"):
