@@ -45,7 +45,7 @@ from engine.layer import preset_fields
 from .client import ClientError, ProblemError, TransportError
 from .explain_cli import run_explain
 from . import generate_cli
-from .render import ROW_LAYOUT_MAX_KEYS, Style, render_check, render_walkthrough
+from .render import ROW_LAYOUT_MAX_KEYS, Style, fmt_number, fmt_percent, percent_decimals, render_check, render_walkthrough
 
 #: the stages the walkthrough table reads
 TABLE_STAGES = ["scores", "scaled_scores", "masked_scores", "weights", "context"]
@@ -56,7 +56,8 @@ COMMANDS = ("trace", "check", "explain", "export", "html", "generate")
 
 #: the options that set a request field but are not trace settings, by the field's pointer (for error messages)
 _OPTION_FLAGS = {"/decode": "--decode", "/head": "--head", "/query": "--explain", "/key": "--explain",
-                 "/format": "--export", "/stages": "--stages", "/inject_bug": "--inject-bug", "/layer": "--layer"}
+                 "/format": "--export", "/stages": "--stages", "/inject_bug": "--inject-bug", "/layer": "--layer",
+                 "/interventions": "--ablate", "/patch_sentence": "--patch-from"}
 #: request fields as the command-line options that set them (for error messages): the declared ones' own
 FIELD_FLAGS = {**{f"/{f.name}": f.flag for f in fields.FIELDS if f.flag is not None}, **_OPTION_FLAGS}
 
@@ -100,6 +101,19 @@ def _trace_options(p: argparse.ArgumentParser) -> None:
                    help="trace with one known bug injected (the numbers are deliberately wrong, and labelled so)")
     groups[fields.variant("cross").title].add_argument(
         "--decode", action="store_true", help="also show the KV-cache decoding step of the query token (with --causal)")
+    groups[fields.variant("interventions").title].add_argument(
+        "--ablate", action="append", metavar="L.H", type=_layer_head,
+        help="zero head H's output (its context, before W_O) in layer L; repeat for more heads")
+    groups[fields.variant("interventions").title].add_argument(
+        "--patch-from", metavar="SENTENCE", dest="patch_sentence", help=fields.BY_NAME["patch_sentence"].help)
+
+
+def _layer_head(text: str) -> tuple[int, int]:
+    """--ablate's L.H: a layer and a head, both from 0."""
+    layer, dot, head = text.partition(".")
+    if not dot or not layer.isdigit() or not head.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not LAYER.HEAD (e.g. 0.1: layer 0, head 1)")
+    return int(layer), int(head)
 
 
 def _display_options(p: argparse.ArgumentParser) -> None:
@@ -213,6 +227,14 @@ def trace_body(args: argparse.Namespace) -> dict[str, Any]:
         body["inject_bug"] = args.inject_bug
     if args.decode:
         body["decode"] = True
+    if args.patch_sentence is not None and not args.ablate:
+        raise UsageError("--patch-from patches the heads of --ablate: add --ablate L.H")
+    if args.ablate:
+        kind = "zero" if args.patch_sentence is None else "patch"
+        body["interventions"] = [{"target": "head_output", "layer": layer, "head": head, "kind": kind}
+                                 for layer, head in args.ablate]
+        if args.patch_sentence is not None:
+            body["patch_sentence"] = args.patch_sentence
     return body
 
 
@@ -262,8 +284,29 @@ def run_trace(args: argparse.Namespace, out: TextIO) -> int:
     injected = t.raw.get("injected_bug")
     if injected:
         text += "\n\n" + style.red(f"Injected bug {injected['name']}") + f": {injected['summary']}. {injected['warning']}"
+    if t.raw.get("intervention"):
+        text += "\n\n" + render_intervention(t.raw["intervention"], args.decimals, style)
     out.write(text + "\n")
     return EXIT_OK
+
+
+def render_intervention(doc: dict[str, Any], decimals: int, style: Style) -> str:
+    """What the interventions changed: each one, each layer's largest change of the attention's output and of
+    the residual stream, and the target token's logit and probability with a language-model head."""
+    lines = [style.bold("Interventions") + " (the numbers above are the intervened trace's):"]
+    lines += [f"  {iv['description']}" for iv in doc["interventions"]]
+    for sid in ("output", "residual_stream"):
+        delta = doc["max_abs_delta"].get(sid)
+        if delta is not None:
+            per = delta if isinstance(delta, list) else [delta]
+            lines.append(f"  max |Δ| {sid}: " + ", ".join(fmt_number(x, decimals) for x in per))
+    target = doc.get("target")
+    if target:
+        lines.append(f"  target {target['token']!r}: logit {fmt_number(target['logit']['baseline'], decimals)} -> "
+                     f"{fmt_number(target['logit']['intervened'], decimals)}, probability "
+                     f"{fmt_percent(target['probability']['baseline'], percent_decimals(decimals))} -> "
+                     f"{fmt_percent(target['probability']['intervened'], percent_decimals(decimals))}")
+    return "\n".join(lines)
 
 
 def check_layer_option(layer: int | None, layers: int) -> int:
@@ -332,6 +375,12 @@ def run_check(args: argparse.Namespace, out: TextIO) -> int:
 # ---------------------------------------------------------------------- main
 
 
+def _prefixes(pointer: str) -> list[str]:
+    """A JSON pointer and each pointer it is inside, longest first (/a/0/b, /a/0, /a)."""
+    parts = pointer.split("/")
+    return ["/".join(parts[:k]) for k in range(len(parts), 1, -1)]
+
+
 def print_problem(e: ProblemError, err: TextIO, flags: dict[str, str] | None = None) -> None:
     """The problem details, without a traceback: title, status, and each error with its field."""
     if e.errors:
@@ -339,8 +388,9 @@ def print_problem(e: ProblemError, err: TextIO, flags: dict[str, str] | None = N
         for item in e.errors:
             pointer = item.get("pointer") or ""
             where = pointer or "(the request)"
-            if flags and pointer in flags:
-                where = f"{flags[pointer]} ({pointer})"
+            flag = next((flags[p] for p in _prefixes(pointer) if p in flags), None) if flags else None
+            if flag is not None:  # the pointer, or the field it is inside (/interventions/0/layer: --ablate)
+                where = f"{flag} ({pointer})"
             err.write(f"  {where}: {item.get('message', '')}\n")
     else:
         err.write(f"{PROG}: error: {e.title} ({e.status}): {e.detail}\n")

@@ -453,6 +453,12 @@ class Trace(Answer):
         """The tokens' texts, in order."""
         return [t.text for t in self.tokens]
 
+    @property
+    def intervention(self) -> dict[str, Any] | None:
+        """With ``interventions``: what they changed (the baseline request and its digest, each stage's largest
+        change per layer, the target token's logit and probability); None otherwise."""
+        return self.raw.get("intervention")
+
     # -- in a notebook
 
     def __repr__(self) -> str:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import constructed
+from . import interventions as IV
 from . import lm as LM
 from .checks import (
     D_FF_MAX,
@@ -66,7 +67,7 @@ TOKENS_HARD_MAX = 100_000
 TOKEN_HARD_MAX = 1024
 
 #: what a field's value is: a setting's type, or one of the inputs' kinds (text, tokens, an x, weights)
-KINDS = ("int", "float", "bool", "choice", "choices", "text", "tokens", "strings", "matrix", "weights")
+KINDS = ("int", "float", "bool", "choice", "choices", "text", "tokens", "strings", "matrix", "weights", "interventions")
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,8 @@ VARIANTS: tuple[Variant, ...] = (
         lambda t: {"n_vocabulary": len(t.vocabulary or ())},
         echo_doc="Only with lm_head.",
     ),
+    # interventions change the numbers, not the configuration: nothing to echo (the answer's `intervention` says)
+    Variant("interventions", "interventions: take the model apart (docs/engine.md)", lambda t: False),
 )
 _VARIANT_NAMES = tuple(v.name for v in VARIANTS)
 
@@ -668,6 +671,50 @@ FIELDS: tuple[Field, ...] = (
         f"{LM.MAX_VOCABULARY} in all. With lm_head only.",
         metavar="TOKEN",
         help="tokens the vocabulary holds besides the sentence's own (with --lm-head)",
+    ),
+    # Interventions (docs/engine.md, "Interventions"): these three fields, kept together.
+    Field(
+        "interventions",
+        "interventions",
+        None,
+        variant="interventions",
+        setting=False,
+        max_items=IV.MAX_INTERVENTIONS,
+        url=None,
+        cli=None,  # the command line's --ablate L.H writes it
+        doc="Take the model apart: each entry replaces one activation (zero, mean, or patched from "
+        "patch_sentence) and every later stage is computed from the replaced value, as a PyTorch forward hook "
+        "would. The answer is the intervened trace, with `intervention`: the baseline request and its digest, "
+        "the baseline's key stage, each stage's largest change per layer, and with lm_head the target token's "
+        "logit and probability before and after. Not with inject_bug, decode or generate.",
+    ),
+    Field(
+        "patch_sentence",
+        "text",
+        None,
+        variant="interventions",
+        setting=False,
+        max_chars=SENTENCE_HARD_MAX,
+        url=None,
+        cli=None,  # the command line's --patch-from, which goes with --ablate
+        metavar="SENTENCE",
+        doc="With an intervention of kind patch: the second input (a clean or corrupted sentence with "
+        "as many tokens as the sentence), run clean with the same weights; patched activations come from it.",
+        help="patch each --ablate head from this sentence's clean run (as many tokens) instead of zeroing it",
+    ),
+    Field(
+        "target_token",
+        "text",
+        None,
+        variant="interventions",
+        setting=False,
+        max_chars=TOKEN_HARD_MAX,
+        url=None,
+        cli="--target",
+        metavar="TOKEN",
+        doc="With interventions and lm_head: the vocabulary token whose logit and probability "
+        "`intervention.target` follows; null: the baseline's most probable next token.",
+        help="with --lm-head: the token whose probability the intervention's effect follows",
     ),
 )
 

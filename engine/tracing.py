@@ -116,6 +116,10 @@ class Trace:
     state: dict[str, Any] = field(default_factory=dict, repr=False)
     #: cross-attention: the context's tokens, which the keys and values come from (None in self-attention)
     context_tokens: list[Token] | None = None
+    #: the interventions made (engine.interventions.Intervention), in order; () for a plain trace
+    interventions: tuple[Any, ...] = ()
+    #: with interventions: the trace they were made in (the same request, not intervened)
+    baseline: Trace | None = field(default=None, repr=False)
 
     @property
     def n_tokens(self) -> int:
@@ -354,6 +358,8 @@ def diagnose(t: Trace, first_wrong: str, submitted: list[str],
     got right usually fails right there. The stages before a bug's step are the reference's very arrays, so
     only the affected ones are compared. Tokens, or an explicit input, are no step's output: no bug explains them.
     """
+    if t.interventions:  # a bug's rerun would drop them: no known bug explains an intervened trace
+        return []
     made_by = {}  # each value's last step (a stage of a stack: its last layer's), by the name a stage has
     for i, step in enumerate(t.steps):
         for out in step.writes:

@@ -38,8 +38,10 @@ from engine import lm as LM
 from engine.bugs import BLOCK_BUG_NAMES, LM_BUG_NAMES
 from engine.decoding import decode_value_count, generate_value_count, generate_work
 from engine.errors import raise_all
+from engine import interventions as IV
 from engine.checks import (
     MAX_EXPLICIT_VALUE,
+    MAX_LAYERS,
     check_block_cost,
     check_input_shape,
     check_one_context,
@@ -177,6 +179,26 @@ class ParametersIn(BaseModel):
 
 
 
+class InterventionIn(BaseModel):
+    """One intervention (docs/engine.md, "Interventions"): which activation, where, and what replaces it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    target: Literal[IV.TARGETS] = Field(  # type: ignore[valid-type]  # a Literal of the engine's tuple
+        description="head_output: a head's context (before W_O) [token, d_k]; head_pattern: its attention weights "
+        "[query, key]; mlp_output: the feed-forward network's output; residual: the residual stream at depth "
+        "`layer` (layer l's input; num_layers is the last layer's output). The last two need a block.")
+    layer: int = Field(ge=0, le=MAX_LAYERS, description="The layer (the depth, for residual), from 0.")
+    kind: Literal[IV.KINDS] = Field(  # type: ignore[valid-type]  # a Literal of the engine's tuple
+        default="zero", description="zero; mean (the mean over the sentence's positions; for head_pattern, uniform "
+        "over the keys each query may attend to: a pattern is not zeroed); patch (the same activation of "
+        "patch_sentence's clean run).")
+    head: int | None = Field(default=None, ge=0, description="The head, for head_output and head_pattern.")
+    positions: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, min_length=1, max_length=fields.TOKENS_HARD_MAX,
+        description="The token positions (query rows, for head_pattern) replaced; null: every position.")
+
+
 def _annotation(f: fields.Field, *, echo: bool = False) -> Any:
     """A declared field's Python type (pydantic's schema and validation follow from it): the request's, with its
     bounds (``Annotated``), or the answer echo's (the type alone)."""
@@ -191,14 +213,14 @@ def _annotation(f: fields.Field, *, echo: bool = False) -> Any:
         t = list[Annotated[str, Field(min_length=1, max_length=f.max_chars)]]
     else:
         t = {"int": int, "float": float, "bool": bool, "matrix": list[list[BoundedNumber]],
-             "weights": ParametersIn}[kind]
+             "weights": ParametersIn, "interventions": list[InterventionIn]}[kind]
     return t | None if f.nullable or echo else t
 
 
 def _field_info(f: fields.Field) -> Any:
     """A declared field's pydantic Field: its default, bounds and description."""
     bounds: dict[str, Any] = {"ge": f.minimum, "gt": f.above, "le": f.maximum, "max_length": f.max_items,
-              "min_length": 1 if f.kind in ("tokens", "strings") else None}
+              "min_length": 1 if f.kind in ("tokens", "strings", "interventions") else None}
     return Field(default=f.default, description=f.doc, **{k: v for k, v in bounds.items() if v is not None})
 
 
@@ -224,6 +246,7 @@ class TraceSpec(_SpecFields):  # type: ignore[valid-type,misc]
     _config: TraceConfig | None = PrivateAttr(default=None)
     _tokens: list[Token] = PrivateAttr(default_factory=list)
     _context: list[Token] | None = PrivateAttr(default=None)
+    _patch: list[Token] | None = PrivateAttr(default=None)
 
     # The fields with an engine rule (the variants', the block's, the constructed heads') are checked by it
     # before the schema's checks, so that HTTP and the engine refuse them alike: the engine's type and message
@@ -334,6 +357,7 @@ class TraceSpec(_SpecFields):  # type: ignore[valid-type,misc]
             if config.has_lm_head:
                 n_vocab = len(LM.vocabulary([t.text for t in tokens], config.candidates))
                 LM.check_vocabulary_size(n_vocab)
+            patch = self._check_interventions(config, tokens, m, settings.max_tokens)
             count = trace_value_count(config, n, with_parameters=getattr(self, "include_parameters", False),
                                       n_context=m, n_vocab=n_vocab)
             decoding = decode_value_count(config, n) if getattr(self, "decode", False) else 0
@@ -348,15 +372,46 @@ class TraceSpec(_SpecFields):  # type: ignore[valid-type,misc]
             count += decoding + generated
             check_trace_size(count, settings.max_trace_values, n=n, d_model=self.d_model, num_heads=self.num_heads,
                              n_context=m, decode_values=decoding, generate_values=generated)
+            if self.interventions is not None:  # the baseline's trace too, and the patch's second input's
+                count += count * (1 + (patch is not None))
             if config.has_block:  # and every layer's weights, generated before anything is computed (and generation)
                 work = 0 if generating is None else generate_work(config, n, n_vocab or 0, generating)
                 check_block_cost(count + work, config.n_parameters, settings.max_request_cost,
                                  num_layers=config.num_layers)
         # One update of the private values: each assignment through pydantic's __setattr__ costs ~0.3 µs.
         private = self.__pydantic_private__  # a model with private attributes has their dict
-        private.update(_config=config, _tokens=tokens, _context=context,
-                       _value_count=count)
+        private.update(_config=config, _tokens=tokens, _context=context, _value_count=count, _patch=patch)
         return self
+
+    def _check_interventions(self, config: TraceConfig, tokens: list[Token], m: int | None, max_tokens: int
+                             ) -> list[Token] | None:
+        """The interventions' rules (engine.interventions), under engine_rules; the patch's tokens, split."""
+        ivs = self.engine_interventions()
+        raise_all(IV.intervention_conflicts(
+            interventions=bool(ivs), patch_given=self.patch_sentence is not None,
+            target_given=self.target_token is not None, explicit_input=self.input is not None,
+            bug=getattr(self, "inject_bug", None) is not None, decode=getattr(self, "decode", False),
+            generate=getattr(self, "generate", None) is not None, lm_head=config.has_lm_head))
+        if not ivs:
+            return None
+        patch = None
+        if self.patch_sentence is not None:
+            try:
+                patch = split_tokens(sentence=self.patch_sentence, tokens=None, max_tokens=max_tokens)
+            except EngineError as e:
+                e.field = "patch_sentence"
+                raise
+        IV.check_interventions(ivs, config, len(tokens), patch_n=None if patch is None else len(patch), cross=m is not None)
+        if config.has_lm_head:
+            IV.check_target_token(self.target_token, LM.vocabulary([t.text for t in tokens],
+                                                                   config.candidates))
+        return patch
+
+    def engine_interventions(self) -> tuple[IV.Intervention, ...]:
+        """The request's interventions as the engine's."""
+        return tuple(IV.Intervention(target=i.target, layer=i.layer, kind=i.kind, head=i.head,
+                                     positions=None if i.positions is None else tuple(i.positions))
+                     for i in self.interventions or ())
 
     # Read from __pydantic_private__ itself: pydantic's __getattr__ for a private attribute costs ~1.2 µs
     # (it probes the attribute for __get__ through an AttributeError), and a request reads these several times.
@@ -378,6 +433,11 @@ class TraceSpec(_SpecFields):  # type: ignore[valid-type,misc]
         return self.__pydantic_private__["_context"]
 
     @property
+    def patch_split(self) -> list[Token] | None:
+        """patch_sentence's tokens, split once during validation (None without it)."""
+        return self.__pydantic_private__["_patch"]
+
+    @property
     def value_count(self) -> int:
         """How many numbers the trace holds (what max_trace_values bounds), counted once during validation."""
         return self.__pydantic_private__["_value_count"]
@@ -393,8 +453,21 @@ class TraceSpec(_SpecFields):  # type: ignore[valid-type,misc]
             p = self.parameters
             params = explicit_parameters(p.W_Q, p.W_K, p.W_V, p.W_O, d_model=self.d_model,
                                          num_heads=self.num_heads, num_kv_heads=self.num_kv_heads)
-        return engine.trace(self.trace_config, split=self.split, input=self.input, parameters=params, bug=bug,
-                            context_split=self.context_split, context_input=self.context_input)
+        t = engine.trace(self.trace_config, split=self.split, input=self.input, parameters=params, bug=bug,
+                         context_split=self.context_split, context_input=self.context_input)
+        return t if not self.interventions else self.intervened(t)
+
+    def run_traces(self, bug: str | None = None) -> tuple[engine.Trace, engine.Trace | None]:
+        """(the trace, intervened when asked; its baseline, or None without interventions)."""
+        t = self.run_trace(bug)
+        return t, t.baseline
+
+    def intervened(self, baseline: engine.Trace) -> engine.Trace:
+        """The baseline with the request's interventions made (engine.interventions.intervene); the patch's
+        second input (patch_sentence) is traced clean with the same configuration first."""
+        patch = self.patch_split
+        source = None if patch is None else engine.trace(self.trace_config, split=patch)
+        return IV.intervene(baseline, self.engine_interventions(), source)
 
 
 @lru_cache(maxsize=1024, typed=True)  # a handful of configurations recur: each checked and built once

@@ -73,6 +73,14 @@ def answers(client) -> list[tuple[str, str, str, int, str, object]]:
                                                            "generate": 1})
     post("explain, a logit", "/explain", {**base, "block": "gpt2", "lm_head": "tied", "cell": "logit", "token": 2,
                                            "column": 1})
+    post("trace, interventions with a patch", "/trace", {**base, "block": "gpt2", "num_layers": 2, "lm_head": "tied",
+                                                         "stages": ["next_token_probs"], "patch_sentence": "a dog ran",
+                                                         "interventions": [
+                                                             {"target": "head_output", "layer": 0, "head": 1},
+                                                             {"target": "mlp_output", "layer": 1, "kind": "patch",
+                                                              "positions": [2]}]})
+    post("trace, an intervention in one layer", "/trace", {**base, "interventions": [
+        {"target": "head_pattern", "layer": 0, "head": 0, "kind": "mean"}], "stages": ["weights"]})
     stack = post("trace, reference stack", "/trace", {**base, "block": "gpt2", "stages": ["norm1", "weights"]})
     post("check, a stack's stages", "/check", {**base, "block": "gpt2", "submission": {
         "norm1": stack["stages"]["norm1"]["values"], "weights": [[[[0.5] * 3] * 3] * 2]}})

@@ -29,6 +29,8 @@ from engine import EngineError, TraceConfig
 from engine.explain import (NORMS, STEP_IDS, check_cell, check_explainable, check_ffn_cell, check_layer,
                             check_logit_cell, check_norm_cell, explain_cell, explain_ffn_cell, explain_logit_cell,
                             explain_norm_cell)
+from engine import interventions as IV
+from engine.errors import raise_all
 from engine.layer import FFN_KINDS, NORM_KINDS
 
 from .. import budget, compression, serialize
@@ -430,6 +432,7 @@ AnyExplainRequest = ExplainRequest | NormExplainRequest | FFNExplainRequest
 
 def explain_document(req: AnyExplainRequest) -> dict[str, Any]:
     """The /explain answer for a validated request: an attention cell, a norm's value or a feed-forward unit."""
+    raise_all(IV.intervention_conflicts(interventions=bool(req.interventions), explain=True))
     t = req.run_trace()
     if isinstance(req, NormExplainRequest):
         cell = explain_norm_cell(t, req.cell, req.token, req.feature, layer=req.layer)

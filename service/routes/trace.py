@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
+import hashlib
+
+import numpy as np
 import orjson
 from flask import Blueprint, Response, current_app, g, request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -21,6 +24,7 @@ from pydantic_core import PydanticCustomError
 
 import engine
 from engine import BUG_NAMES, BUGS, check_bug
+from engine import interventions as IV
 from engine import lm as LM
 from engine.bugs import ALL_BUGS, BLOCK_BUGS
 from engine.checks import SEED_MAX
@@ -275,6 +279,43 @@ class GenerationStepOut(BaseModel):
     weights: list[list[list[float]]] = Field(description="[layer, head, cached]: its row of attention.")
 
 
+class InterventionDoneOut(BaseModel):
+    target: str
+    layer: int
+    kind: str
+    head: int | None
+    positions: list[int] | None
+    description: str = Field(description="What was replaced, how and where, in words.")
+
+
+class ChangeOut(BaseModel):
+    baseline: float
+    intervened: float
+    delta: float = Field(description="intervened − baseline.")
+
+
+class TargetEffectOut(BaseModel):
+    token: str = Field(description="target_token, or the baseline's most probable next token.")
+    index: int = Field(description="Its column in the vocabulary.")
+    logit: ChangeOut = Field(description="Its logit at the last position (the logit difference is `delta`).")
+    probability: ChangeOut = Field(description="Its next-token probability.")
+
+
+class InterventionOut(BaseModel):
+    interventions: list[InterventionDoneOut]
+    baseline_request: dict[str, Any] = Field(description="This request without interventions, patch_sentence and "
+                                                         "target_token: POST it to /trace for the whole baseline.")
+    baseline_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$",
+                                 description="SHA-256 of baseline_request as JSON with sorted keys, no spaces.")
+    baseline_stages: dict[str, Any] = Field(description="The baseline's key stage: next_token_probs with lm_head, "
+                                                        "else residual_stream in a stack, output in one layer.")
+    max_abs_delta: dict[str, list[float] | float] = Field(
+        description="Each numeric stage's largest |intervened − baseline|: a list per layer for a stack's "
+        "per-layer stages (per depth for residual_stream), one number otherwise; masked entries are skipped.")
+    patch_tokens: list[str] | None = omitted("Only with patch_sentence: its tokens.")
+    target: TargetEffectOut | None = omitted("Only with lm_head.")
+
+
 class TraceResponse(BaseModel):
     schema_version: str
     engine_version: str
@@ -293,6 +334,8 @@ class TraceResponse(BaseModel):
     injected_bug: InjectedBug | None = omitted("Only with inject_bug: the numbers are deliberately wrong in this way.")
     vocabulary: list[str] | None = omitted("Only with lm_head: the token of each column of the logits.")
     generation: list[GenerationStepOut] | None = omitted("Only with generate: one entry per generated token.")
+    intervention: InterventionOut | None = omitted("Only with interventions: what they changed (the stages are "
+                                                   "the intervened trace's).")
 
 
 
@@ -305,7 +348,7 @@ MODELS: tuple[type[BaseModel], ...] = (TraceRequest, TraceResponse, *batch.MODEL
 
 def trace_document(req: TraceRequest, *, binary: bool = False) -> dict[str, Any]:
     """The /trace answer as a document; ``binary`` keeps masked stages as arrays plus a mask (service/npz.py)."""
-    t = req.run_trace(bug=req.inject_bug)
+    t, baseline = req.run_traces(bug=req.inject_bug)
     doc = serialize.trace_document(t, include_parameters=req.include_parameters, stages=req.stages,
                                    precision=req.precision, parameters_layout=req.parameters_layout,
                                    decode=engine.decode(t) if req.decode else None, binary=binary)
@@ -317,7 +360,47 @@ def trace_document(req: TraceRequest, *, binary: bool = False) -> dict[str, Any]
         doc["config"] |= {"generate": req.generate, **({"top_k": req.top_k} if req.top_k is not None else {}),
                           **({"top_p": req.top_p} if req.top_p is not None else {}), "sample_seed": req.sample_seed}
         doc["generation"] = serialize.generation_document(steps, t.vocabulary or [], req.precision)
+    if baseline is not None:
+        doc["intervention"] = intervention_document(req, t, baseline)
     return doc
+
+
+#: the request fields that ask for interventions: the baseline request is the same request without them
+INTERVENTION_FIELDS = frozenset({"interventions", "patch_sentence", "target_token"})
+
+
+def baseline_request(req: TraceRequest) -> dict[str, Any]:
+    """The request without its interventions (the fields as given): what a client posts for the baseline."""
+    return req.model_dump(mode="json", exclude_unset=True, exclude=set(INTERVENTION_FIELDS), by_alias=True)
+
+
+def intervention_document(req: TraceRequest, t: engine.Trace, baseline: engine.Trace) -> dict[str, Any]:
+    """What the interventions changed: each described, the baseline request and its digest, the baseline's key
+    stage, each stage's largest change (per layer in a stack) and, with lm_head, the target token's logit and
+    probability before and after."""
+    def rounded(x: Any) -> Any:
+        return x if req.precision is None else np.round(np.asarray(x, dtype=np.float64), req.precision).tolist()
+
+    base_req = baseline_request(req)
+    key = "next_token_probs" if "next_token_probs" in baseline.stages else (
+        "residual_stream" if "residual_stream" in baseline.stages else "output")
+    out: dict[str, Any] = {
+        "interventions": [{**iv.model_dump(), "description": e.describe()}
+                          for iv, e in zip(req.interventions or (), t.interventions)],
+        "baseline_request": base_req,
+        "baseline_digest": "sha256:" + hashlib.sha256(orjson.dumps(base_req, option=orjson.OPT_SORT_KEYS))
+        .hexdigest(),
+        "baseline_stages": {key: rounded(np.asarray(baseline.stages[key].values).tolist())},
+        "max_abs_delta": {sid: rounded(d) for sid, d in IV.max_abs_delta(baseline, t).items()},
+    }
+    if req.patch_sentence is not None:
+        out["patch_tokens"] = [tok.text for tok in req.patch_split or ()]
+    if t.config.has_lm_head:
+        effect = IV.target_effect(baseline, t, req.target_token)
+        for part in ("logit", "probability"):
+            effect[part] = {k: rounded(v) for k, v in effect[part].items()}
+        out["target"] = effect
+    return out
 
 
 def injected_bug_document(name: str) -> dict[str, str]:

@@ -80,6 +80,8 @@
     pendingKey: null, // the address's clicked cell (its key), explained when the trace arrives
     explainController: null,
     serviceVersion: null,
+    ablate: null, // {layer, head}: the head whose output the trace zeroes (null: none)
+    ablateMlp: null, // the layer whose MLP output the trace zeroes (null: none)
   };
 
   const $ = (id) => document.getElementById(id);
@@ -91,6 +93,9 @@
     kvHeads: $('num_kv_heads'), window: $('window'), contextSentence: $('context_sentence'), decode: $('decode'),
     contextTokens: $('context_tokens'), block: $('block'), numLayers: $('num_layers'),
     layerPicker: $('layer-picker'), layerOptions: $('layer-options'),
+    ablateHead: $('ablate-head'), ablateLabel: $('ablate-label'), intervention: $('intervention'),
+    ablateMlp: $('ablate-mlp'), ablateMlpLabel: $('ablate-mlp-label'),
+    interventionBody: $('intervention-body'),
     blockSection: $('block-section'), blockTitle: $('block-title'), blockDiagram: $('block-diagram'), blockStage: $('block-stage'),
     residualSection: $('residual-section'), residualBody: $('residual-body'),
     kvSection: $('kv-section'), kvBody: $('kv-body'),
@@ -440,6 +445,10 @@
 
   async function refresh() {
     const { body, errors } = readRequest();
+    const ablated = [
+      ...(state.ablate ? [{ target: 'head_output', layer: state.ablate.layer, head: state.ablate.head }] : []),
+      ...(state.ablateMlp !== null ? [{ target: 'mlp_output', layer: state.ablateMlp }] : [])];
+    if (ablated.length) body.interventions = ablated;
     const seq = ++state.seq;
     if (state.controller) state.controller.abort();
     state.controller = null;
@@ -544,6 +553,46 @@
       explainCell(state.head, state.query, key);
       select(null, null); // the maps mark the cell explained, the address keeps it
     }
+    renderIntervention(main.doc.intervention);
+  }
+
+  /** Ablate the head on screen (zero its output, in its layer), or stop: the trace is asked for again. */
+  function toggleAblation() {
+    state.ablate = ui.ablateHead.checked ? { layer: state.layer ?? 0, head: state.head } : null;
+    ui.ablateLabel.textContent = state.ablate ? `Ablated: layer ${state.ablate.layer}, head ${state.ablate.head}`
+      : 'Ablate this head';
+    schedule(0);
+  }
+
+  /** Ablate the MLP of the layer shown (zero its output), or stop. */
+  function toggleMlpAblation() {
+    state.ablateMlp = ui.ablateMlp.checked ? (state.layer ?? 0) : null;
+    ui.ablateMlpLabel.textContent = state.ablateMlp !== null ? `Ablated: layer ${state.ablateMlp}'s MLP`
+      : 'Ablate this layer\'s MLP';
+    schedule(0);
+  }
+
+  /** What the ablation changed (the answer's intervention): its description and each stage's largest change. */
+  function renderIntervention(iv) {
+    ui.intervention.hidden = !iv;
+    if (!iv) {
+      ui.interventionBody.replaceChildren();
+      return;
+    }
+    const rows = Object.entries(iv.max_abs_delta).filter(([, d]) => Array.isArray(d) ? d.some((x) => x > 0) : d > 0)
+      .map(([sid, d]) => h('tr', { 'data-stage': sid }, [
+        h('th', { scope: 'row', text: sid }),
+        h('td', { text: (Array.isArray(d) ? d : [d]).map((x) => fmt(x, 4)).join(' · ') })]));
+    const target = iv.target ? [h('p', { id: 'intervention-target', text: `Next token "${iv.target.token}": `
+      + `${fmt(100 * iv.target.probability.baseline, 1)}% → ${fmt(100 * iv.target.probability.intervened, 1)}%`
+      + ` (logit ${fmt(iv.target.logit.delta, 4)})` })] : [];
+    ui.interventionBody.replaceChildren(
+      ...iv.interventions.map((one) => h('p', { class: 'intervention-what', text: one.description })),
+      ...target,
+      h('table', { class: 'intervention-table' }, [
+        h('thead', {}, [h('tr', {}, [h('th', { scope: 'col', text: 'stage' }),
+          h('th', { scope: 'col', text: 'max |Δ| per layer' })])]),
+        h('tbody', {}, rows)]));
   }
 
   /** A failed request: field messages inline, the rest in the alert; nothing else breaks. */
@@ -912,6 +961,8 @@
   function init() {
     ui.colourScale.addEventListener('change', setColour);
     ui.textScale.addEventListener('change', setTextScale);
+    ui.ablateHead.addEventListener('change', toggleAblation);
+    ui.ablateMlp.addEventListener('change', toggleMlpAblation);
     ui.presentToggle.addEventListener('click', () => setPresent(!state.present));
     ui.presentExit.addEventListener('click', () => setPresent(false));
     ui.presentNext.addEventListener('click', () => step(1));
