@@ -360,3 +360,34 @@ def test_a_tall_maps_column_labels_stay_in_view(driver, server, console, size):
     assert got["scrolled"] and got["boxBottom"] - got["boxTop"] <= got["height"], got
     assert got["boxTop"] - 1 <= got["labelTop"] and got["labelBottom"] <= got["boxTop"] + 120, got  # stuck at the top
     assert got["lastBottom"] <= got["boxBottom"] + 1, got  # the last row reached under the labels
+
+
+# ---------------------------------------------------------------- figures for slides
+
+
+def png_size(path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", data[:8]
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_a_map_and_the_comparison_download_as_png_at_twice_their_svg(driver, server, console, browser_dirs):
+    import re as _re
+
+    from viewer_browser_support import clear_downloads, wait_download
+
+    screen(driver, 1280, 720)
+    downloads = clear_downloads(browser_dirs)
+    open_page(driver, server, fragment(sentence="the cat sat", d_model=24, num_heads=2, q=1, head=0))
+    wait_until(driver, lambda d: not d.find_element(By.ID, "download-saturation-png").get_attribute("disabled"))
+    for svg_button, png_button, pattern in (
+            ('button[data-svg="weights"]', 'button[data-png="weights"]', "*_weights_head0"),
+            ("#download-saturation-svg", "#download-saturation-png", "*_comparison_q1_head0")):
+        driver.find_element(By.CSS_SELECTOR, svg_button).click()
+        svg = wait_download(downloads, f"{pattern}.svg").read_text(encoding="utf-8")
+        driver.find_element(By.CSS_SELECTOR, png_button).click()
+        png = wait_download(downloads, f"{pattern}.png")
+        head = svg[:svg.index(">", svg.index("<svg"))]
+        w, h = (float(_re.search(rf'\s{a}="([\d.]+)"', head).group(1)) for a in ("width", "height"))
+        assert png_size(png) == (round(2 * w), round(2 * h)), (pattern, png_size(png), w, h)
+        assert "the cat sat" in svg  # the sentence on the figure

@@ -106,7 +106,7 @@
     problem: $('problem'), results: $('results'),
     walkthrough: $('walkthrough-body'), walkthroughTitle: $('walkthrough-title'),
     maps: $('maps-body'), mapsTitle: $('maps-title'), readout: $('maps-readout'), thumbs: $('thumbs-body'),
-    saturation: $('saturation-body'), saturationSection: $('saturation'), saturationSvg: $('download-saturation-svg'),
+    saturation: $('saturation-body'), saturationSection: $('saturation'), saturationSvg: $('download-saturation-svg'), saturationPng: $('download-saturation-png'),
     multihead: $('multihead-body'), footer: $('footer-versions'),
     explainSection: $('explain-section'), explainStatus: $('explain-status'), explainBody: $('explain-body'),
     matrices: $('matrices-body'), matricesTitle: $('matrices-title'), matricesReadout: $('matrices-readout'),
@@ -136,7 +136,7 @@
 
   const explainer = AT.explain.create({ state, ui, saved: STANDALONE });
   const { explainCell, clearExplain } = explainer;
-  const renderer = AT.render.create({ state, ui, saved: STANDALONE, actions: { select, explainCell, downloadSvg, demo, selectLayer, selectBox } });
+  const renderer = AT.render.create({ state, ui, saved: STANDALONE, actions: { select, explainCell, downloadSvg, downloadPng, demo, selectLayer, selectBox } });
   const { renderSelection, renderPickers, syncPickers, renderStatus, renderFooter, renderDecode, renderSaturation,
     renderPresent, renderBlock } = renderer;
 
@@ -874,17 +874,46 @@
     }
   }
 
+  /**
+   * Save an SVG drawing as a PNG at 2× (a projector's slide): the SVG drawn on a canvas through a data: URL (the
+   * page's CSP allows data: images, a saved page's too), on white.
+   */
+  async function downloadPng(root, name) {
+    const text = svgFile(root);
+    const size = (attr) => Number((text.match(new RegExp(`<svg[^>]*\\s${attr}="([\\d.]+)"`)) || [])[1]);
+    const [w, h] = [size('width'), size('height')];
+    const img = new Image();
+    img.src = `data:image/svg+xml;base64,${btoa(String.fromCharCode(...new TextEncoder().encode(text)))}`;
+    try {
+      await img.decode();
+      const canvas = document.createElement('canvas');
+      canvas.width = Math.round(2 * w);
+      canvas.height = Math.round(2 * h);
+      const ctx = canvas.getContext('2d');
+      ctx.fillStyle = '#ffffff';
+      ctx.fillRect(0, 0, canvas.width, canvas.height);
+      ctx.drawImage(img, 0, 0, canvas.width, canvas.height);
+      const blob = await new Promise((resolve) => { canvas.toBlob(resolve, 'image/png'); });
+      saveBlob(blob, name);
+      ui.actionStatus.textContent = `Saved ${name} (${canvas.width} × ${canvas.height} px, 2× for a projector).`;
+    } catch (err) {
+      ui.actionStatus.textContent = `Could not make ${name}: ${err?.message || err}`;
+    }
+  }
+
   /** Save an SVG drawing (svg.js's element tree) as a file. */
   function downloadSvg(root, name) {
     saveBlob(new Blob([svgFile(root)], { type: 'image/svg+xml' }), name);
     ui.actionStatus.textContent = `Saved ${name}.`;
   }
 
-  function downloadComparisonSvg() {
+  function downloadComparisonSvg(png = false) {
     if (!state.main || !state.alt || state.altPending) return;
     const sentence = typeof state.main.body.sentence === 'string' ? state.main.body.sentence : null;
-    downloadSvg(comparisonSvg(state.main.doc, state.alt.doc, { query: state.query, head: state.head, sentence }),
-      `${exportNameOnScreen()}_comparison_q${state.query}_head${state.head}.svg`);
+    const root = comparisonSvg(state.main.doc, state.alt.doc, { query: state.query, head: state.head, sentence });
+    const name = `${exportNameOnScreen()}_comparison_q${state.query}_head${state.head}`;
+    if (png) downloadPng(root, `${name}.png`);
+    else downloadSvg(root, `${name}.svg`);
   }
 
   // ------------------------------------------------------------------ wiring
@@ -907,7 +936,8 @@
     ui.copy.addEventListener('click', copyCurl);
     ui.download.addEventListener('click', downloadJson);
     ui.downloadHtml.addEventListener('click', downloadHtml);
-    ui.saturationSvg.addEventListener('click', downloadComparisonSvg);
+    ui.saturationSvg.addEventListener('click', () => downloadComparisonSvg(false));
+    ui.saturationPng.addEventListener('click', () => downloadComparisonSvg(true));
     ui.decodeStep.addEventListener('input', () => {
       if (!state.main) return;
       state.step = Number(ui.decodeStep.value);
