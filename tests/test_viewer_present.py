@@ -391,3 +391,61 @@ def test_a_map_and_the_comparison_download_as_png_at_twice_their_svg(driver, ser
         w, h = (float(_re.search(rf'\s{a}="([\d.]+)"', head).group(1)) for a in ("width", "height"))
         assert png_size(png) == (round(2 * w), round(2 * h)), (pattern, png_size(png), w, h)
         assert "the cat sat" in svg  # the sentence on the figure
+
+
+# ---------------------------------------------------------------- themes
+
+
+TEXT_CONTRAST_JS = """
+    const lum = (rgb) => rgb.map((c) => c / 255).map((c) => (c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4))
+      .reduce((s, c, i) => s + c * [0.2126, 0.7152, 0.0722][i], 0);
+    const rgba = (css) => { const m = css.match(/^rgba?\\(([^)]*)\\)$/); if (!m) return null;
+      const p = m[1].split(/[ ,/]+/).filter(Boolean).map(Number); return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1]; };
+    const background = (el) => {
+      for (let e = el; e; e = e.parentElement) {
+        const cs = getComputedStyle(e);
+        if (cs.backgroundImage !== 'none') return null; // a gradient or hatch: not a flat colour
+        const c = rgba(cs.backgroundColor);
+        if (c === null) return null; // a colour-mixed cell: its own ink is tested elsewhere
+        if (c[3] > 0.99) return c.slice(0, 3);
+        if (c[3] > 0.01) return null;
+      }
+      return [255, 255, 255];
+    };
+    const out = [];
+    const visible = (el) => el.getClientRects().length > 0 && getComputedStyle(el).visibility !== 'hidden'
+      && !el.closest('.visually-hidden, [aria-hidden="true"], :disabled, .is-stale, .hm-cell, .mx-cell, .thumb-cell, .strip-cell, .rs-cell');
+    for (const el of document.querySelectorAll('body *')) {
+      if (!visible(el) || ![...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim())) continue;
+      const cs = getComputedStyle(el);
+      if (Number(cs.opacity) < 1) continue;
+      const ink = rgba(cs.color); const bg = background(el);
+      if (!ink || !bg) continue;
+      const [a, b] = [lum(ink.slice(0, 3)), lum(bg)].sort((x, y) => y - x);
+      const ratio = (a + 0.05) / (b + 0.05);
+      if (ratio < 4.5) out.push([el.tagName + '.' + el.className, el.textContent.trim().slice(0, 30), ratio.toFixed(2), cs.color, bg.join(',')]);
+    }
+    return out;"""
+
+
+@pytest.mark.parametrize("theme", ["light", "dark", "contrast", "system-dark"])
+def test_every_text_holds_4_5_to_1_in_every_theme(driver, server, console, theme):
+    screen(driver, 1280, 720)
+    dark_system = theme == "system-dark"
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia",
+                           {"features": [{"name": "prefers-color-scheme", "value": "dark" if dark_system else "light"}]})
+    try:
+        view = dict(sentence="the cat sat on the mat", d_model=24, num_heads=4, causal=1, q=1, head=0, block="gpt2",
+                    layers=2)
+        if not dark_system:
+            view["theme"] = theme
+        open_page(driver, server, fragment(**view))
+        wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, 'table[data-stage="weights"] td'))
+        want = "dark" if dark_system else theme
+        assert driver.find_element(By.ID, "theme").get_attribute("value") == ("system" if dark_system else theme)
+        surface = js(driver, "return getComputedStyle(document.querySelector('.panel')).backgroundColor")
+        assert (surface != "rgb(255, 255, 255)") == (want == "dark"), surface
+        bad = js(driver, TEXT_CONTRAST_JS)
+        assert bad == [], bad[:8]
+    finally:
+        driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})

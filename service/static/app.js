@@ -60,6 +60,7 @@
     step: null, // selected KV-cache decoding step (null: the first one)
     colour: 'auto', // the maps' colour scale (format.js, SCALE_MODES)
     text: 1, // the projector text scale (url-state.js, TEXT_SCALES)
+    theme: 'system', // the colour theme (url-state.js, THEMES; style.css)
     present: false, // present mode: one stage at a time
     slide: null, // present mode's slide (trace.js, presentSlides; null: the first)
     layer: null, // a stack's layer shown (0-based; null: the first); state.main.doc is that layer (trace.js, layerView)
@@ -110,7 +111,7 @@
     multihead: $('multihead-body'), footer: $('footer-versions'),
     explainSection: $('explain-section'), explainStatus: $('explain-status'), explainBody: $('explain-body'),
     matrices: $('matrices-body'), matricesTitle: $('matrices-title'), matricesReadout: $('matrices-readout'),
-    colourScale: $('colour-scale'), textScale: $('text-scale'),
+    colourScale: $('colour-scale'), textScale: $('text-scale'), theme: $('theme'),
     presentToggle: $('present-toggle'), presentBar: $('present-bar'), presentPrev: $('present-prev'),
     presentNext: $('present-next'), presentExit: $('present-exit'), presentWhere: $('present-where'),
     headPresets: $('head-presets'), headKinds: $('head-kinds'), sharpness: $('sharpness'),
@@ -355,6 +356,7 @@
       query: state.query, head: state.head, step: showStep ? state.step : null, colour: state.colour,
       present: state.present, slide: state.slide, layer: stack ? state.layer : null, bstage: stack ? state.bstage : null,
       text: state.text,
+      theme: state.theme,
       key: state.explain && state.explain.head === state.head && state.explain.query === state.query ? state.explain.key : null,
     });
     if (location.hash === hash) return;
@@ -374,7 +376,7 @@
   /** The query token, head, decoding step, colour scale and present mode from the address. */
   function readSelection() {
     const { key, ...selection } = selectionFromHash(location.hash);
-    Object.assign(state, { text: 1 }, selection);
+    Object.assign(state, { text: 1, theme: 'system' }, selection);
     state.pendingKey = key ?? null; // a shared link's clicked cell: explained once its trace is drawn
     state.queryText = null;
     ui.colourScale.value = state.colour;
@@ -790,6 +792,9 @@
   /** The text scale on the page (a CSS variable every font size follows) and in its control. */
   function showTextScale() {
     ui.textScale.value = String(state.text);
+    ui.theme.value = state.theme;
+    if (state.theme === 'system') delete document.documentElement.dataset.theme;
+    else document.documentElement.dataset.theme = state.theme;
     document.documentElement.style.setProperty('--text-scale', String(state.text));
   }
 
@@ -921,6 +926,11 @@
   function init() {
     ui.colourScale.addEventListener('change', setColour);
     ui.textScale.addEventListener('change', setTextScale);
+    ui.theme.addEventListener('change', () => {
+      state.theme = ui.theme.value;
+      showTextScale();
+      writeHash();
+    });
     ui.presentToggle.addEventListener('click', () => setPresent(!state.present));
     ui.presentExit.addEventListener('click', () => setPresent(false));
     ui.presentNext.addEventListener('click', () => step(1));
