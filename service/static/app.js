@@ -265,7 +265,8 @@
     setText(ui.factScale, card.shown.scale);
     // The stack's totals (its FFN and norms) are the service's answer's: shown while the inputs still ask for it.
     const withoutSentence = (body) => JSON.stringify({ ...body, sentence: null });
-    if (!state.main || withoutSentence(readRequest().body) !== withoutSentence(state.main.body)) ui.factStack.hidden = true;
+    const stale = !state.main || withoutSentence(readRequest().body) !== withoutSentence(state.main.body);
+    if (stale && !ui.factStack.hidden) ui.factStack.hidden = true; // (no mutation when nothing changes: the card stays put)
     if (card.sliderMax !== null && ui.heads.max !== String(card.sliderMax)) ui.heads.max = String(card.sliderMax);
     if (card.dModel !== null && ui.divisors.dataset.for !== String(card.dModel)) {
       ui.divisors.replaceChildren(...divisors(card.dModel, limits.max_heads).map((d) => h('option', { value: d, label: String(d) })));
@@ -513,9 +514,12 @@
     setText(ui.factParams, int(2 * cfg.d_model * cfg.d_model + 2 * kv * cfg.d_k * cfg.d_model));
     setText(ui.factScale, fmt(cfg.scale_factor, 4));
     const layers = cfg.num_layers ?? 1;
-    ui.factStack.hidden = !isStack(main.doc.full || main.doc);
-    setText(ui.factStackLabel, `The whole stack (${layers} layer${layers === 1 ? '' : 's'}, with FFN and norms)`);
-    setText(ui.factStackValue, `${int(cfg.n_matrices)} matrices, ${int(cfg.n_parameters)} weights`);
+    const stack = isStack(main.doc.full || main.doc);
+    if (ui.factStack.hidden === stack) ui.factStack.hidden = !stack; // only a change mutates the card
+    if (stack) {
+      setText(ui.factStackLabel, `The whole stack (${layers} layer${layers === 1 ? '' : 's'}, with FFN and norms)`);
+      setText(ui.factStackValue, `${int(cfg.n_matrices)} matrices, ${int(cfg.n_parameters)} weights`);
+    }
     ui.download.disabled = false;
     ui.downloadHtml.disabled = false;
     clearExplain('The inputs changed: click a cell (or press Enter on it) to explain it.');
