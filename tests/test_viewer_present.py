@@ -449,3 +449,24 @@ def test_every_text_holds_4_5_to_1_in_every_theme(driver, server, console, theme
         assert bad == [], bad[:8]
     finally:
         driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+
+
+def test_the_block_diagram_downloads_as_svg_and_png(driver, server, console, browser_dirs):
+    from xml.etree import ElementTree
+
+    from viewer_browser_support import clear_downloads, wait_download
+
+    screen(driver, 1280, 720)
+    downloads = clear_downloads(browser_dirs)
+    open_page(driver, server, fragment(sentence="the cat sat", d_model=24, num_heads=2, block="gpt2", layers=2, layer=1,
+                                       causal=1, q=1, head=0))
+    wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#block-diagram svg"))
+    driver.find_element(By.ID, "download-block-svg").click()
+    svg = wait_download(downloads, "*_block_layer1.svg").read_text(encoding="utf-8")
+    root = ElementTree.fromstring(svg.encode())
+    texts = [t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "“the cat sat”" in texts and any(t.startswith("The block · layer 1 of 2") for t in texts), texts[:4]
+    assert any("reads LN₁(x)" in t for t in texts)
+    driver.find_element(By.ID, "download-block-png").click()
+    png = wait_download(downloads, "*_block_layer1.png")
+    assert png_size(png) == (2 * int(float(root.get("width"))), 2 * int(float(root.get("height"))))

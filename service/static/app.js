@@ -90,7 +90,7 @@
     kvHeads: $('num_kv_heads'), window: $('window'), contextSentence: $('context_sentence'), decode: $('decode'),
     contextTokens: $('context_tokens'), block: $('block'), numLayers: $('num_layers'),
     layerPicker: $('layer-picker'), layerOptions: $('layer-options'),
-    blockSection: $('block-section'), blockTitle: $('block-title'), blockDiagram: $('block-diagram'), blockStage: $('block-stage'),
+    blockSection: $('block-section'), blockSvg: $('download-block-svg'), blockPng: $('download-block-png'), blockTitle: $('block-title'), blockDiagram: $('block-diagram'), blockStage: $('block-stage'),
     residualSection: $('residual-section'), residualBody: $('residual-body'),
     kvSection: $('kv-section'), kvBody: $('kv-body'),
     decodeSection: $('decode-section'), decodeBody: $('decode-body'), decodeStep: $('decode-step'),
@@ -888,7 +888,7 @@
    * page's CSP allows data: images, a saved page's too), on white.
    */
   async function downloadPng(root, name) {
-    const text = svgFile(root);
+    const text = typeof root === 'string' ? root : svgFile(root);
     const size = (attr) => Number((text.match(new RegExp(`<svg[^>]*\\s${attr}="([\\d.]+)"`)) || [])[1]);
     const [w, h] = [size('width'), size('height')];
     const img = new Image();
@@ -907,6 +907,56 @@
       ui.actionStatus.textContent = `Saved ${name} (${canvas.width} × ${canvas.height} px, 2× for a projector).`;
     } catch (err) {
       ui.actionStatus.textContent = `Could not make ${name}: ${err?.message || err}`;
+    }
+  }
+
+  /**
+   * The block's diagram on screen as a stand-alone SVG file: its shapes with their computed colours and fonts written
+   * in (the page draws them with style.css's classes), under a heading with the layer and the sentence.
+   */
+  function diagramFile() {
+    const svg = ui.blockDiagram.querySelector('svg');
+    if (!svg || !state.main) return null;
+    const copy = svg.cloneNode(true);
+    const from = [svg, ...svg.querySelectorAll('*')];
+    const to = [copy, ...copy.querySelectorAll('*')];
+    const props = ['fill', 'stroke', 'stroke-width', 'stroke-dasharray', 'font-size', 'font-weight', 'font-style', 'font-family'];
+    from.forEach((el, i) => {
+      const cs = getComputedStyle(el);
+      for (const p of props) if (cs.getPropertyValue(p)) to[i].setAttribute(p, cs.getPropertyValue(p));
+      for (const a of ['class', 'tabindex', 'role', 'aria-pressed', 'aria-label']) to[i].removeAttribute(a);
+    });
+    const [, , w, h] = svg.getAttribute('viewBox').split(' ').map(Number);
+    const sentence = typeof state.main.body.sentence === 'string' ? state.main.body.sentence : state.main.doc.tokens.map((t) => t.text).join(' ');
+    const ns = 'http://www.w3.org/2000/svg';
+    const group = document.createElementNS(ns, 'g');
+    group.setAttribute('transform', 'translate(0 44)');
+    group.append(...copy.childNodes);
+    const heading = (text) => Object.assign(document.createElementNS(ns, 'text'), { textContent: text });
+    const title = heading(ui.blockTitle.textContent);
+    const line = heading(`“${sentence}”`);
+    [[title, 18, 14, 700], [line, 36, 12, 400]].forEach(([t, y, size, weight]) => {
+      for (const [k, v] of Object.entries({ x: 8, y, 'font-size': size, 'font-weight': weight, fill: '#16191f', 'font-family': 'sans-serif' })) t.setAttribute(k, v);
+    });
+    const width = Math.max(w, 8 + 7 * Math.max(title.textContent.length, line.textContent.length));
+    copy.setAttribute('xmlns', ns);
+    copy.setAttribute('viewBox', `0 0 ${width} ${h + 44}`);
+    copy.setAttribute('width', String(width));
+    copy.setAttribute('height', String(h + 44));
+    const bg = document.createElementNS(ns, 'rect');
+    for (const [k, v] of Object.entries({ x: 0, y: 0, width: '100%', height: '100%', fill: '#ffffff' })) bg.setAttribute(k, v);
+    copy.append(bg, title, line, group);
+    return `<?xml version="1.0" encoding="UTF-8"?>\n${new XMLSerializer().serializeToString(copy)}\n`;
+  }
+
+  function downloadDiagram(png) {
+    const text = diagramFile();
+    if (!text) return;
+    const name = `${exportNameOnScreen()}_block_layer${state.main.doc.layer ?? 0}`;
+    if (png) downloadPng(text, `${name}.png`);
+    else {
+      saveBlob(new Blob([text], { type: 'image/svg+xml' }), `${name}.svg`);
+      ui.actionStatus.textContent = `Saved ${name}.svg.`;
     }
   }
 
@@ -952,6 +1002,8 @@
     ui.downloadHtml.addEventListener('click', downloadHtml);
     ui.saturationSvg.addEventListener('click', () => downloadComparisonSvg(false));
     ui.saturationPng.addEventListener('click', () => downloadComparisonSvg(true));
+    ui.blockSvg.addEventListener('click', () => downloadDiagram(false));
+    ui.blockPng.addEventListener('click', () => downloadDiagram(true));
     ui.decodeStep.addEventListener('input', () => {
       if (!state.main) return;
       state.step = Number(ui.decodeStep.value);
