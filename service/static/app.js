@@ -62,6 +62,7 @@
     generated: 0, // how many of the answer's generated tokens the next-token panel has appended
     colour: 'auto', // the maps' colour scale (format.js, SCALE_MODES)
     text: 1, // the projector text scale (url-state.js, TEXT_SCALES)
+    theme: 'system', // the colour theme (url-state.js, THEMES; style.css)
     present: false, // present mode: one stage at a time
     slide: null, // present mode's slide (trace.js, presentSlides; null: the first)
     layer: null, // a stack's layer shown (0-based; null: the first); state.main.doc is that layer (trace.js, layerView)
@@ -96,7 +97,7 @@
     ablateHead: $('ablate-head'), ablateLabel: $('ablate-label'), intervention: $('intervention'),
     ablateMlp: $('ablate-mlp'), ablateMlpLabel: $('ablate-mlp-label'),
     interventionBody: $('intervention-body'),
-    blockSection: $('block-section'), blockTitle: $('block-title'), blockDiagram: $('block-diagram'), blockStage: $('block-stage'),
+    blockSection: $('block-section'), blockSvg: $('download-block-svg'), blockPng: $('download-block-png'), blockTitle: $('block-title'), blockDiagram: $('block-diagram'), blockStage: $('block-stage'),
     residualSection: $('residual-section'), residualBody: $('residual-body'),
     kvSection: $('kv-section'), kvBody: $('kv-body'),
     decodeSection: $('decode-section'), decodeBody: $('decode-body'), decodeStep: $('decode-step'),
@@ -115,11 +116,11 @@
     problem: $('problem'), results: $('results'),
     walkthrough: $('walkthrough-body'), walkthroughTitle: $('walkthrough-title'),
     maps: $('maps-body'), mapsTitle: $('maps-title'), readout: $('maps-readout'), thumbs: $('thumbs-body'),
-    saturation: $('saturation-body'), saturationSection: $('saturation'), saturationSvg: $('download-saturation-svg'),
+    saturation: $('saturation-body'), saturationSection: $('saturation'), saturationSvg: $('download-saturation-svg'), saturationPng: $('download-saturation-png'),
     multihead: $('multihead-body'), footer: $('footer-versions'),
     explainSection: $('explain-section'), explainStatus: $('explain-status'), explainBody: $('explain-body'),
     matrices: $('matrices-body'), matricesTitle: $('matrices-title'), matricesReadout: $('matrices-readout'),
-    colourScale: $('colour-scale'), textScale: $('text-scale'),
+    colourScale: $('colour-scale'), textScale: $('text-scale'), theme: $('theme'),
     presentToggle: $('present-toggle'), presentBar: $('present-bar'), presentPrev: $('present-prev'),
     presentNext: $('present-next'), presentExit: $('present-exit'), presentWhere: $('present-where'),
     headPresets: $('head-presets'), headKinds: $('head-kinds'), sharpness: $('sharpness'),
@@ -178,7 +179,7 @@
 
   const explainer = AT.explain.create({ state, ui, saved: STANDALONE });
   const { explainCell, clearExplain } = explainer;
-  const renderer = AT.render.create({ state, ui, saved: STANDALONE, actions: { select, explainCell, downloadSvg, demo, selectLayer, selectBox } });
+  const renderer = AT.render.create({ state, ui, saved: STANDALONE, actions: { select, explainCell, downloadSvg, downloadPng, demo, selectLayer, selectBox } });
   const { renderSelection, renderPickers, syncPickers, renderStatus, renderFooter, renderDecode, renderSaturation,
     renderPresent, renderBlock, renderNextToken } = renderer;
 
@@ -289,7 +290,8 @@
     setText(ui.factScale, card.shown.scale);
     // The stack's totals (its FFN and norms) are the service's answer's: shown while the inputs still ask for it.
     const withoutSentence = (body) => JSON.stringify({ ...body, sentence: null });
-    if (!state.main || withoutSentence(readRequest().body) !== withoutSentence(state.main.body)) ui.factStack.hidden = true;
+    const stale = !state.main || withoutSentence(readRequest().body) !== withoutSentence(state.main.body);
+    if (stale && !ui.factStack.hidden) ui.factStack.hidden = true; // (no mutation when nothing changes: the card stays put)
     if (card.sliderMax !== null && ui.heads.max !== String(card.sliderMax)) ui.heads.max = String(card.sliderMax);
     if (card.dModel !== null && ui.divisors.dataset.for !== String(card.dModel)) {
       ui.divisors.replaceChildren(...divisors(card.dModel, limits.max_heads).map((d) => h('option', { value: d, label: String(d) })));
@@ -380,6 +382,7 @@
       query: state.query, head: state.head, step: showStep ? state.step : null, colour: state.colour,
       present: state.present, slide: state.slide, layer: stack ? state.layer : null, bstage: stack ? state.bstage : null,
       text: state.text,
+      theme: state.theme,
       key: state.explain && state.explain.head === state.head && state.explain.query === state.query ? state.explain.key : null,
     });
     if (location.hash === hash) return;
@@ -399,7 +402,7 @@
   /** The query token, head, decoding step, colour scale and present mode from the address. */
   function readSelection() {
     const { key, ...selection } = selectionFromHash(location.hash);
-    Object.assign(state, { text: 1 }, selection);
+    Object.assign(state, { text: 1, theme: 'system' }, selection);
     state.pendingKey = key ?? null; // a shared link's clicked cell: explained once its trace is drawn
     state.queryText = null;
     ui.colourScale.value = state.colour;
@@ -540,9 +543,12 @@
     setText(ui.factParams, int(2 * cfg.d_model * cfg.d_model + 2 * kv * cfg.d_k * cfg.d_model));
     setText(ui.factScale, fmt(cfg.scale_factor, 4));
     const layers = cfg.num_layers ?? 1;
-    ui.factStack.hidden = !isStack(main.doc.full || main.doc);
-    setText(ui.factStackLabel, `The whole stack (${layers} layer${layers === 1 ? '' : 's'}, with FFN and norms)`);
-    setText(ui.factStackValue, `${int(cfg.n_matrices)} matrices, ${int(cfg.n_parameters)} weights`);
+    const stack = isStack(main.doc.full || main.doc);
+    if (ui.factStack.hidden === stack) ui.factStack.hidden = !stack; // only a change mutates the card
+    if (stack) {
+      setText(ui.factStackLabel, `The whole stack (${layers} layer${layers === 1 ? '' : 's'}, with FFN and norms)`);
+      setText(ui.factStackValue, `${int(cfg.n_matrices)} matrices, ${int(cfg.n_parameters)} weights`);
+    }
     ui.download.disabled = false;
     ui.downloadHtml.disabled = false;
     clearExplain('The inputs changed: click a cell (or press Enter on it) to explain it.');
@@ -859,6 +865,9 @@
   /** The text scale on the page (a CSS variable every font size follows) and in its control. */
   function showTextScale() {
     ui.textScale.value = String(state.text);
+    ui.theme.value = state.theme;
+    if (state.theme === 'system') delete document.documentElement.dataset.theme;
+    else document.documentElement.dataset.theme = state.theme;
     document.documentElement.style.setProperty('--text-scale', String(state.text));
   }
 
@@ -943,17 +952,96 @@
     }
   }
 
+  /**
+   * Save an SVG drawing as a PNG at 2× (a projector's slide): the SVG drawn on a canvas through a data: URL (the
+   * page's CSP allows data: images, a saved page's too), on white.
+   */
+  async function downloadPng(root, name) {
+    const text = typeof root === 'string' ? root : svgFile(root);
+    const size = (attr) => Number((text.match(new RegExp(`<svg[^>]*\\s${attr}="([\\d.]+)"`)) || [])[1]);
+    const [w, h] = [size('width'), size('height')];
+    const img = new Image();
+    img.src = `data:image/svg+xml;base64,${btoa(String.fromCharCode(...new TextEncoder().encode(text)))}`;
+    try {
+      await img.decode();
+      const canvas = document.createElement('canvas');
+      canvas.width = Math.round(2 * w);
+      canvas.height = Math.round(2 * h);
+      const ctx = canvas.getContext('2d');
+      ctx.fillStyle = '#ffffff';
+      ctx.fillRect(0, 0, canvas.width, canvas.height);
+      ctx.drawImage(img, 0, 0, canvas.width, canvas.height);
+      const blob = await new Promise((resolve) => { canvas.toBlob(resolve, 'image/png'); });
+      saveBlob(blob, name);
+      ui.actionStatus.textContent = `Saved ${name} (${canvas.width} × ${canvas.height} px, 2× for a projector).`;
+    } catch (err) {
+      ui.actionStatus.textContent = `Could not make ${name}: ${err?.message || err}`;
+    }
+  }
+
+  /**
+   * The block's diagram on screen as a stand-alone SVG file: its shapes with their computed colours and fonts written
+   * in (the page draws them with style.css's classes), under a heading with the layer and the sentence.
+   */
+  function diagramFile() {
+    const svg = ui.blockDiagram.querySelector('svg');
+    if (!svg || !state.main) return null;
+    const copy = svg.cloneNode(true);
+    const from = [svg, ...svg.querySelectorAll('*')];
+    const to = [copy, ...copy.querySelectorAll('*')];
+    const props = ['fill', 'stroke', 'stroke-width', 'stroke-dasharray', 'font-size', 'font-weight', 'font-style', 'font-family'];
+    from.forEach((el, i) => {
+      const cs = getComputedStyle(el);
+      for (const p of props) if (cs.getPropertyValue(p)) to[i].setAttribute(p, cs.getPropertyValue(p));
+      for (const a of ['class', 'tabindex', 'role', 'aria-pressed', 'aria-label']) to[i].removeAttribute(a);
+    });
+    const [, , w, h] = svg.getAttribute('viewBox').split(' ').map(Number);
+    const sentence = typeof state.main.body.sentence === 'string' ? state.main.body.sentence : state.main.doc.tokens.map((t) => t.text).join(' ');
+    const ns = 'http://www.w3.org/2000/svg';
+    const group = document.createElementNS(ns, 'g');
+    group.setAttribute('transform', 'translate(0 44)');
+    group.append(...copy.childNodes);
+    const heading = (text) => Object.assign(document.createElementNS(ns, 'text'), { textContent: text });
+    const title = heading(ui.blockTitle.textContent);
+    const line = heading(`“${sentence}”`);
+    [[title, 18, 14, 700], [line, 36, 12, 400]].forEach(([t, y, size, weight]) => {
+      for (const [k, v] of Object.entries({ x: 8, y, 'font-size': size, 'font-weight': weight, fill: '#16191f', 'font-family': 'sans-serif' })) t.setAttribute(k, v);
+    });
+    const width = Math.max(w, 8 + 7 * Math.max(title.textContent.length, line.textContent.length));
+    copy.setAttribute('xmlns', ns);
+    copy.setAttribute('viewBox', `0 0 ${width} ${h + 44}`);
+    copy.setAttribute('width', String(width));
+    copy.setAttribute('height', String(h + 44));
+    const bg = document.createElementNS(ns, 'rect');
+    for (const [k, v] of Object.entries({ x: 0, y: 0, width: '100%', height: '100%', fill: '#ffffff' })) bg.setAttribute(k, v);
+    copy.append(bg, title, line, group);
+    return `<?xml version="1.0" encoding="UTF-8"?>\n${new XMLSerializer().serializeToString(copy)}\n`;
+  }
+
+  function downloadDiagram(png) {
+    const text = diagramFile();
+    if (!text) return;
+    const name = `${exportNameOnScreen()}_block_layer${state.main.doc.layer ?? 0}`;
+    if (png) downloadPng(text, `${name}.png`);
+    else {
+      saveBlob(new Blob([text], { type: 'image/svg+xml' }), `${name}.svg`);
+      ui.actionStatus.textContent = `Saved ${name}.svg.`;
+    }
+  }
+
   /** Save an SVG drawing (svg.js's element tree) as a file. */
   function downloadSvg(root, name) {
     saveBlob(new Blob([svgFile(root)], { type: 'image/svg+xml' }), name);
     ui.actionStatus.textContent = `Saved ${name}.`;
   }
 
-  function downloadComparisonSvg() {
+  function downloadComparisonSvg(png = false) {
     if (!state.main || !state.alt || state.altPending) return;
     const sentence = typeof state.main.body.sentence === 'string' ? state.main.body.sentence : null;
-    downloadSvg(comparisonSvg(state.main.doc, state.alt.doc, { query: state.query, head: state.head, sentence }),
-      `${exportNameOnScreen()}_comparison_q${state.query}_head${state.head}.svg`);
+    const root = comparisonSvg(state.main.doc, state.alt.doc, { query: state.query, head: state.head, sentence });
+    const name = `${exportNameOnScreen()}_comparison_q${state.query}_head${state.head}`;
+    if (png) downloadPng(root, `${name}.png`);
+    else downloadSvg(root, `${name}.svg`);
   }
 
   // ------------------------------------------------------------------ wiring
@@ -963,6 +1051,11 @@
     ui.textScale.addEventListener('change', setTextScale);
     ui.ablateHead.addEventListener('change', toggleAblation);
     ui.ablateMlp.addEventListener('change', toggleMlpAblation);
+    ui.theme.addEventListener('change', () => {
+      state.theme = ui.theme.value;
+      showTextScale();
+      writeHash();
+    });
     ui.presentToggle.addEventListener('click', () => setPresent(!state.present));
     ui.presentExit.addEventListener('click', () => setPresent(false));
     ui.presentNext.addEventListener('click', () => step(1));
@@ -978,7 +1071,10 @@
     ui.copy.addEventListener('click', copyCurl);
     ui.download.addEventListener('click', downloadJson);
     ui.downloadHtml.addEventListener('click', downloadHtml);
-    ui.saturationSvg.addEventListener('click', downloadComparisonSvg);
+    ui.saturationSvg.addEventListener('click', () => downloadComparisonSvg(false));
+    ui.saturationPng.addEventListener('click', () => downloadComparisonSvg(true));
+    ui.blockSvg.addEventListener('click', () => downloadDiagram(false));
+    ui.blockPng.addEventListener('click', () => downloadDiagram(true));
     ui.lmTemperature.addEventListener('input', () => { // the bars redrawn from the answer's logits: no request
       state.temperature = Number(ui.lmTemperature.value);
       renderNextToken();

@@ -488,7 +488,13 @@
             'aria-label': `Download the ${title.toLowerCase()} map of head ${state.head} as SVG`,
             onclick: () => actions.downloadSvg(heatmapSvg(svgSpec, { doc: state.main.doc, head: state.head, sentence: typedSentence() }),
               `${exportName(state.main.doc, state.main.body)}_${stage}_head${state.head}.svg`),
-          }, 'Download SVG')));
+          }, 'Download SVG'),
+          h('button', {
+            type: 'button', class: 'button button-small', data: { png: stage },
+            'aria-label': `Download the ${title.toLowerCase()} map of head ${state.head} as PNG (2×)`,
+            onclick: () => actions.downloadPng(heatmapSvg(svgSpec, { doc: state.main.doc, head: state.head, sentence: typedSentence() }),
+              `${exportName(state.main.doc, state.main.body)}_${stage}_head${state.head}.png`),
+          }, 'PNG (2×)')));
     }
 
     /**
@@ -878,6 +884,7 @@
       ui.saturationSection.classList.toggle('is-updating', state.altPending);
       ui.saturationSection.setAttribute('aria-busy', String(state.altPending));
       ui.saturationSvg.disabled = state.altPending || !state.alt;
+      if (ui.saturationPng) ui.saturationPng.disabled = ui.saturationSvg.disabled;
       if (state.altPending) return;
       if (!state.alt) {
         const msg = state.altError ? `The comparison trace failed: ${state.altError.message}`

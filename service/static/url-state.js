@@ -326,6 +326,7 @@
     if (selection.present && selection.slide) p.set('slide', selection.slide);
     // ---- the view's own settings for a lecture hall (text scale), each only when not the default
     if (selection.text && selection.text !== 1) p.set('text', String(Math.round(selection.text * 100)));
+    if (THEMES.includes(selection.theme) && selection.theme !== 'system') p.set('theme', selection.theme);
     // the clicked cell: its key (its query and head are q and head), so that a shared link explains it again
     if (Number.isInteger(selection.key) && selection.key >= 0) p.set('key', String(selection.key));
     return `#${p.toString()}`;
@@ -393,14 +394,17 @@
       ...(TEXT_SCALES.includes(Number(get('text', '100')) / 100) && get('text', '100') !== '100'
         ? { text: Number(get('text', '100')) / 100 } : {}),
       ...(/^\d{1,4}$/.test(get('key', '')) ? { key: Number(get('key', '')) } : {}),
+      ...(THEMES.includes(get('theme', '')) && get('theme', '') !== 'system' ? { theme: get('theme', '') } : {}),
     };
   }
 
   /** The projector text scales the page offers (× the text size; present mode's 125% on top). */
   const TEXT_SCALES = Object.freeze([1, 1.25, 1.5, 2]);
+  /** The colour themes: the system's preference (light or dark, more contrast), or one chosen (style.css). */
+  const THEMES = Object.freeze(['system', 'light', 'dark', 'contrast']);
 
   globalThis.AttentionTrace.urlState = Object.freeze({
     FIELDS, FIELD, DEFAULTS, DEFAULT_FIELDS, BLOCKS, HEAD_KINDS, headKinds, kindsText, PRESET_FIELDS, withPreset, readInt, splitLines, requestFrom, fieldsFromTrace, comparisonBody, divisors, dkCard, fieldError, curlFor,
-    hashFor, fieldsFromHash, selectionFromHash, UI_WORDS, uiWords, TEXT_SCALES,
+    hashFor, fieldsFromHash, selectionFromHash, UI_WORDS, uiWords, TEXT_SCALES, THEMES,
   });
 })();
