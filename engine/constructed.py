@@ -401,7 +401,8 @@ def constructed_block_parameters(seeded: BlockParameters, kinds: tuple[str, ...]
     ``norm_scale``, the σ² the layout gives x, and its W_V by σ, so that its scores stay about sharpness × the
     closed form (uncorrected, 1/σ² is about d_model/10: an induction head's raw scores were in the tens of
     thousands) and what it copies has the length it had in x (an induction head's layer 1 subtracts the key's own
-    token from the previous token layer 0 copied). An induction head's layer 1 and later keep W_V (constructed_attention)."""
+    token from the previous token layer 0 copied). An induction head's layer 1 and later keep their W_V
+    (``constructed_attention`` says why)."""
     layers = []
     for i, p in enumerate(seeded.layers):
         zero = {name: _zeros(W.shape) for name, W in (("W_1", p.W_1), ("W_2", p.W_2), ("W_3", p.W_3))
