@@ -78,10 +78,10 @@ DEFAULT_SHARPNESS = 10.0
 #: a match (1), a little above half way, since an unmatched query's other keys score the difference of two
 #: cosines of unrelated unit vectors (about N(0, 2/t)) and a matched key only one (N(0, 1/t))
 SINK = 0.6
-#: below this token width the induction head's sink and its subtraction of the key's own token are scaled down by
-#: t/SINK_WIDTH (``sink_scale``): unrelated tokens' cosines (about N(0, 1/t)) are then too wide for a sink to hold,
-#: and the subtraction doubles the noise every match must beat (measured at d_model 64, t = 22: in full it let the
-#: last A of "… A B … A" find B 459 times in 500, scaled 500/500)
+#: below this token width the induction head's subtraction of the key's own token is scaled down by c = t/SINK_WIDTH
+#: and its sink by c² (``sink_scale``): unrelated tokens' cosines (about N(0, 1/t)) are then too wide for a sink to
+#: hold, and the subtraction doubles the noise every match must beat (measured at d_model 64, t = 22: in full it let
+#: the last A of "… A B … A" find B 459 times in 500, scaled 500/500)
 SINK_WIDTH = 48
 #: the position code's fastest cos coordinate, (−1)^pos (pair 0: ω_0 = π, ε_0 = +1), a token's parity
 PARITY = 1
@@ -306,12 +306,12 @@ def same_token_head(lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray, ...
 
 
 def sink_scale(t: int) -> float:
-    """c = min(1, t/SINK_WIDTH): how much of its own token an induction key subtracts, and of SINK it adds at key 0."""
+    """c = min(1, t/SINK_WIDTH): how much of its own token an induction key subtracts (key 0 adds c²·SINK)."""
     return min(1.0, t / SINK_WIDTH)
 
 
 def induction_match_head(lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray, ...]:
-    """Layer 1 of an induction head: scores sharpness·(Eᵢ·(Pⱼ − c·Eⱼ) + c·SINK·sⱼ/2) on m = min(t, d_k − P) token
+    """Layer 1 of an induction head: scores sharpness·(Eᵢ·(Pⱼ − c·Eⱼ) + c²·SINK·sⱼ/2) on m = min(t, d_k − P) token
     rows and one sink row, c = ``sink_scale(t)`` (1 from t = SINK_WIDTH on).
 
     The match: the query's token against the key's previous token Pⱼ (written by layer 0), less the key's own token.
@@ -320,8 +320,9 @@ def induction_match_head(lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray
     the parity layer 0 copied from its previous token, 2 at key 0 and 0 at every other key, read by the query's
     constant 1. A query with an earlier copy of its token finds 1 at the key after it and SINK at key 0; a query
     without one finds SINK at key 0 and only the cosines of unrelated unit vectors (about N(0, 2/t)) elsewhere.
-    Below SINK_WIDTH both the subtraction and the sink are scaled by c: key 0's match is then (1 − c)·Eᵢ·E₀, and a
-    query whose token is the first one still scores key 1 about c·(1 − SINK) above key 0.
+    Below SINK_WIDTH the subtraction is scaled by c and the sink by c²: key 0's match is then (1 − c)·Eᵢ·E₀, and a
+    query whose token is the first one still scores key 1 about c·(1 − c·SINK) above key 0 (0.33 at t = 22), so
+    that little of its weight copies the first token back.
     V copies the key's own token."""
     m = min(lay.t, d_k - POSITION_PAIRS)
     W_Q = np.zeros((d_k, lay.d_model))  # [d_k, d_model]
@@ -331,7 +332,7 @@ def induction_match_head(lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray
     W_K[r, lay.previous_token.start + r] = 1.0
     c = sink_scale(lay.t)
     W_K[r, lay.token.start + r] = -c
-    W_Q[m, lay.one] = gain * c * SINK / 2.0
+    W_Q[m, lay.one] = gain * c * c * SINK / 2.0
     W_K[m, lay.position.start + PARITY] = SIGNS[0]
     W_K[m, lay.previous_parity] = 1.0
     W_V, W_O = _copy_values(lay, d_k, lay.token)
