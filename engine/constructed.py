@@ -78,6 +78,11 @@ DEFAULT_SHARPNESS = 10.0
 #: a match (1), a little above half way, since an unmatched query's other keys score the difference of two
 #: cosines of unrelated unit vectors (about N(0, 2/t)) and a matched key only one (N(0, 1/t))
 SINK = 0.6
+#: below this token width the induction head's subtraction of the key's own token is scaled down by c = t/SINK_WIDTH
+#: and its sink by c² (``sink_scale``): unrelated tokens' cosines (about N(0, 1/t)) are then too wide for a sink to
+#: hold, and the subtraction doubles the noise every match must beat (measured at d_model 64, t = 22: in full the
+#: last A of "… A B … A" found B on 186 of 200 sentences, scaled on 199–200; docs/engine.md, "Measured")
+SINK_WIDTH = 48
 #: the position code's fastest cos coordinate, (−1)^pos (pair 0: ω_0 = π, ε_0 = +1), a token's parity
 PARITY = 1
 #: the smallest RoPE margin (rope_margin) a previous-token head is built on: below it the scores would be huge
@@ -300,9 +305,14 @@ def same_token_head(lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray, ...
     return W_Q, W_K, W_V, W_O
 
 
+def sink_scale(t: int) -> float:
+    """c = min(1, t/SINK_WIDTH): how much of its own token an induction key subtracts (key 0 adds c²·SINK)."""
+    return min(1.0, t / SINK_WIDTH)
+
+
 def induction_match_head(lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray, ...]:
-    """Layer 1 of an induction head: scores sharpness·(Eᵢ·(Pⱼ − Eⱼ) + SINK·sⱼ/2) on m = min(t, d_k − P) token rows
-    and one sink row.
+    """Layer 1 of an induction head: scores sharpness·(Eᵢ·(Pⱼ − c·Eⱼ) + c²·SINK·sⱼ/2) on m = min(t, d_k − P) token
+    rows and one sink row, c = ``sink_scale(t)`` (1 from t = SINK_WIDTH on).
 
     The match: the query's token against the key's previous token Pⱼ (written by layer 0), less the key's own token.
     Key 0 has no previous token (under the causal mask layer 0 copies its own there, P₀ = E₀), so its match is
@@ -310,6 +320,9 @@ def induction_match_head(lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray
     the parity layer 0 copied from its previous token, 2 at key 0 and 0 at every other key, read by the query's
     constant 1. A query with an earlier copy of its token finds 1 at the key after it and SINK at key 0; a query
     without one finds SINK at key 0 and only the cosines of unrelated unit vectors (about N(0, 2/t)) elsewhere.
+    Below SINK_WIDTH the subtraction is scaled by c and the sink by c²: key 0's match is then (1 − c)·Eᵢ·E₀, and a
+    query whose token is the first one still scores key 1 about c·(1 − c·SINK) above key 0 (0.33 at t = 22), so
+    that little of its weight copies the first token back.
     V copies the key's own token."""
     m = min(lay.t, d_k - POSITION_PAIRS)
     W_Q = np.zeros((d_k, lay.d_model))  # [d_k, d_model]
@@ -317,8 +330,9 @@ def induction_match_head(lay: Layout, d_k: int, gain: float) -> tuple[np.ndarray
     r = np.arange(m)  # [m]
     W_Q[r, lay.token.start + r] = gain
     W_K[r, lay.previous_token.start + r] = 1.0
-    W_K[r, lay.token.start + r] = -1.0
-    W_Q[m, lay.one] = gain * SINK / 2.0
+    c = sink_scale(lay.t)
+    W_K[r, lay.token.start + r] = -c
+    W_Q[m, lay.one] = gain * c * c * SINK / 2.0
     W_K[m, lay.position.start + PARITY] = SIGNS[0]
     W_K[m, lay.previous_parity] = 1.0
     W_V, W_O = _copy_values(lay, d_k, lay.token)
@@ -354,14 +368,17 @@ def constructed_attention(seeded: Parameters, kinds: tuple[str, ...], layer: int
                           gain: float, value_scale: float = 1.0) -> Parameters:
     """A layer's attention weights: the seeded ones, with each constructed head's W_Qᵢ, W_Kᵢ, W_Vᵢ and its
     columns of W_O replaced (W_Vᵢ × ``value_scale``: σ under a norm, so that a head copies x's vectors at their
-    own length)."""
+    own length; not an induction head's match, layer 1 on, whose copy of B must outweigh the query's own token in
+    the stream: pre-norm it is read from the normalised stream, 1/σ (×2.3 at d_model 64) longer than A's embedding
+    in the raw one; a tied head then predicts B)."""
     W_Q, W_K, W_V, W_O = (np.array(a) for a in (seeded.W_Q, seeded.W_K, seeded.W_V, seeded.W_O))  # writable copies
     d_k = seeded.d_k
     for i, kind in enumerate(kinds):
         if kind == SEEDED:
             continue
         W_Q[i], W_K[i], W_V[i], W_O[:, i * d_k:(i + 1) * d_k] = head_weights(kind, layer, lay, d_k, gain)
-        W_V[i] *= value_scale
+        if not (kind == "induction" and layer > 0):  # the match's copy keeps the norm's gain (docstring)
+            W_V[i] *= value_scale
     for a in (W_Q, W_K, W_V, W_O):
         a.setflags(write=False)
     return Parameters(W_Q, W_K, W_V, W_O)
@@ -385,7 +402,8 @@ def constructed_block_parameters(seeded: BlockParameters, kinds: tuple[str, ...]
     ``norm_scale``, the σ² the layout gives x, and its W_V by σ, so that its scores stay about sharpness × the
     closed form (uncorrected, 1/σ² is about d_model/10: an induction head's raw scores were in the tens of
     thousands) and what it copies has the length it had in x (an induction head's layer 1 subtracts the key's own
-    token from the previous token layer 0 copied)."""
+    token from the previous token layer 0 copied). An induction head's layer 1 and later keep their W_V
+    (``constructed_attention`` says why)."""
     layers = []
     for i, p in enumerate(seeded.layers):
         zero = {name: _zeros(W.shape) for name, W in (("W_1", p.W_1), ("W_2", p.W_2), ("W_3", p.W_3))
