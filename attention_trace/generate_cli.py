@@ -13,41 +13,82 @@ from .cli_common import EXIT_OK, connection_options, make_client
 from .render import Style, fmt_percent
 
 #: the generate command's options as the request fields they set (for error messages)
-GENERATE_FLAGS = {"/sentence": "SENTENCE", "/generate": "--tokens", "/temperature": "--temperature",
-                  "/top_k": "--top-k", "/top_p": "--top-p", "/sample_seed": "--seed", "/seed": "--weights-seed",
-                  "/block": "--block", "/num_layers": "--layers", "/d_model": "--d-model", "/num_heads": "--heads",
-                  "/lm_head": "--lm-head", "/candidates": "--candidates", "/head_weights": "--head-weights",
-                  "/causal": "--block"}
+GENERATE_FLAGS = {
+    "/sentence": "SENTENCE",
+    "/generate": "--tokens",
+    "/temperature": "--temperature",
+    "/top_k": "--top-k",
+    "/top_p": "--top-p",
+    "/sample_seed": "--seed",
+    "/seed": "--weights-seed",
+    "/block": "--block",
+    "/num_layers": "--layers",
+    "/d_model": "--d-model",
+    "/num_heads": "--heads",
+    "/lm_head": "--lm-head",
+    "/candidates": "--candidates",
+    "/head_weights": "--head-weights",
+    "/causal": "--block",
+}
 
 
 def add_parser(sub: Any) -> None:
-    g = sub.add_parser("generate", help="generate tokens with a stack's language-model head, step by step",
-                       description="Generate --tokens N tokens after SENTENCE with a stack of blocks and its "
-                                   "language-model head (tied to the token embeddings unless --lm-head seeded), "
-                                   "each through a KV cache per layer, and print each step: the chosen token, its "
-                                   "probability and the candidates. Greedy unless --seed is given. The vocabulary "
-                                   "is the sentence's distinct tokens, then --candidates.")
+    g = sub.add_parser(
+        "generate",
+        help="generate tokens with a stack's language-model head, step by step",
+        description="Generate --tokens N tokens after SENTENCE with a stack of blocks and its "
+        "language-model head (tied to the token embeddings unless --lm-head seeded), "
+        "each through a KV cache per layer, and print each step: the chosen token, its "
+        "probability and the candidates. Greedy unless --seed is given. The vocabulary "
+        "is the sentence's distinct tokens, then --candidates.",
+    )
     g.add_argument("sentence", metavar="SENTENCE", help="the prompt (quote it)")
     g.add_argument("--tokens", type=int, default=5, metavar="N", dest="generate", help="how many tokens (default 5)")
     g.add_argument("--temperature", type=float, metavar="T", help="softmax(logits / T) (default 1)")
     g.add_argument("--top-k", type=int, metavar="K", dest="top_k", help="sample only among the K most probable")
-    g.add_argument("--top-p", type=float, metavar="P", dest="top_p",
-                   help="sample only among the fewest most probable tokens reaching P")
-    g.add_argument("--seed", type=int, metavar="S", dest="sample_seed",
-                   help="sample with this seed (default: greedy, the most probable token)")
-    g.add_argument("--weights-seed", type=int, metavar="N", dest="seed",
-                   help="seed of the embeddings and weights (default 0)")
-    g.add_argument("--block", choices=tuple(BLOCK_PRESETS), default="gpt2",
-                   help="the stack's preset (default gpt2; vaswani2017 is made causal)")
+    g.add_argument(
+        "--top-p",
+        type=float,
+        metavar="P",
+        dest="top_p",
+        help="sample only among the fewest most probable tokens reaching P",
+    )
+    g.add_argument(
+        "--seed",
+        type=int,
+        metavar="S",
+        dest="sample_seed",
+        help="sample with this seed (default: greedy, the most probable token)",
+    )
+    g.add_argument(
+        "--weights-seed", type=int, metavar="N", dest="seed", help="seed of the embeddings and weights (default 0)"
+    )
+    g.add_argument(
+        "--block",
+        choices=tuple(BLOCK_PRESETS),
+        default="gpt2",
+        help="the stack's preset (default gpt2; vaswani2017 is made causal)",
+    )
     g.add_argument("--layers", type=int, metavar="N", dest="num_layers", help="how many blocks (default 1)")
     g.add_argument("--d-model", type=int, metavar="N", dest="d_model", help="model width (default 24)")
     g.add_argument("--heads", type=int, metavar="N", dest="num_heads", help="number of heads (default 1)")
-    g.add_argument("--lm-head", choices=("tied", "seeded"), default="tied", dest="lm_head",
-                   help="the unembedding: the token embeddings (tied, default) or seeded rows")
-    g.add_argument("--candidates", nargs="+", metavar="TOKEN", help="tokens the vocabulary holds besides the "
-                   "sentence's")
-    g.add_argument("--head-weights", nargs="+", metavar="KIND", dest="head_weights",
-                   help="constructed heads, one kind per head (e.g. induction with --layers 2 --d-model 64)")
+    g.add_argument(
+        "--lm-head",
+        choices=("tied", "seeded"),
+        default="tied",
+        dest="lm_head",
+        help="the unembedding: the token embeddings (tied, default) or seeded rows",
+    )
+    g.add_argument(
+        "--candidates", nargs="+", metavar="TOKEN", help="tokens the vocabulary holds besides the sentence's"
+    )
+    g.add_argument(
+        "--head-weights",
+        nargs="+",
+        metavar="KIND",
+        dest="head_weights",
+        help="constructed heads, one kind per head (e.g. induction with --layers 2 --d-model 64)",
+    )
     g.add_argument("--json", action="store_true", help="print the answer's JSON instead")
     connection_options(g)
     g.set_defaults(run=run_generate, flags=GENERATE_FLAGS)
@@ -65,8 +106,14 @@ def generate_body(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_generate(args: argparse.Namespace, out: TextIO) -> int:
     with make_client(args) as client:
-        doc = client.generate(generate_body(args), tokens=args.generate, temperature=args.temperature,
-                              top_k=args.top_k, top_p=args.top_p, sample_seed=args.sample_seed)
+        doc = client.generate(
+            generate_body(args),
+            tokens=args.generate,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            sample_seed=args.sample_seed,
+        )
     if args.json:
         out.write(json.dumps(doc, ensure_ascii=False) + "\n")
         return EXIT_OK
@@ -78,11 +125,15 @@ def render_generation(doc: dict[str, Any], sentence: str, style: Style) -> str:
     c = doc["config"]
     how = "greedy" if c.get("sample_seed") is None else f"sampled, seed {c['sample_seed']}"
     filters = "".join(f", {k.replace('_', '-')} {c[k]}" for k in ("top_k", "top_p") if k in c)
-    lines = [f"{sentence}  →  {' '.join(s['token'] for s in doc['generation'])}",
-             f"({c['block']}, {c['num_layers']} layer(s), lm_head {c['lm_head']}, temperature {c['temperature']:g}, "
-             f"{how}{filters}; vocabulary of {c['n_vocabulary']})"]
+    lines = [
+        f"{sentence}  →  {' '.join(s['token'] for s in doc['generation'])}",
+        f"({c['block']}, {c['num_layers']} layer(s), lm_head {c['lm_head']}, temperature {c['temperature']:g}, "
+        f"{how}{filters}; vocabulary of {c['n_vocabulary']})",
+    ]
     for i, s in enumerate(doc["generation"], 1):
         candidates = ", ".join(f"{k['token']} {fmt_percent(k['probability'], 1)}" for k in s["candidates"][:5])
-        lines.append(f"step {i} (position {s['position']}): {style.bold(s['token'])} "
-                     f"p = {fmt_percent(s['probability'], 1)}   candidates: {candidates}")
+        lines.append(
+            f"step {i} (position {s['position']}): {style.bold(s['token'])} "
+            f"p = {fmt_percent(s['probability'], 1)}   candidates: {candidates}"
+        )
     return "\n".join(lines)

@@ -61,13 +61,21 @@ class Intervention:
 
     def describe(self) -> str:
         """One line, as the answer shows it: "layer 0 head 1 output (context, before W_O): zero at every position"."""
-        what = {"head_output": f"layer {self.layer} head {self.head} output (context, before W_O)",
-                "head_pattern": f"layer {self.layer} head {self.head} attention pattern",
-                "mlp_output": f"layer {self.layer} MLP output (ffn_output)",
-                "residual": f"residual stream at depth {self.layer} (residual_stream[{self.layer}])"}[self.target]
-        how = {"zero": "set to 0", "patch": "patched from the second input",
-               "mean": ("uniform over the allowed keys" if self.target == "head_pattern"
-                        else "set to its mean over the positions")}[self.kind]
+        what = {
+            "head_output": f"layer {self.layer} head {self.head} output (context, before W_O)",
+            "head_pattern": f"layer {self.layer} head {self.head} attention pattern",
+            "mlp_output": f"layer {self.layer} MLP output (ffn_output)",
+            "residual": f"residual stream at depth {self.layer} (residual_stream[{self.layer}])",
+        }[self.target]
+        how = {
+            "zero": "set to 0",
+            "patch": "patched from the second input",
+            "mean": (
+                "uniform over the allowed keys"
+                if self.target == "head_pattern"
+                else "set to its mean over the positions"
+            ),
+        }[self.kind]
         where = "every position" if self.positions is None else "positions " + ", ".join(map(str, self.positions))
         return f"{what}: {how} at {where}"
 
@@ -83,81 +91,146 @@ def value_name(config: TraceConfig, iv: Intervention) -> str:
 # ------------------------------------------------------------------ the rules
 
 
-def check_interventions(interventions: Sequence[Intervention], config: TraceConfig, n: int, *,
-                        patch_n: int | None = None, cross: bool = False, field: str = "interventions") -> None:
+def check_interventions(
+    interventions: Sequence[Intervention],
+    config: TraceConfig,
+    n: int,
+    *,
+    patch_n: int | None = None,
+    cross: bool = False,
+    field: str = "interventions",
+) -> None:
     """Every intervention names an activation this configuration computes, at a layer, head and positions that
     exist; a patch needs the second input (``patch_n`` its token count), of the same length. Every problem at
     once, each at its field."""
     problems: list[EngineError] = []
     if len(interventions) > MAX_INTERVENTIONS:
-        raise InvalidSizeError(f"{len(interventions)} interventions is more than the limit of {MAX_INTERVENTIONS}",
-                               field=field)
+        raise InvalidSizeError(
+            f"{len(interventions)} interventions is more than the limit of {MAX_INTERVENTIONS}", field=field
+        )
     layers = config.num_layers if config.has_block else 1
     for i, iv in enumerate(interventions):
         at = f"{field}/{i}"
         if iv.target not in TARGETS or iv.kind not in KINDS:
             bad, choices = ("target", TARGETS) if iv.target not in TARGETS else ("kind", KINDS)
-            problems.append(InvalidSizeError(f"{bad} must be one of {', '.join(choices)}", field=f"{at}/{bad}",
-                                             code="unknown_intervention"))
+            problems.append(
+                InvalidSizeError(
+                    f"{bad} must be one of {', '.join(choices)}", field=f"{at}/{bad}", code="unknown_intervention"
+                )
+            )
             continue
         if iv.target in ("mlp_output", "residual") and not config.has_block:
-            problems.append(StageUnavailableError(
-                f"{iv.target} is part of a Transformer block, and this trace is one attention layer: give block "
-                "(or another block field), or intervene on head_output or head_pattern", field=f"{at}/target",
-                code="intervention_needs_block"))
+            problems.append(
+                StageUnavailableError(
+                    f"{iv.target} is part of a Transformer block, and this trace is one attention layer: give block "
+                    "(or another block field), or intervene on head_output or head_pattern",
+                    field=f"{at}/target",
+                    code="intervention_needs_block",
+                )
+            )
             continue
         top = layers if iv.target == "residual" else layers - 1  # the residual stream has num_layers + 1 depths
         if not 0 <= iv.layer <= top:
-            problems.append(InvalidSizeError(
-                f"layer {iv.layer} does not exist: {iv.target} has layers 0 to {top}"
-                + (" (num_layers is the last layer's output)" if iv.target == "residual" else ""),
-                field=f"{at}/layer", code="intervention_out_of_range"))
+            problems.append(
+                InvalidSizeError(
+                    f"layer {iv.layer} does not exist: {iv.target} has layers 0 to {top}"
+                    + (" (num_layers is the last layer's output)" if iv.target == "residual" else ""),
+                    field=f"{at}/layer",
+                    code="intervention_out_of_range",
+                )
+            )
         if iv.target in _HEADED:
             if iv.head is None or not 0 <= iv.head < config.num_heads:
-                problems.append(InvalidSizeError(
-                    f"{iv.target} needs a head from 0 to {config.num_heads - 1}, got {iv.head}", field=f"{at}/head",
-                    code="intervention_out_of_range"))
+                problems.append(
+                    InvalidSizeError(
+                        f"{iv.target} needs a head from 0 to {config.num_heads - 1}, got {iv.head}",
+                        field=f"{at}/head",
+                        code="intervention_out_of_range",
+                    )
+                )
         elif iv.head is not None:
-            problems.append(InvalidSizeError(f"{iv.target} has no head: drop head", field=f"{at}/head",
-                                             code="intervention_out_of_range"))
+            problems.append(
+                InvalidSizeError(
+                    f"{iv.target} has no head: drop head", field=f"{at}/head", code="intervention_out_of_range"
+                )
+            )
         for j, p in enumerate(iv.positions or ()):
             if not 0 <= p < n:
-                problems.append(InvalidSizeError(f"position {p} does not exist: the sentence has positions 0 to "
-                                                 f"{n - 1}", field=f"{at}/positions/{j}",
-                                                 code="intervention_out_of_range"))
+                problems.append(
+                    InvalidSizeError(
+                        f"position {p} does not exist: the sentence has positions 0 to {n - 1}",
+                        field=f"{at}/positions/{j}",
+                        code="intervention_out_of_range",
+                    )
+                )
         if iv.positions is not None and (not iv.positions or len(set(iv.positions)) != len(iv.positions)):
-            problems.append(InvalidSizeError("positions must be distinct and at least one (or null: every "
-                                             "position)", field=f"{at}/positions", code="intervention_out_of_range"))
+            problems.append(
+                InvalidSizeError(
+                    "positions must be distinct and at least one (or null: every position)",
+                    field=f"{at}/positions",
+                    code="intervention_out_of_range",
+                )
+            )
         if iv.target == "head_pattern" and iv.kind == "zero":
-            problems.append(VariantConflictError(
-                "an attention pattern's rows sum to 1: its ablation is mean (uniform over the allowed keys); to "
-                "silence the head, zero its head_output", field=f"{at}/kind", code="pattern_not_zeroed"))
+            problems.append(
+                VariantConflictError(
+                    "an attention pattern's rows sum to 1: its ablation is mean (uniform over the allowed keys); to "
+                    "silence the head, zero its head_output",
+                    field=f"{at}/kind",
+                    code="pattern_not_zeroed",
+                )
+            )
         if iv.kind == "patch":
             if patch_n is None:
-                problems.append(VariantConflictError("a patch takes the activation from a second input: give "
-                                                     "patch_sentence (of the same length)", field=f"{at}/kind",
-                                                     code="patch_needs_sentence"))
+                problems.append(
+                    VariantConflictError(
+                        "a patch takes the activation from a second input: give patch_sentence (of the same length)",
+                        field=f"{at}/kind",
+                        code="patch_needs_sentence",
+                    )
+                )
             elif cross:
-                problems.append(VariantConflictError("patching runs the second input with this trace's own "
-                                                     "context; cross-attention is not patched: use zero or mean",
-                                                     field=f"{at}/kind", code="patch_needs_self_attention"))
+                problems.append(
+                    VariantConflictError(
+                        "patching runs the second input with this trace's own "
+                        "context; cross-attention is not patched: use zero or mean",
+                        field=f"{at}/kind",
+                        code="patch_needs_self_attention",
+                    )
+                )
     if patch_n is not None:
         if patch_n != n:
-            problems.append(VariantConflictError(
-                f"patch_sentence has {patch_n} tokens and the sentence {n}: patching replaces activations position "
-                f"by position, so both must have the same length", field="patch_sentence",
-                code="patch_length_mismatch"))
+            problems.append(
+                VariantConflictError(
+                    f"patch_sentence has {patch_n} tokens and the sentence {n}: patching replaces activations position "
+                    f"by position, so both must have the same length",
+                    field="patch_sentence",
+                    code="patch_length_mismatch",
+                )
+            )
         if not any(iv.kind == "patch" for iv in interventions):
-            problems.append(VariantConflictError("patch_sentence is read only by an intervention of kind patch: "
-                                                 "add one, or drop patch_sentence", field="patch_sentence",
-                                                 code="patch_sentence_unused"))
+            problems.append(
+                VariantConflictError(
+                    "patch_sentence is read only by an intervention of kind patch: add one, or drop patch_sentence",
+                    field="patch_sentence",
+                    code="patch_sentence_unused",
+                )
+            )
     raise_all(problems)
 
 
-def intervention_conflicts(*, interventions: bool, patch_given: bool = False, target_given: bool = False,
-                           explicit_input: bool = False, bug: bool = False, decode: bool = False,
-                           generate: bool = False, lm_head: bool = False, explain: bool = False
-                           ) -> list[EngineError]:
+def intervention_conflicts(
+    *,
+    interventions: bool,
+    patch_given: bool = False,
+    target_given: bool = False,
+    explicit_input: bool = False,
+    bug: bool = False,
+    decode: bool = False,
+    generate: bool = False,
+    lm_head: bool = False,
+    explain: bool = False,
+) -> list[EngineError]:
     """What interventions cannot be combined with: a known bug, decoding, generation (they recompute the
     trace without the intervention); the second input of a patch needs generated embeddings; a target token
     needs a language-model head."""
@@ -165,26 +238,49 @@ def intervention_conflicts(*, interventions: bool, patch_given: bool = False, ta
     if not interventions:
         for name, given in (("patch_sentence", patch_given), ("target_token", target_given)):
             if given:
-                out.append(VariantConflictError(f"{name} belongs to interventions: add interventions or drop "
-                                                f"{name}", field=name, code="needs_interventions"))
+                out.append(
+                    VariantConflictError(
+                        f"{name} belongs to interventions: add interventions or drop {name}",
+                        field=name,
+                        code="needs_interventions",
+                    )
+                )
         return out
     if explain:
-        out.append(VariantConflictError("/explain recomputes a cell from the trace's own steps, which interventions "
-                                        "replace: drop interventions (POST /trace shows the intervened numbers)",
-                                        field="interventions", code="interventions_conflict"))
+        out.append(
+            VariantConflictError(
+                "/explain recomputes a cell from the trace's own steps, which interventions "
+                "replace: drop interventions (POST /trace shows the intervened numbers)",
+                field="interventions",
+                code="interventions_conflict",
+            )
+        )
     for name, given in (("inject_bug", bug), ("decode", decode), ("generate", generate)):
         if given:
-            out.append(VariantConflictError(f"interventions and {name} cannot be combined: {name} recomputes the "
-                                            "trace without them; drop one", field="interventions",
-                                            code="interventions_conflict"))
+            out.append(
+                VariantConflictError(
+                    f"interventions and {name} cannot be combined: {name} recomputes the trace without them; drop one",
+                    field="interventions",
+                    code="interventions_conflict",
+                )
+            )
     if patch_given and explicit_input:
-        out.append(VariantConflictError("patch_sentence is embedded as the sentence is, and this trace takes your "
-                                        "own input: drop input or the patch", field="patch_sentence",
-                                        code="patch_needs_generated_input"))
+        out.append(
+            VariantConflictError(
+                "patch_sentence is embedded as the sentence is, and this trace takes your "
+                "own input: drop input or the patch",
+                field="patch_sentence",
+                code="patch_needs_generated_input",
+            )
+        )
     if target_given and not lm_head:
-        out.append(VariantConflictError("target_token is a token of the language-model head's vocabulary: add "
-                                        "lm_head or drop target_token", field="target_token",
-                                        code="target_needs_lm_head"))
+        out.append(
+            VariantConflictError(
+                "target_token is a token of the language-model head's vocabulary: add lm_head or drop target_token",
+                field="target_token",
+                code="target_needs_lm_head",
+            )
+        )
     return out
 
 
@@ -197,8 +293,9 @@ def _rows(iv: Intervention) -> tuple[Any, ...]:
     return (iv.head, pos) if iv.target in _HEADED else (pos,)
 
 
-def apply(iv: Intervention, value: np.ndarray, source: np.ndarray | None = None,
-          excluded: np.ndarray | None = None) -> np.ndarray:
+def apply(
+    iv: Intervention, value: np.ndarray, source: np.ndarray | None = None, excluded: np.ndarray | None = None
+) -> np.ndarray:
     """``value`` with ``iv``'s rows replaced (a new array; ``value`` is left as it is).
 
     ``source``: the second input's value of the same name (patch); ``excluded``: the pattern's mask
@@ -253,8 +350,16 @@ def intervene(base: Trace, interventions: Sequence[Intervention], source: Trace 
             for name in step.writes:
                 if name in hooks:
                     replaced(name)
-    t = _assemble(config, base.tokens, base.parameters, base.parameters_digest, base.steps, state,
-                  explicit_parameters=base.parameters_source == "explicit", context=base.context_tokens)
+    t = _assemble(
+        config,
+        base.tokens,
+        base.parameters,
+        base.parameters_digest,
+        base.steps,
+        state,
+        explicit_parameters=base.parameters_source == "explicit",
+        context=base.context_tokens,
+    )
     return replace(t, interventions=tuple(interventions), baseline=base)
 
 
@@ -288,13 +393,19 @@ def target_effect(base: Trace, t: Trace, target_token: str | None = None) -> dic
     j = vocab.index(target_token) if target_token is not None else int(np.argmax(p0))
     l0 = float(np.asarray(base.stages["logits"].values)[-1, j])  # the last position's logit of the target
     l1 = float(np.asarray(t.stages["logits"].values)[-1, j])
-    return {"token": vocab[j], "index": j,
-            "logit": {"baseline": l0, "intervened": l1, "delta": l1 - l0},
-            "probability": {"baseline": float(p0[j]), "intervened": float(p1[j]), "delta": float(p1[j] - p0[j])}}
+    return {
+        "token": vocab[j],
+        "index": j,
+        "logit": {"baseline": l0, "intervened": l1, "delta": l1 - l0},
+        "probability": {"baseline": float(p0[j]), "intervened": float(p1[j]), "delta": float(p1[j] - p0[j])},
+    }
 
 
 def check_target_token(target_token: str | None, vocabulary: Sequence[str]) -> None:
     if target_token is not None and target_token not in vocabulary:
-        raise InvalidSizeError(f"target_token {target_token[:64]!r} is not in the vocabulary (the sentence's "
-                               "tokens and the candidates): add it to candidates", field="target_token",
-                               code="target_not_in_vocabulary")
+        raise InvalidSizeError(
+            f"target_token {target_token[:64]!r} is not in the vocabulary (the sentence's "
+            "tokens and the candidates): add it to candidates",
+            field="target_token",
+            code="target_not_in_vocabulary",
+        )

@@ -55,9 +55,12 @@ def _int(value: Any) -> bool:
 
 def check_temperature(value: Any) -> None:
     if not _number(value) or not math.isfinite(value) or not TEMPERATURE_MIN <= value <= TEMPERATURE_MAX:
-        raise InvalidSizeError(f"temperature must be a finite number from {TEMPERATURE_MIN:g} to {TEMPERATURE_MAX:g} "
-                               f"(1 leaves the logits as they are; below 1 sharpens, above 1 flattens), got "
-                               f"{str(value)[:64]}", field="temperature")
+        raise InvalidSizeError(
+            f"temperature must be a finite number from {TEMPERATURE_MIN:g} to {TEMPERATURE_MAX:g} "
+            f"(1 leaves the logits as they are; below 1 sharpens, above 1 flattens), got "
+            f"{str(value)[:64]}",
+            field="temperature",
+        )
 
 
 def check_candidates(candidates: Sequence[str] | None) -> None:
@@ -65,63 +68,100 @@ def check_candidates(candidates: Sequence[str] | None) -> None:
     if candidates is None:
         return
     if len(candidates) > MAX_VOCABULARY:
-        raise InvalidSizeError(f"{len(candidates)} candidates is more than the vocabulary's limit of "
-                               f"{MAX_VOCABULARY}", field="candidates")
+        raise InvalidSizeError(
+            f"{len(candidates)} candidates is more than the vocabulary's limit of {MAX_VOCABULARY}", field="candidates"
+        )
     for i, text in enumerate(candidates):
         if not isinstance(text, str) or not text or text.isspace():
-            raise EmptyInputError(f"candidates[{i}] is {'only whitespace' if text else 'empty'}",
-                                  field=f"candidates/{i}", code="blank_token")
+            raise EmptyInputError(
+                f"candidates[{i}] is {'only whitespace' if text else 'empty'}",
+                field=f"candidates/{i}",
+                code="blank_token",
+            )
 
 
 def check_top_k(value: Any) -> None:
     if value is not None and (not _int(value) or not 1 <= value <= MAX_VOCABULARY):
-        raise InvalidSizeError(f"top_k must be an integer from 1 to {MAX_VOCABULARY} (or null: no top-k filter), "
-                               f"got {str(value)[:64]}", field="top_k")
+        raise InvalidSizeError(
+            f"top_k must be an integer from 1 to {MAX_VOCABULARY} (or null: no top-k filter), got {str(value)[:64]}",
+            field="top_k",
+        )
 
 
 def check_top_p(value: Any) -> None:
     if value is not None and (not _number(value) or not math.isfinite(value) or not 0 < value <= 1):
-        raise InvalidSizeError(f"top_p must be a number greater than 0 and at most 1 (or null: no top-p filter), "
-                               f"got {str(value)[:64]}", field="top_p")
+        raise InvalidSizeError(
+            f"top_p must be a number greater than 0 and at most 1 (or null: no top-p filter), got {str(value)[:64]}",
+            field="top_p",
+        )
 
 
 def check_generate(value: Any) -> None:
     if value is not None and (not _int(value) or not 1 <= value <= MAX_GENERATE):
-        raise InvalidSizeError(f"generate must be an integer from 1 to {MAX_GENERATE} (how many tokens to generate), "
-                               f"got {str(value)[:64]}", field="generate")
+        raise InvalidSizeError(
+            f"generate must be an integer from 1 to {MAX_GENERATE} (how many tokens to generate), "
+            f"got {str(value)[:64]}",
+            field="generate",
+        )
 
 
-def lm_conflicts(*, lm_head: str | None, block: bool, temperature_given: bool = False,
-                 candidates_given: bool = False) -> list[EngineError]:
+def lm_conflicts(
+    *, lm_head: str | None, block: bool, temperature_given: bool = False, candidates_given: bool = False
+) -> list[EngineError]:
     """The head reads a stack's last hidden state; temperature and candidates belong to the head."""
     out: list[EngineError] = []
     if lm_head is not None and not block:
-        out.append(VariantConflictError(
-            "lm_head turns a stack's last hidden state into logits, and this trace is one attention layer: give "
-            "block (\"gpt2\", \"llama\" or \"vaswani2017\") or another block field", field="lm_head",
-            code="lm_head_needs_block"))
+        out.append(
+            VariantConflictError(
+                "lm_head turns a stack's last hidden state into logits, and this trace is one attention layer: give "
+                'block ("gpt2", "llama" or "vaswani2017") or another block field',
+                field="lm_head",
+                code="lm_head_needs_block",
+            )
+        )
     for name, given in (("temperature", temperature_given), ("candidates", candidates_given)):
         if given and lm_head is None:
-            out.append(VariantConflictError(f"{name} belongs to the language-model head: add lm_head (\"tied\" or "
-                                            f"\"seeded\") or drop {name}", field=name, code="needs_lm_head"))
+            out.append(
+                VariantConflictError(
+                    f'{name} belongs to the language-model head: add lm_head ("tied" or "seeded") or drop {name}',
+                    field=name,
+                    code="needs_lm_head",
+                )
+            )
     return out
 
 
-def generate_conflicts(*, lm_head: str | None, causal: bool, n: int, generate: int, max_tokens: int
-                       ) -> list[EngineError]:
+def generate_conflicts(
+    *, lm_head: str | None, causal: bool, n: int, generate: int, max_tokens: int
+) -> list[EngineError]:
     """Generation predicts each token from the ones before it: a head, a causal mask and room for the tokens."""
     out: list[EngineError] = []
     if lm_head is None:
-        out.append(VariantConflictError("generate needs the language-model head: add lm_head (\"tied\" or "
-                                        "\"seeded\") and a block", field="generate", code="generate_needs_lm_head"))
+        out.append(
+            VariantConflictError(
+                'generate needs the language-model head: add lm_head ("tied" or "seeded") and a block',
+                field="generate",
+                code="generate_needs_lm_head",
+            )
+        )
     if not causal:
-        out.append(VariantConflictError("generate needs causal: true: a token is predicted from the tokens before "
-                                        "it, and the KV cache holds only those", field="generate",
-                                        code="generate_needs_causal"))
+        out.append(
+            VariantConflictError(
+                "generate needs causal: true: a token is predicted from the tokens before "
+                "it, and the KV cache holds only those",
+                field="generate",
+                code="generate_needs_causal",
+            )
+        )
     if n + generate > max_tokens:
-        out.append(VariantConflictError(f"{n} tokens and {generate} generated would be {n + generate}, above the "
-                                        f"limit of {max_tokens} tokens; generate fewer", field="generate",
-                                        code="generate_too_long"))
+        out.append(
+            VariantConflictError(
+                f"{n} tokens and {generate} generated would be {n + generate}, above the "
+                f"limit of {max_tokens} tokens; generate fewer",
+                field="generate",
+                code="generate_too_long",
+            )
+        )
     return out
 
 
@@ -133,9 +173,12 @@ def vocabulary(texts: Sequence[str], candidates: Sequence[str] | None = None) ->
 
 def check_vocabulary_size(size: int, field: str = "candidates") -> None:
     if size > MAX_VOCABULARY:
-        raise InvalidSizeError(f"the vocabulary (the sentence's distinct tokens and the candidates) would hold "
-                               f"{size} tokens, above the limit of {MAX_VOCABULARY}; give fewer candidates",
-                               field=field, code="vocabulary_too_large")
+        raise InvalidSizeError(
+            f"the vocabulary (the sentence's distinct tokens and the candidates) would hold "
+            f"{size} tokens, above the limit of {MAX_VOCABULARY}; give fewer candidates",
+            field=field,
+            code="vocabulary_too_large",
+        )
 
 
 @byte_bounded_cache(8 * 1024 * 1024, lambda a: a.nbytes)
@@ -185,8 +228,14 @@ def sample_key(sample_seed: int, step: int) -> str:
     return stream_key("sample", seed=sample_seed, step=step)
 
 
-def choose(probs: np.ndarray, *, top_k: int | None = None, top_p: float | None = None,
-           sample_seed: int | None = None, step: int = 0) -> tuple[int, np.ndarray, np.ndarray]:
+def choose(
+    probs: np.ndarray,
+    *,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    sample_seed: int | None = None,
+    step: int = 0,
+) -> tuple[int, np.ndarray, np.ndarray]:
     """(the chosen index, the kept indices most probable first, their renormalised probabilities).
 
     Greedy without ``sample_seed``: the most probable token (the first kept). Sampled: u in (0, 1) from
@@ -204,9 +253,17 @@ def generate_input_conflicts(*, input_given: bool, bug: str | None) -> list[Engi
     """Generation embeds each new token and runs the correct stack."""
     out: list[EngineError] = []
     if input_given:
-        out.append(VariantConflictError("generate embeds each new token, so it needs the generated embeddings: drop "
-                                        "input", field="generate", code="generate_needs_embeddings"))
+        out.append(
+            VariantConflictError(
+                "generate embeds each new token, so it needs the generated embeddings: drop input",
+                field="generate",
+                code="generate_needs_embeddings",
+            )
+        )
     if bug is not None:
-        out.append(VariantConflictError("generate runs the correct stack: drop inject_bug", field="generate",
-                                        code="generate_with_bug"))
+        out.append(
+            VariantConflictError(
+                "generate runs the correct stack: drop inject_bug", field="generate", code="generate_with_bug"
+            )
+        )
     return out

@@ -17,8 +17,12 @@ from grader import block, config, core
 COURSE = GRADING / "course-block-lm.toml"
 FOLDER = STUDENTS / "block_lm"
 #: each student's mistake -> the function it is in
-MISTAKE_IN = {"temperature_multiplied": "next_token_probs", "softmax_over_positions": "next_token_probs",
-              "next_token_from_first_position": "next_token_probs", "lm_head_transposed": "lm_head"}
+MISTAKE_IN = {
+    "temperature_multiplied": "next_token_probs",
+    "softmax_over_positions": "next_token_probs",
+    "next_token_from_first_position": "next_token_probs",
+    "lm_head_transposed": "lm_head",
+}
 
 
 def test_the_reference_is_the_engines_head_on_the_blocks_output():
@@ -50,8 +54,10 @@ def graded(student_runtime):  # noqa: F811 (the fixture imported from grading_su
         def run():
             import tempfile
 
-            return core.grade(student_dir(Path(tempfile.mkdtemp(prefix="lm-student-")), path), course,
-                              runtime=student_runtime)
+            return core.grade(
+                student_dir(Path(tempfile.mkdtemp(prefix="lm-student-")), path), course, runtime=student_runtime
+            )
+
         return run
 
     return grade_many({p.stem: job(p) for p in sorted(FOLDER.glob("*.py"))})

@@ -21,8 +21,16 @@ from engine.errors import EngineError
 from engine.interventions import Intervention, apply, check_interventions, intervene, max_abs_delta, target_effect
 from test_constructed_heads import VOCABULARY, _induction_sentences
 
-INDUCTION = dict(d_model=64, num_heads=1, head_weights=["induction"], num_layers=2, block="gpt2", causal=True,
-                 lm_head="tied", temperature=0.1)
+INDUCTION = dict(
+    d_model=64,
+    num_heads=1,
+    head_weights=["induction"],
+    num_layers=2,
+    block="gpt2",
+    causal=True,
+    lm_head="tied",
+    temperature=0.1,
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,50 +67,95 @@ def test_a_later_stage_reads_the_replaced_value_and_the_earlier_stages_are_the_b
     assert d["context"][0] == 0 and d["context"][1] > 0 and d["residual_stream"][:2] == [0.0, 0.0]
     assert d["residual_stream"][2] > 0 and d["residual_stream"][3] > 0
     # layer 1's output is concat·W_Oᵀ of the zeroed context
-    np.testing.assert_allclose(t.stages["output"].values[1], t.stages["concat"].values[1] @ base.parameters.layers[1].attention.W_O.T,
-                               rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        t.stages["output"].values[1],
+        t.stages["concat"].values[1] @ base.parameters.layers[1].attention.W_O.T,
+        rtol=0,
+        atol=1e-12,
+    )
     assert base.stages["context"].values[1, 2].any()  # the baseline is untouched
 
 
 def test_a_patch_from_the_same_sentence_changes_nothing():
-    config = TraceConfig.preset_config("llama", d_model=32, num_heads=4, num_kv_heads=2, num_layers=2,
-                                       lm_head="tied")
+    config = TraceConfig.preset_config("llama", d_model=32, num_heads=4, num_kv_heads=2, num_layers=2, lm_head="tied")
     base = engine.trace(config, sentence="the cat sat on the mat")
-    t = intervene(base, [Intervention(target, 1, "patch", head=0 if target.startswith("head") else None)
-                         for target in ("head_output", "head_pattern", "mlp_output", "residual")], base)
+    t = intervene(
+        base,
+        [
+            Intervention(target, 1, "patch", head=0 if target.startswith("head") else None)
+            for target in ("head_output", "head_pattern", "mlp_output", "residual")
+        ],
+        base,
+    )
     assert all((np.asarray(v) == 0).all() for v in max_abs_delta(base, t).values())
 
 
 RULES = [
     # (interventions and extra fields, pointer, type)
-    ({"interventions": [{"target": "head_output", "layer": 2, "head": 0}]}, "/interventions/0/layer",
-     "intervention_out_of_range"),
-    ({"interventions": [{"target": "head_output", "layer": 0, "head": 1}]}, "/interventions/0/head",
-     "intervention_out_of_range"),
+    (
+        {"interventions": [{"target": "head_output", "layer": 2, "head": 0}]},
+        "/interventions/0/layer",
+        "intervention_out_of_range",
+    ),
+    (
+        {"interventions": [{"target": "head_output", "layer": 0, "head": 1}]},
+        "/interventions/0/head",
+        "intervention_out_of_range",
+    ),
     ({"interventions": [{"target": "head_output", "layer": 0}]}, "/interventions/0/head", "intervention_out_of_range"),
-    ({"interventions": [{"target": "mlp_output", "layer": 0, "head": 0}]}, "/interventions/0/head",
-     "intervention_out_of_range"),
+    (
+        {"interventions": [{"target": "mlp_output", "layer": 0, "head": 0}]},
+        "/interventions/0/head",
+        "intervention_out_of_range",
+    ),
     ({"interventions": [{"target": "residual", "layer": 3}]}, "/interventions/0/layer", "intervention_out_of_range"),
-    ({"interventions": [{"target": "residual", "layer": 0, "positions": [4]}]}, "/interventions/0/positions/0",
-     "intervention_out_of_range"),
-    ({"interventions": [{"target": "residual", "layer": 0, "positions": [1, 1]}]}, "/interventions/0/positions",
-     "intervention_out_of_range"),
-    ({"interventions": [{"target": "head_pattern", "layer": 0, "head": 0, "kind": "zero"}]},
-     "/interventions/0/kind", "pattern_not_zeroed"),
-    ({"interventions": [{"target": "residual", "layer": 0, "kind": "patch"}]}, "/interventions/0/kind",
-     "patch_needs_sentence"),
-    ({"interventions": [{"target": "residual", "layer": 0, "kind": "patch"}], "patch_sentence": "a b c"},
-     "/patch_sentence", "patch_length_mismatch"),
-    ({"interventions": [{"target": "residual", "layer": 0}], "patch_sentence": "a b c d"}, "/patch_sentence",
-     "patch_sentence_unused"),
+    (
+        {"interventions": [{"target": "residual", "layer": 0, "positions": [4]}]},
+        "/interventions/0/positions/0",
+        "intervention_out_of_range",
+    ),
+    (
+        {"interventions": [{"target": "residual", "layer": 0, "positions": [1, 1]}]},
+        "/interventions/0/positions",
+        "intervention_out_of_range",
+    ),
+    (
+        {"interventions": [{"target": "head_pattern", "layer": 0, "head": 0, "kind": "zero"}]},
+        "/interventions/0/kind",
+        "pattern_not_zeroed",
+    ),
+    (
+        {"interventions": [{"target": "residual", "layer": 0, "kind": "patch"}]},
+        "/interventions/0/kind",
+        "patch_needs_sentence",
+    ),
+    (
+        {"interventions": [{"target": "residual", "layer": 0, "kind": "patch"}], "patch_sentence": "a b c"},
+        "/patch_sentence",
+        "patch_length_mismatch",
+    ),
+    (
+        {"interventions": [{"target": "residual", "layer": 0}], "patch_sentence": "a b c d"},
+        "/patch_sentence",
+        "patch_sentence_unused",
+    ),
     ({"patch_sentence": "a b c d"}, "/patch_sentence", "needs_interventions"),
     ({"target_token": "v2"}, "/target_token", "needs_interventions"),
-    ({"interventions": [{"target": "residual", "layer": 0}], "target_token": "zz"}, "/target_token",
-     "target_not_in_vocabulary"),
-    ({"interventions": [{"target": "residual", "layer": 0}], "inject_bug": "no_scale"}, "/interventions",
-     "interventions_conflict"),
-    ({"interventions": [{"target": "residual", "layer": 0}], "generate": 1}, "/interventions",
-     "interventions_conflict"),
+    (
+        {"interventions": [{"target": "residual", "layer": 0}], "target_token": "zz"},
+        "/target_token",
+        "target_not_in_vocabulary",
+    ),
+    (
+        {"interventions": [{"target": "residual", "layer": 0}], "inject_bug": "no_scale"},
+        "/interventions",
+        "interventions_conflict",
+    ),
+    (
+        {"interventions": [{"target": "residual", "layer": 0}], "generate": 1},
+        "/interventions",
+        "interventions_conflict",
+    ),
 ]
 
 
@@ -121,9 +174,12 @@ def test_the_engine_refuses_what_http_refuses_with_the_same_pointer_and_message(
     for ivs, patch_n in cases:
         with pytest.raises(EngineError) as e:
             check_interventions(ivs, config, 4, patch_n=patch_n)
-        body = {"sentence": "v1 v2 v3 v1", **INDUCTION, "interventions": [
-            {"target": iv.target, "layer": iv.layer, "kind": iv.kind, "head": iv.head} for iv in ivs],
-            **({"patch_sentence": "a b c"} if patch_n else {})}
+        body = {
+            "sentence": "v1 v2 v3 v1",
+            **INDUCTION,
+            "interventions": [{"target": iv.target, "layer": iv.layer, "kind": iv.kind, "head": iv.head} for iv in ivs],
+            **({"patch_sentence": "a b c"} if patch_n else {}),
+        }
         got = client.post("/trace", json=body).get_json()["errors"][0]
         assert (got["pointer"], got["type"], got["message"]) == (e.value.pointer, e.value.code, e.value.message)
 
@@ -131,28 +187,40 @@ def test_the_engine_refuses_what_http_refuses_with_the_same_pointer_and_message(
 def test_mlp_and_residual_need_a_block(client):
     r = client.post("/trace", json={"sentence": "the cat sat", "interventions": [{"target": "mlp_output", "layer": 0}]})
     assert r.status_code == 422 and r.get_json()["errors"][0]["type"] == "intervention_needs_block"
-    r = client.post("/trace", json={"sentence": "the cat sat", "d_model": 8, "num_heads": 2,
-                                    "interventions": [{"target": "head_pattern", "layer": 0, "head": 1, "kind": "mean"}]})
+    r = client.post(
+        "/trace",
+        json={
+            "sentence": "the cat sat",
+            "d_model": 8,
+            "num_heads": 2,
+            "interventions": [{"target": "head_pattern", "layer": 0, "head": 1, "kind": "mean"}],
+        },
+    )
     assert r.status_code == 200
     w = r.get_json()["stages"]["weights"]["values"][1]
     np.testing.assert_array_equal(w, np.full((3, 3), 1 / 3))
 
 
 def test_the_answer_shows_the_effect_and_the_baseline_request_answers_the_baseline(client):
-    body = {"sentence": "v7 v1 v2 v3 v4 v1", **INDUCTION,
-            "interventions": [{"target": "head_output", "layer": 0, "head": 0}]}
+    body = {
+        "sentence": "v7 v1 v2 v3 v4 v1",
+        **INDUCTION,
+        "interventions": [{"target": "head_output", "layer": 0, "head": 0}],
+    }
     r = client.post("/trace", json=body)
     assert r.status_code == 200, r.get_data(True)
     doc = r.get_json()
     iv = doc["intervention"]
-    assert iv["interventions"][0]["description"] == ("layer 0 head 0 output (context, before W_O): set to 0 at every "
-                                                     "position")
+    assert iv["interventions"][0]["description"] == (
+        "layer 0 head 0 output (context, before W_O): set to 0 at every position"
+    )
     assert iv["target"]["token"] == "v2" and iv["target"]["probability"]["baseline"] > 0.99
     assert iv["target"]["probability"]["intervened"] < 0.01 and iv["target"]["logit"]["delta"] < -1
     assert iv["max_abs_delta"]["context"][0] > 0 and iv["max_abs_delta"]["residual_stream"][0] == 0
     base = client.post("/trace", json=iv["baseline_request"]).get_json()
     assert iv["baseline_stages"]["next_token_probs"] == base["stages"]["next_token_probs"]["values"]
     import hashlib
+
     canonical = json.dumps(iv["baseline_request"], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     assert iv["baseline_digest"] == "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
     assert doc["stages"]["context"]["values"][0][0] == [[0.0] * 64] * 6  # the answer's stages are intervened
@@ -162,8 +230,12 @@ def test_the_answer_shows_the_effect_and_the_baseline_request_answers_the_baseli
 
 
 def test_check_grades_the_intervened_trace(client):
-    body = {"sentence": "the cat sat", "d_model": 8, "num_heads": 2,
-            "interventions": [{"target": "head_output", "layer": 0, "head": 1}]}
+    body = {
+        "sentence": "the cat sat",
+        "d_model": 8,
+        "num_heads": 2,
+        "interventions": [{"target": "head_output", "layer": 0, "head": 1}],
+    }
     want = client.post("/trace", json=body).get_json()["stages"]["output"]["values"]
     plain = client.post("/trace", json={k: v for k, v in body.items() if k != "interventions"}).get_json()
     ok = client.post("/check", json={**body, "submission": {"output": want}}).get_json()
@@ -192,8 +264,10 @@ def test_the_induction_experiment(capsys):
         corrupted_low += after["baseline"] < 0.2
         restored += after["intervened"] >= 0.9
     with capsys.disabled():
-        print(f"\ninduction: {eligible}/300 at p(B) >= 0.9; ablated below 0.2: {dropped}; corrupted below 0.2: "
-              f"{corrupted_low}; patched back to >= 0.9: {restored}")
+        print(
+            f"\ninduction: {eligible}/300 at p(B) >= 0.9; ablated below 0.2: {dropped}; corrupted below 0.2: "
+            f"{corrupted_low}; patched back to >= 0.9: {restored}"
+        )
     assert eligible >= 285
     assert dropped >= 0.95 * eligible and restored >= 0.95 * eligible and corrupted_low >= 0.95 * eligible
 
@@ -201,14 +275,42 @@ def test_the_induction_experiment(capsys):
 def test_the_cli_ablates_and_patches_a_head(capsys):
     from test_cli import in_process
 
-    code, out, _ = in_process(capsys, "v7 v1 v2 v3 v4 v1", "--block", "gpt2", "--layers", "2", "--d-model", "64",
-                              "--head-weights", "induction", "--ablate", "0.0", "--json")
+    code, out, _ = in_process(
+        capsys,
+        "v7 v1 v2 v3 v4 v1",
+        "--block",
+        "gpt2",
+        "--layers",
+        "2",
+        "--d-model",
+        "64",
+        "--head-weights",
+        "induction",
+        "--ablate",
+        "0.0",
+        "--json",
+    )
     doc = json.loads(out)
     assert code == 0 and doc["intervention"]["interventions"][0]["kind"] == "zero"
     assert doc["stages"]["context"]["values"][0][0] == [[0.0] * 64] * 6
-    code, out, _ = in_process(capsys, "v7 v1 v2 v3 v4 v1", "--block", "gpt2", "--layers", "2", "--d-model", "64",
-                              "--head-weights", "induction", "--ablate", "0.0", "--patch-from", "v7 v1 v2 v3 v4 v1",
-                              "--query", "5")
+    code, out, _ = in_process(
+        capsys,
+        "v7 v1 v2 v3 v4 v1",
+        "--block",
+        "gpt2",
+        "--layers",
+        "2",
+        "--d-model",
+        "64",
+        "--head-weights",
+        "induction",
+        "--ablate",
+        "0.0",
+        "--patch-from",
+        "v7 v1 v2 v3 v4 v1",
+        "--query",
+        "5",
+    )
     assert code == 0 and "patched from the second input" in out and "max |Δ| output: 0.000, 0.000" in out, out
     code, _, err = in_process(capsys, "the cat sat", "--ablate", "3.0")
     assert code == 2 and "--ablate (/interventions/0/layer): layer 3 does not exist" in err, err
@@ -220,15 +322,29 @@ def test_the_client_reads_the_intervention():
     from attention_trace import LocalClient
 
     with LocalClient() as client:
-        t = client.trace(sentence="the cat sat", d_model=8, num_heads=2,
-                         interventions=[{"target": "head_output", "layer": 0, "head": 0}])
+        t = client.trace(
+            sentence="the cat sat",
+            d_model=8,
+            num_heads=2,
+            interventions=[{"target": "head_output", "layer": 0, "head": 0}],
+        )
         assert t.intervention["max_abs_delta"]["context"] > 0
         assert client.trace(sentence="the cat sat").intervention is None
 
 
 def test_explain_refuses_interventions(client):
-    r = client.post("/explain", json={"sentence": "the cat sat", "d_model": 8, "num_heads": 2, "query": 1, "key": 0, "head": 0,
-                                      "interventions": [{"target": "head_output", "layer": 0, "head": 0}]})
+    r = client.post(
+        "/explain",
+        json={
+            "sentence": "the cat sat",
+            "d_model": 8,
+            "num_heads": 2,
+            "query": 1,
+            "key": 0,
+            "head": 0,
+            "interventions": [{"target": "head_output", "layer": 0, "head": 0}],
+        },
+    )
     assert r.status_code == 422 and r.get_json()["errors"][0]["type"] == "interventions_conflict", r.get_data(True)
 
 
@@ -238,13 +354,19 @@ def test_the_budget_counts_the_baseline_and_the_second_input():
     body = {"sentence": "the cat sat", "d_model": 8, "num_heads": 2, "block": "gpt2", "num_layers": 2}
     plain = TraceRequest.model_validate(body).value_count
     ablated = TraceRequest.model_validate({**body, "interventions": [{"target": "mlp_output", "layer": 1}]})
-    patched = TraceRequest.model_validate({**body, "patch_sentence": "a dog ran", "interventions": [
-        {"target": "mlp_output", "layer": 1, "kind": "patch"}]})
+    patched = TraceRequest.model_validate(
+        {
+            **body,
+            "patch_sentence": "a dog ran",
+            "interventions": [{"target": "mlp_output", "layer": 1, "kind": "patch"}],
+        }
+    )
     assert (ablated.value_count, patched.value_count) == (2 * plain, 3 * plain)
 
 
 from hypothesis import given, settings  # noqa: E402 (the property below only)
 from hypothesis import strategies as st  # noqa: E402 (the property below only)
+
 
 @st.composite
 def _case(draw: st.DrawFn) -> tuple[dict, int, int, int | None, str | None]:
@@ -257,8 +379,11 @@ def _case(draw: st.DrawFn) -> tuple[dict, int, int, int | None, str | None]:
     for _ in range(draw(st.integers(1, 3))):
         target = draw(st.sampled_from(["head_output", "head_pattern", *(("mlp_output", "residual") if block else ())]))
         kind = draw(st.sampled_from(["mean", "patch"] if target == "head_pattern" else ["zero", "mean", "patch"]))
-        iv: dict = {"target": target, "kind": kind, "layer": draw(st.integers(0, layers if target == "residual"
-                                                                                else layers - 1))}
+        iv: dict = {
+            "target": target,
+            "kind": kind,
+            "layer": draw(st.integers(0, layers if target == "residual" else layers - 1)),
+        }
         if target.startswith("head"):
             iv["head"] = draw(st.integers(0, 3))
         if draw(st.booleans()):
@@ -293,12 +418,27 @@ def test_any_intervention_is_answered_or_refused_never_a_500(client, case):
         assert all(e["pointer"].startswith(("/interventions", "/patch_sentence")) for e in doc["errors"]), doc
         return
     # the engine, called directly, gives the same numbers
-    config = TraceConfig.preset_config(block, d_model=16, num_heads=4, num_layers=layers, lm_head="tied") if block \
+    config = (
+        TraceConfig.preset_config(block, d_model=16, num_heads=4, num_layers=layers, lm_head="tied")
+        if block
         else TraceConfig(d_model=16, num_heads=4)
+    )
     base = engine.trace(config, tokens=body["tokens"])
     source = engine.trace(config, sentence=patch) if patch else None
-    t = intervene(base, [Intervention(iv["target"], iv["layer"], iv["kind"], iv.get("head"),
-                                      tuple(iv["positions"]) if "positions" in iv else None) for iv in ivs], source)
+    t = intervene(
+        base,
+        [
+            Intervention(
+                iv["target"],
+                iv["layer"],
+                iv["kind"],
+                iv.get("head"),
+                tuple(iv["positions"]) if "positions" in iv else None,
+            )
+            for iv in ivs
+        ],
+        source,
+    )
     last = "next_token_probs" if block else "output"
     np.testing.assert_array_equal(np.array(doc["stages"][last]["values"]), t.stages[last].values)
     assert np.isfinite(np.array(doc["stages"]["weights"]["values"], dtype=float)).all()

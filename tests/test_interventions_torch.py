@@ -35,8 +35,16 @@ WORDS = [f"w{i}" for i in range(200)]
 _HOOKED = "intervention_hooks"
 
 
-def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None,
-               dropout: float = 0.0, **kwargs: Any) -> tuple[Any, Any]:
+def _attention(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[Any, Any]:
     """softmax(q·kᵀ·scaling + mask)·V, with the running stack's pattern hook between the softmax and ·V."""
     torch = tb.torch
     from transformers.models.llama.modeling_llama import repeat_kv
@@ -69,8 +77,10 @@ class Reference:
             self._modules(i)[0].config._attn_implementation = _HOOKED
         g = t.parameters.final_norm
         if self.llama:
+
             def ln_f(x: Any) -> Any:
                 return T(g.gamma) * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c.eps))
+
             self.ln_f = _Module(ln_f)
         else:
             self.ln_f = torch.nn.LayerNorm(c.d_model, eps=c.eps, dtype=torch.float64)
@@ -82,8 +92,9 @@ class Reference:
         b = self.blocks[i]
         return (b.self_attn, b.self_attn.o_proj, b.mlp) if self.llama else (b.attn, b.attn.c_proj, b.mlp)
 
-    def run(self, x: np.ndarray, ivs: list[Intervention], source: dict[str, Any] | None = None
-            ) -> tuple[list[np.ndarray], np.ndarray, dict[str, Any]]:
+    def run(
+        self, x: np.ndarray, ivs: list[Intervention], source: dict[str, Any] | None = None
+    ) -> tuple[list[np.ndarray], np.ndarray, dict[str, Any]]:
         torch = tb.torch
         c, d_k = self.config, self.config.d_k
         seen: dict[str, Any] = {}
@@ -122,24 +133,35 @@ class Reference:
 
             def pre_block(_m: Any, args: Any, kwargs: Any, i: int = i) -> Any:
                 return (replace(f"residual{i}", args[0], of("residual", i)), *args[1:]), kwargs
+
             handles.append(self.blocks[i].register_forward_pre_hook(pre_block, with_kwargs=True))
 
             def pre_w_o(_m: Any, args: Any, i: int = i) -> Any:  # [1, n, h·d_k]: head h's columns
-                return (replace(f"head_output{i}", args[0], of("head_output", i),
-                                lambda a, iv: a[0][:, iv.head * d_k:(iv.head + 1) * d_k]),)
+                return (
+                    replace(
+                        f"head_output{i}",
+                        args[0],
+                        of("head_output", i),
+                        lambda a, iv: a[0][:, iv.head * d_k : (iv.head + 1) * d_k],
+                    ),
+                )
+
             handles.append(w_o.register_forward_pre_hook(pre_w_o))
 
             def pattern(w: Any, mask: Any, i: int = i) -> Any:  # [1, h, n, n]
                 return replace(f"head_pattern{i}", w, of("head_pattern", i), lambda a, iv: a[0, iv.head], mask)
+
             attn._pattern_hook = pattern
 
             def post_mlp(_m: Any, _args: Any, out: Any, i: int = i) -> Any:
                 return replace(f"mlp_output{i}", out, of("mlp_output", i))
+
             handles.append(mlp.register_forward_hook(post_mlp))
         L = c.num_layers
 
         def pre_final(_m: Any, args: Any) -> Any:
             return (replace(f"residual{L}", args[0], of("residual", L)),)
+
         handles.append(self.ln_f.register_forward_pre_hook(pre_final))
 
         h = T(x)[None]  # [1, n, d_model]
@@ -175,6 +197,7 @@ class _Module:
         class Handle:
             def remove(self) -> None:
                 outer.pre.remove(hook)
+
         return Handle()
 
     def __call__(self, x: Any) -> Any:
@@ -183,20 +206,37 @@ class _Module:
         return self.fn(x)
 
 
-KINDS = [("head_output", "zero"), ("head_output", "mean"), ("head_output", "patch"),
-         ("head_pattern", "mean"), ("head_pattern", "patch"),
-         ("mlp_output", "zero"), ("mlp_output", "mean"), ("mlp_output", "patch"),
-         ("residual", "zero"), ("residual", "mean"), ("residual", "patch")]
+KINDS = [
+    ("head_output", "zero"),
+    ("head_output", "mean"),
+    ("head_output", "patch"),
+    ("head_pattern", "mean"),
+    ("head_pattern", "patch"),
+    ("mlp_output", "zero"),
+    ("mlp_output", "mean"),
+    ("mlp_output", "patch"),
+    ("residual", "zero"),
+    ("residual", "mean"),
+    ("residual", "patch"),
+]
 
 
-def _random_case(rng: np.random.Generator, target: str, kind: str) -> tuple[TraceConfig, list[str], list[str],
-                                                                             list[Intervention]]:
+def _random_case(
+    rng: np.random.Generator, target: str, kind: str
+) -> tuple[TraceConfig, list[str], list[str], list[Intervention]]:
     preset = str(rng.choice(["gpt2", "llama"]))
     L = int(rng.integers(1, 4))
     extra: dict[str, Any] = {"num_kv_heads": int(rng.choice([1, 2]))} if preset == "llama" else {}
-    config = TraceConfig.preset_config(preset, d_model=32 if preset == "llama" else 24, num_heads=4, num_layers=L,
-                                       norm_weights=str(rng.choice(["unit", "seeded"])), lm_head="tied",
-                                       seed=int(rng.integers(0, 1000)), **extra)
+    config = TraceConfig.preset_config(
+        preset,
+        d_model=32 if preset == "llama" else 24,
+        num_heads=4,
+        num_layers=L,
+        norm_weights=str(rng.choice(["unit", "seeded"])),
+        lm_head="tied",
+        seed=int(rng.integers(0, 1000)),
+        **extra,
+    )
     n = int(rng.integers(2, 9))
     words = [str(w) for w in rng.choice(WORDS, n, replace=False)]
     other = [str(w) for w in rng.choice(WORDS, n, replace=False)]
@@ -204,8 +244,11 @@ def _random_case(rng: np.random.Generator, target: str, kind: str) -> tuple[Trac
     for _ in range(int(rng.integers(1, 3))):
         layer = int(rng.integers(0, L + 1 if target == "residual" else L))
         head = int(rng.integers(0, 4)) if target.startswith("head") else None
-        positions = None if rng.random() < 0.4 else tuple(
-            int(p) for p in rng.choice(n, int(rng.integers(1, n + 1)), replace=False))
+        positions = (
+            None
+            if rng.random() < 0.4
+            else tuple(int(p) for p in rng.choice(n, int(rng.integers(1, n + 1)), replace=False))
+        )
         ivs.append(Intervention(target, layer, kind, head, positions))
     return config, words, other, ivs
 
@@ -226,8 +269,9 @@ def test_interventions_agree_with_forward_hooks_on_transformers_blocks(th, targe
         what = f"{config.block} L={config.num_layers} {[iv.describe() for iv in ivs]}"
         for depth, x in enumerate(stream):
             assert_close(t.stages["residual_stream"].values[depth], x, f"residual_stream[{depth}] {what}")
-            errors["residual_stream"] = max(errors.get("residual_stream", 0.0), float(np.abs(
-                t.stages["residual_stream"].values[depth] - x).max()))
+            errors["residual_stream"] = max(
+                errors.get("residual_stream", 0.0), float(np.abs(t.stages["residual_stream"].values[depth] - x).max())
+            )
         assert_close(t.stages["final_norm"].values, final, f"final_norm {what}", errors)
         W_U = t.stages["unembedding"].values
         assert_close(t.stages["logits"].values, (T(final) @ T(W_U).T).numpy(), f"logits {what}", errors)

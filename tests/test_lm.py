@@ -45,20 +45,34 @@ def test_the_stages_are_the_heads_formulas_computed_independently():
     np.testing.assert_array_equal(t.stages["unembedding"].values, W_U)
     logits = t.stages["final_norm"].values @ W_U.T
     np.testing.assert_allclose(t.stages["logits"].values, logits, rtol=1e-13, atol=1e-13)
-    np.testing.assert_allclose(t.stages["next_token_probs"].values, softmax(logits[-1] / 0.7), rtol=1e-13,
-                               atol=1e-16)
+    np.testing.assert_allclose(t.stages["next_token_probs"].values, softmax(logits[-1] / 0.7), rtol=1e-13, atol=1e-16)
     assert [(t.stages[s].info.step, t.stages[s].axes) for s in ids[-3:]] == [
-        (20, ("vocab", "d_model")), (21, ("token", "vocab")), (22, ("vocab",))]
+        (20, ("vocab", "d_model")),
+        (21, ("token", "vocab")),
+        (22, ("vocab",)),
+    ]
     assert t.stages["logits"].formula == "LN_f(x_L)·W_Uᵀ: column j scores vocabulary[j]"
 
 
 def test_post_norm_reads_the_last_layer_and_a_seeded_head_does_not_depend_on_the_vocabulary():
-    t = engine.trace(TraceConfig(block="vaswani2017", d_model=16, num_heads=2, num_layers=2, lm_head="seeded",
-                                 causal=True), sentence=SENTENCE)
+    t = engine.trace(
+        TraceConfig(block="vaswani2017", d_model=16, num_heads=2, num_layers=2, lm_head="seeded", causal=True),
+        sentence=SENTENCE,
+    )
     h = t.stages["residual_stream"].values[-1]
     np.testing.assert_allclose(t.stages["logits"].values, h @ t.stages["unembedding"].values.T, rtol=1e-13)
-    other = engine.trace(TraceConfig(block="vaswani2017", d_model=16, num_heads=2, num_layers=2, lm_head="seeded",
-                                     causal=True, candidates=("zebra", "sat")), sentence="mat on the cat")
+    other = engine.trace(
+        TraceConfig(
+            block="vaswani2017",
+            d_model=16,
+            num_heads=2,
+            num_layers=2,
+            lm_head="seeded",
+            causal=True,
+            candidates=("zebra", "sat"),
+        ),
+        sentence="mat on the cat",
+    )
     row = dict(zip(other.vocabulary, other.stages["unembedding"].values))
     for text, r in zip(t.vocabulary, t.stages["unembedding"].values):
         np.testing.assert_array_equal(row[text], r)
@@ -77,32 +91,52 @@ def test_an_existing_stack_is_unchanged_by_the_head():
     plain = engine.trace(TraceConfig.preset_config("gpt2", d_model=24, num_heads=4, num_layers=2), sentence=SENTENCE)
     head = engine.trace(gpt2(), sentence=SENTENCE)
     for sid, st in plain.stages.items():
-        np.testing.assert_array_equal(np.asarray(st.values, dtype=object), np.asarray(head.stages[sid].values,
-                                                                                      dtype=object))
+        np.testing.assert_array_equal(
+            np.asarray(st.values, dtype=object), np.asarray(head.stages[sid].values, dtype=object)
+        )
     assert plain.parameters_digest == head.parameters_digest
 
 
 # ---------------------------------------------------------------- generation
 
 
-@pytest.mark.parametrize("config", [
-    gpt2(),
-    TraceConfig.preset_config("llama", d_model=32, num_heads=4, num_kv_heads=2, num_layers=3, d_ff=40,
-                              lm_head="seeded", window=3, temperature=1.5),
-    TraceConfig(block="vaswani2017", d_model=24, num_heads=2, num_layers=2, lm_head="tied", causal=True),
-], ids=["gpt2", "llama-window", "post-norm"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        gpt2(),
+        TraceConfig.preset_config(
+            "llama",
+            d_model=32,
+            num_heads=4,
+            num_kv_heads=2,
+            num_layers=3,
+            d_ff=40,
+            lm_head="seeded",
+            window=3,
+            temperature=1.5,
+        ),
+        TraceConfig(block="vaswani2017", d_model=24, num_heads=2, num_layers=2, lm_head="tied", causal=True),
+    ],
+    ids=["gpt2", "llama-window", "post-norm"],
+)
 def test_each_generated_step_equals_the_full_trace_of_the_longer_sentence(config):
     t = engine.trace(config, sentence=SENTENCE)
     steps = generate(t, 4, top_k=3, sample_seed=7)
     texts = [k.text for k in t.tokens] + [s.token for s in steps]
     for i, s in enumerate(steps):
-        longer = engine.trace(config, tokens=texts[:s.position])  # the tokens before the new one
-        assert longer.vocabulary[:len(t.vocabulary)] == t.vocabulary
-        np.testing.assert_allclose(s.probs, longer.stages["next_token_probs"].values[:len(t.vocabulary)]
-                                   if longer.vocabulary == t.vocabulary else s.probs, rtol=1e-12, atol=1e-15)
+        longer = engine.trace(config, tokens=texts[: s.position])  # the tokens before the new one
+        assert longer.vocabulary[: len(t.vocabulary)] == t.vocabulary
+        np.testing.assert_allclose(
+            s.probs,
+            longer.stages["next_token_probs"].values[: len(t.vocabulary)]
+            if longer.vocabulary == t.vocabulary
+            else s.probs,
+            rtol=1e-12,
+            atol=1e-15,
+        )
         np.testing.assert_allclose(s.logits, longer.stages["logits"].values[-1], rtol=1e-12, atol=1e-12)
         assert s.probability == s.probs[s.index] and t.vocabulary[s.index] == s.token
-        full = engine.trace(config, tokens=texts[:s.position + 1]).stages["weights"].values[:, :, -1]
+        full = engine.trace(config, tokens=texts[: s.position + 1]).stages["weights"].values[:, :, -1]
         np.testing.assert_allclose(s.weights, full[..., list(s.cache_positions)], rtol=1e-12, atol=1e-15)
 
 
@@ -134,25 +168,31 @@ def test_top_k_and_top_p_keep_what_transformers_keeps():
 BODY = {"sentence": SENTENCE, **GPT2}
 
 
-@pytest.mark.parametrize("extra, pointer, kind", [
-    ({"block": None, "num_layers": None, "lm_head": "tied"}, "/lm_head", "lm_head_needs_block"),
-    ({"lm_head": "untied"}, "/lm_head", "invalid_size"),
-    ({"temperature": 0}, "/temperature", "invalid_size"),
-    ({"temperature": 1e9}, "/temperature", "invalid_size"),
-    ({"lm_head": None}, "/temperature", "needs_lm_head"),
-    ({"candidates": ["dog", " "]}, "/candidates/1", "blank_token"),
-    ({"candidates": [f"w{i}" for i in range(1025)]}, "/candidates", "invalid_size"),
-    ({"generate": 2, "causal": False}, "/generate", "generate_needs_causal"),
-    ({"generate": 0}, "/generate", "greater_than_equal"),
-    ({"generate": 300}, "/generate", "less_than_equal"),
-    ({"generate": 2, "inject_bug": "temperature_multiplied"}, "/generate", "generate_with_bug"),
-    ({"top_k": 2}, "/top_k", "needs_generate"),
-    ({"generate": 2, "top_p": 1.5}, "/top_p", "less_than_equal"),
-    ({"stages": ["logits"], "lm_head": None, "temperature": 1.0}, "/stages", "stage_needs_lm_head"),
-    ({"inject_bug": "lm_final_norm_skipped", "block": "vaswani2017", "causal": True}, "/inject_bug",
-     "bug_not_applicable"),
-    ({"inject_bug": "temperature_multiplied", "temperature": 1.0}, "/inject_bug", "bug_changes_nothing"),
-])
+@pytest.mark.parametrize(
+    "extra, pointer, kind",
+    [
+        ({"block": None, "num_layers": None, "lm_head": "tied"}, "/lm_head", "lm_head_needs_block"),
+        ({"lm_head": "untied"}, "/lm_head", "invalid_size"),
+        ({"temperature": 0}, "/temperature", "invalid_size"),
+        ({"temperature": 1e9}, "/temperature", "invalid_size"),
+        ({"lm_head": None}, "/temperature", "needs_lm_head"),
+        ({"candidates": ["dog", " "]}, "/candidates/1", "blank_token"),
+        ({"candidates": [f"w{i}" for i in range(1025)]}, "/candidates", "invalid_size"),
+        ({"generate": 2, "causal": False}, "/generate", "generate_needs_causal"),
+        ({"generate": 0}, "/generate", "greater_than_equal"),
+        ({"generate": 300}, "/generate", "less_than_equal"),
+        ({"generate": 2, "inject_bug": "temperature_multiplied"}, "/generate", "generate_with_bug"),
+        ({"top_k": 2}, "/top_k", "needs_generate"),
+        ({"generate": 2, "top_p": 1.5}, "/top_p", "less_than_equal"),
+        ({"stages": ["logits"], "lm_head": None, "temperature": 1.0}, "/stages", "stage_needs_lm_head"),
+        (
+            {"inject_bug": "lm_final_norm_skipped", "block": "vaswani2017", "causal": True},
+            "/inject_bug",
+            "bug_not_applicable",
+        ),
+        ({"inject_bug": "temperature_multiplied", "temperature": 1.0}, "/inject_bug", "bug_changes_nothing"),
+    ],
+)
 def test_bad_input_is_a_422_naming_the_field(client, extra, pointer, kind):
     body = {k: v for k, v in {**BODY, **extra}.items() if v is not None}
     r = client.post("/trace", json=body)
@@ -166,8 +206,15 @@ def test_the_answer_names_each_column_and_each_generated_token(client):
     d = r.get_json()
     assert d["vocabulary"] == ["the", "cat", "sat", "on", "mat", "dog"]
     assert d["stages"]["logits"]["shape"] == [6, 6] and d["stages"]["next_token_probs"]["shape"] == [6]
-    assert d["config"] | {} == {**d["config"], "lm_head": "tied", "temperature": 0.7, "n_vocabulary": 6,
-                                "generate": 3, "top_k": 3, "sample_seed": 2}
+    assert d["config"] | {} == {
+        **d["config"],
+        "lm_head": "tied",
+        "temperature": 0.7,
+        "n_vocabulary": 6,
+        "generate": 3,
+        "top_k": 3,
+        "sample_seed": 2,
+    }
     t = engine.trace(gpt2(candidates=("dog",)), sentence=SENTENCE)
     steps = generate(t, 3, top_k=3, sample_seed=2)
     assert [g["token"] for g in d["generation"]] == [s.token for s in steps]
@@ -181,8 +228,7 @@ def test_the_answer_names_each_column_and_each_generated_token(client):
 # ---------------------------------------------------------------- a student's plain numpy, diagnosed by /check
 
 
-def student_head(h: np.ndarray, x_L: np.ndarray, W_U: np.ndarray, T: float, mistake: str | None
-                 ) -> dict[str, list]:
+def student_head(h: np.ndarray, x_L: np.ndarray, W_U: np.ndarray, T: float, mistake: str | None) -> dict[str, list]:
     """A student's lm_head and next_token_probs in plain numpy, with one mistake (or none)."""
     if mistake == "lm_head_not_tied":
         W_U = np.stack([engine.lm.seeded_unembedding(0, h.shape[1], [text])[0] for text in VOCAB])
@@ -243,8 +289,15 @@ def induction_sentences(count: int, seed: int = 3):
 @pytest.mark.parametrize("block", ["gpt2", "llama"])
 def test_an_induction_stack_with_the_tied_head_predicts_the_token_after_the_first_copy(block):
     # docs/engine.md, "Constructed heads predict": 500/500 on 500 sentences at d_model 64 (median p(B) ~0.55)
-    config = TraceConfig.preset_config(block, d_model=64, num_heads=1, head_weights=["induction"], num_layers=2,
-                                       lm_head="tied", positional_encoding="sinusoidal")
+    config = TraceConfig.preset_config(
+        block,
+        d_model=64,
+        num_heads=1,
+        head_weights=["induction"],
+        num_layers=2,
+        lm_head="tied",
+        positional_encoding="sinusoidal",
+    )
     top, probs = 0, []
     for words, A, B in induction_sentences(100):
         t = engine.trace(config, tokens=words)
@@ -258,8 +311,15 @@ def test_an_induction_stack_with_the_tied_head_predicts_the_token_after_the_firs
 def test_where_it_breaks_a_post_norm_stack_ties_the_token_with_its_copy():
     # Post-norm, the last A's stream holds A's own embedding and the copied B at the same strength, normalised
     # together: A and B score alike, and A wins about half the time.
-    config = TraceConfig(block="vaswani2017", d_model=64, num_heads=1, head_weights=["induction"], num_layers=2,
-                         lm_head="tied", causal=True)
+    config = TraceConfig(
+        block="vaswani2017",
+        d_model=64,
+        num_heads=1,
+        head_weights=["induction"],
+        num_layers=2,
+        lm_head="tied",
+        causal=True,
+    )
     winners = []
     for words, A, B in induction_sentences(40):
         t = engine.trace(config, tokens=words)
@@ -276,12 +336,30 @@ def test_the_client_generates_and_the_command_line_prints_each_step(capsys):
     from attention_trace.cli import main
 
     with LocalClient() as client:
-        doc = client.generate("harry potter went to the shop and harry", tokens=3, head_weights=["induction"],
-                              num_layers=2, d_model=64)
+        doc = client.generate(
+            "harry potter went to the shop and harry", tokens=3, head_weights=["induction"], num_layers=2, d_model=64
+        )
     assert [s["token"] for s in doc["generation"]] == ["potter", "went", "to"]  # the induction head's copies
     assert list(doc["stages"]) == ["next_token_probs"]
-    assert main(["generate", "harry potter went to the shop and harry", "--tokens", "3", "--head-weights",
-                 "induction", "--layers", "2", "--d-model", "64", "--color", "never"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "harry potter went to the shop and harry",
+                "--tokens",
+                "3",
+                "--head-weights",
+                "induction",
+                "--layers",
+                "2",
+                "--d-model",
+                "64",
+                "--color",
+                "never",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "harry potter went to the shop and harry  →  potter went to"
     assert out[2].startswith("step 1 (position 8): potter p = ") and "candidates: potter" in out[2]
@@ -291,8 +369,23 @@ def test_the_client_generates_and_the_command_line_prints_each_step(capsys):
     assert main(["generate", "the cat sat", "--tokens", "3", "--top-k", "2", "--seed", "4", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["config"]["sample_seed"] == 4 and all(len(s["candidates"]) == 2 for s in doc["generation"])
-    assert main(["the cat sat", "--block", "gpt2", "--lm-head", "tied", "--temperature", "0.5", "--candidates", "dog",
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "the cat sat",
+                "--block",
+                "gpt2",
+                "--lm-head",
+                "tied",
+                "--temperature",
+                "0.5",
+                "--candidates",
+                "dog",
+                "--json",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     assert doc["vocabulary"] == ["the", "cat", "sat", "dog"] and doc["config"]["temperature"] == 0.5
     assert main(["the cat sat", "--lm-head", "tied"]) == 2
@@ -308,8 +401,9 @@ def test_explain_walks_one_logit_number_by_number(client):
         steps = {s["id"]: s for s in d["steps"]}
         assert d["column_token"] == t.vocabulary[column] and d["source_stage"] == "final_norm"
         np.testing.assert_array_equal(steps["products"]["values"], h[token] * W_U[column])
-        np.testing.assert_array_equal(steps["products"]["w"],
-                                      engine.params.token_embedding_vector(0, 24, t.vocabulary[column]))  # tied
+        np.testing.assert_array_equal(
+            steps["products"]["w"], engine.params.token_embedding_vector(0, 24, t.vocabulary[column])
+        )  # tied
         assert steps["logit"]["value"] == t.stages["logits"].values[token, column]
         assert abs(steps["logit"]["recomputed"] - steps["logit"]["value"]) < 1e-13
         assert ("probability" in steps) == (token == 5)
@@ -321,13 +415,32 @@ def test_explain_walks_one_logit_number_by_number(client):
     assert r.status_code == 422 and r.get_json()["errors"][0]["pointer"] == "/column"
 
 
-@pytest.mark.parametrize("config, sentence", [
-    (gpt2(), SENTENCE), (gpt2(temperature=1.0), SENTENCE), (gpt2(candidates=("dog",)), "cat"),
-    (gpt2(lm_head="seeded", candidates=("dog",)), SENTENCE),
-    (TraceConfig(block="vaswani2017", d_model=16, num_heads=2, lm_head="tied", causal=True, temperature=2.0), SENTENCE),
-    (TraceConfig.preset_config("gpt2", d_model=44, num_heads=1, num_layers=2, head_weights=["induction"],
-                               lm_head="tied", temperature=0.5), SENTENCE),
-], ids=["gpt2", "temperature-1", "one-token", "seeded", "post-norm", "constructed"])
+@pytest.mark.parametrize(
+    "config, sentence",
+    [
+        (gpt2(), SENTENCE),
+        (gpt2(temperature=1.0), SENTENCE),
+        (gpt2(candidates=("dog",)), "cat"),
+        (gpt2(lm_head="seeded", candidates=("dog",)), SENTENCE),
+        (
+            TraceConfig(block="vaswani2017", d_model=16, num_heads=2, lm_head="tied", causal=True, temperature=2.0),
+            SENTENCE,
+        ),
+        (
+            TraceConfig.preset_config(
+                "gpt2",
+                d_model=44,
+                num_heads=1,
+                num_layers=2,
+                head_weights=["induction"],
+                lm_head="tied",
+                temperature=0.5,
+            ),
+            SENTENCE,
+        ),
+    ],
+    ids=["gpt2", "temperature-1", "one-token", "seeded", "post-norm", "constructed"],
+)
 def test_a_head_mistake_is_refused_exactly_where_it_would_change_nothing_or_cannot_show(config, sentence):
     from engine.bugs import refusal
 
@@ -347,8 +460,15 @@ def test_a_head_mistake_is_refused_exactly_where_it_would_change_nothing_or_cann
 
 
 def test_generated_numbers_count_towards_the_trace_size_and_the_message_says_so(client):
-    body = {"sentence": " ".join(f"w{i}" for i in range(200)), "block": "gpt2", "num_layers": 6, "d_model": 64,
-            "num_heads": 4, "lm_head": "tied", "stages": ["next_token_probs"]}
+    body = {
+        "sentence": " ".join(f"w{i}" for i in range(200)),
+        "block": "gpt2",
+        "num_layers": 6,
+        "d_model": 64,
+        "num_heads": 4,
+        "lm_head": "tied",
+        "stages": ["next_token_probs"],
+    }
     assert client.post("/trace", json={**body, "num_layers": 1}).status_code == 200
     r = client.post("/trace", json={**body, "generate": 50})
     assert r.status_code == 422

@@ -72,10 +72,23 @@ def gpt2_model(t: engine.Trace, n_positions: int):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     c = t.config
-    cfg = GPT2Config(vocab_size=len(t.vocabulary), n_embd=c.d_model, n_head=c.num_heads, n_layer=c.num_layers,
-                     n_inner=c.ff_width, n_positions=n_positions, activation_function="gelu_new",
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=c.eps,
-                     tie_word_embeddings=True, bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    cfg = GPT2Config(
+        vocab_size=len(t.vocabulary),
+        n_embd=c.d_model,
+        n_head=c.num_heads,
+        n_layer=c.num_layers,
+        n_inner=c.ff_width,
+        n_positions=n_positions,
+        activation_function="gelu_new",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        layer_norm_epsilon=c.eps,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     cfg._attn_implementation = "eager"
     model = GPT2LMHeadModel(cfg).double().eval()
     with torch.no_grad():
@@ -96,11 +109,24 @@ def llama_model(t: engine.Trace):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     c = t.config
-    cfg = LlamaConfig(vocab_size=len(t.vocabulary), hidden_size=c.d_model, intermediate_size=c.ff_width,
-                      num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.kv_heads,
-                      rms_norm_eps=c.eps, hidden_act="silu", attention_bias=False, mlp_bias=False,
-                      max_position_embeddings=128, rope_theta=c.rope_base, tie_word_embeddings=True,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=len(t.vocabulary),
+        hidden_size=c.d_model,
+        intermediate_size=c.ff_width,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.kv_heads,
+        rms_norm_eps=c.eps,
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
+        max_position_embeddings=128,
+        rope_theta=c.rope_base,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     cfg._attn_implementation = "sdpa"  # the eager attention's softmax runs in float32
     model = LlamaForCausalLM(cfg).double().eval()
     d = c.d_model
@@ -118,8 +144,10 @@ def llama_model(t: engine.Trace):
             layer.input_layernorm.weight.copy_(T(p.norm1.gamma))
             layer.post_attention_layernorm.weight.copy_(T(p.norm2.gamma))
         model.model.norm.weight.copy_(T(t.parameters.final_norm.gamma))
-    for norm in [model.model.norm, *(n for layer in model.model.layers
-                                     for n in (layer.input_layernorm, layer.post_attention_layernorm))]:
+    for norm in [
+        model.model.norm,
+        *(n for layer in model.model.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)),
+    ]:
         norm.forward = _rms_in_dtype(norm)
     base, d_k = c.rope_base, c.d_k
 
@@ -137,6 +165,7 @@ def llama_model(t: engine.Trace):
 def _rms_in_dtype(norm: Any):
     def forward(x: Any) -> Any:
         return norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon))
+
     return forward
 
 
@@ -153,7 +182,7 @@ def compare(t: engine.Trace, model: Any, new_tokens: int) -> dict[str, float]:
     with torch.no_grad():
         # attention_mask given: generate would otherwise take every token equal to pad_token_id for padding
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False)
-    expected = [t.vocabulary[j] for j in out[0, ids.shape[1]:].tolist()]
+    expected = [t.vocabulary[j] for j in out[0, ids.shape[1] :].tolist()]
     assert [s.token for s in generate(t, new_tokens)] == expected
     return errors
 
@@ -162,10 +191,17 @@ def compare(t: engine.Trace, model: Any, new_tokens: int) -> dict[str, float]:
 def test_gpt2_lm_head_model_agrees_on_random_stacks(th, seed):
     rng = random.Random(seed)
     tokens, candidates = random_case(rng)
-    config = TraceConfig.preset_config("gpt2", d_model=rng.choice([16, 24, 32]), num_heads=rng.choice([1, 2, 4]),
-                                       num_layers=rng.randint(1, 4), seed=seed, norm_weights=rng.choice(
-                                           ["unit", "seeded"]), lm_head="tied", candidates=tuple(candidates) or None,
-                                       temperature=rng.choice([1.0, 0.7, 1.5]))
+    config = TraceConfig.preset_config(
+        "gpt2",
+        d_model=rng.choice([16, 24, 32]),
+        num_heads=rng.choice([1, 2, 4]),
+        num_layers=rng.randint(1, 4),
+        seed=seed,
+        norm_weights=rng.choice(["unit", "seeded"]),
+        lm_head="tied",
+        candidates=tuple(candidates) or None,
+        temperature=rng.choice([1.0, 0.7, 1.5]),
+    )
     t = engine.trace(config, tokens=tokens)
     compare(t, gpt2_model(t, n_positions=len(tokens) + 6), new_tokens=5)
 
@@ -175,18 +211,28 @@ def test_llama_for_causal_lm_agrees_on_random_stacks(th, seed):
     rng = random.Random(100 + seed)
     tokens, candidates = random_case(rng)
     heads = rng.choice([2, 4])
-    config = TraceConfig.preset_config("llama", d_model=32, num_heads=heads, num_kv_heads=rng.choice([1, heads]),
-                                       num_layers=rng.randint(1, 4), seed=seed, d_ff=rng.choice([24, 40]),
-                                       norm_weights=rng.choice(["unit", "seeded"]), lm_head="tied",
-                                       candidates=tuple(candidates) or None, temperature=rng.choice([1.0, 0.5]))
+    config = TraceConfig.preset_config(
+        "llama",
+        d_model=32,
+        num_heads=heads,
+        num_kv_heads=rng.choice([1, heads]),
+        num_layers=rng.randint(1, 4),
+        seed=seed,
+        d_ff=rng.choice([24, 40]),
+        norm_weights=rng.choice(["unit", "seeded"]),
+        lm_head="tied",
+        candidates=tuple(candidates) or None,
+        temperature=rng.choice([1.0, 0.5]),
+    )
     t = engine.trace(config, tokens=tokens)
     compare(t, llama_model(t), new_tokens=5)
 
 
 def test_the_reference_is_not_blind(th):
     # The comparison fails when the head reads the unnormalised stream (the final norm skipped): it can fail.
-    config = TraceConfig.preset_config("gpt2", d_model=24, num_heads=4, num_layers=2, norm_weights="seeded",
-                                       lm_head="tied")
+    config = TraceConfig.preset_config(
+        "gpt2", d_model=24, num_heads=4, num_layers=2, norm_weights="seeded", lm_head="tied"
+    )
     t = engine.trace(config, sentence="the cat sat on the mat")
     model = gpt2_model(t, n_positions=16)
     model.transformer.ln_f.forward = lambda x: x

@@ -25,9 +25,14 @@ ABLATED = {**INDUCTION, "interventions": [{"target": "head_output", "layer": 0, 
 
 
 def panel_rows(driver) -> dict[str, str]:
-    return json.loads(js(driver, "return JSON.stringify(Object.fromEntries([...document.querySelectorAll("
-                                 "'#intervention-body tr[data-stage]')].map((r) => [r.dataset.stage, "
-                                 "r.querySelector('td').textContent])))"))
+    return json.loads(
+        js(
+            driver,
+            "return JSON.stringify(Object.fromEntries([...document.querySelectorAll("
+            "'#intervention-body tr[data-stage]')].map((r) => [r.dataset.stage, "
+            "r.querySelector('td').textContent])))",
+        )
+    )
 
 
 def test_ablating_a_head_shows_the_intervened_maps_and_the_change(driver, server, console):
@@ -61,7 +66,6 @@ def test_ablating_a_head_shows_the_intervened_maps_and_the_change(driver, server
     wait_until(driver, lambda d: same_cells(d, baseline["stages"]["weights"]["values"][1][0]))
     assert sent_body(driver) == INDUCTION
     assert np.isfinite(shown_weights(driver)).all()
-
 
 
 STACK = "#sentence=the+cat+sat+on&d_model=8&num_heads=2&seed=0&scale=1&causal=1&block=gpt2&layers=2&q=1&head=1"

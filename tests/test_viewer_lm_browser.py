@@ -19,17 +19,32 @@ from viewer_browser_support import js, service_trace, wait_ready, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
-BODY = {"sentence": "harry potter went to the shop and harry", "d_model": 64, "num_heads": 1, "block": "gpt2",
-        "num_layers": 2, "head_weights": ["induction"], "lm_head": "tied", "candidates": ["wand"]}
+BODY = {
+    "sentence": "harry potter went to the shop and harry",
+    "d_model": 64,
+    "num_heads": 1,
+    "block": "gpt2",
+    "num_layers": 2,
+    "head_weights": ["induction"],
+    "lm_head": "tied",
+    "candidates": ["wand"],
+}
 
 
 def bars(driver) -> list[tuple[str, float]]:
-    return [(token, float(p)) for token, p in js(driver, "return [...document.querySelectorAll('#next-token-body .nt-row')]"
-                                                         ".map(li => [li.dataset.token, li.dataset.prob]);")]
+    return [
+        (token, float(p))
+        for token, p in js(
+            driver,
+            "return [...document.querySelectorAll('#next-token-body .nt-row')]"
+            ".map(li => [li.dataset.token, li.dataset.prob]);",
+        )
+    ]
 
 
 def test_the_next_token_panel_shows_the_answers_probabilities_and_redraws_with_the_temperature(
-        driver, server, console, tmp_path: Path):
+    driver, server, console, tmp_path: Path
+):
     page = requests.post(server.url + "/trace/html", json=BODY, timeout=30)
     assert page.status_code == 200
     doc = service_trace(server, BODY)
@@ -57,8 +72,9 @@ def test_the_next_token_panel_shows_the_answers_probabilities_and_redraws_with_t
     assert js(driver, "return document.documentElement.dataset.cspViolations || '0'") == "0"
 
 
-def test_generate_appends_the_answers_tokens_and_shows_each_new_row_of_attention(driver, server, console,
-                                                                                  tmp_path: Path):
+def test_generate_appends_the_answers_tokens_and_shows_each_new_row_of_attention(
+    driver, server, console, tmp_path: Path
+):
     body = {**BODY, "generate": 3}
     page = requests.post(server.url + "/trace/html", json=body, timeout=30)
     assert page.status_code == 200
@@ -74,22 +90,34 @@ def test_generate_appends_the_answers_tokens_and_shows_each_new_row_of_attention
     prompt = [t["text"] for t in doc["tokens"]]
     for k, step in enumerate(doc["generation"], 1):
         button.click()
-        wait_until(driver, lambda d: d.find_element(By.CSS_SELECTOR, "#next-token-body .nt-sequence").text
-                   == " ".join(prompt + [s["token"] for s in doc["generation"][:k]]))
+        wait_until(
+            driver,
+            lambda d: (
+                d.find_element(By.CSS_SELECTOR, "#next-token-body .nt-sequence").text
+                == " ".join(prompt + [s["token"] for s in doc["generation"][:k]])
+            ),
+        )
         chosen = js(driver, "return document.querySelector('#next-token-body .nt-row.is-chosen').dataset.token;")
         assert chosen == step["token"] == vocab[step["index"]]
         shown = dict(bars(driver))
         assert shown[step["token"]] == step["probability"]  # the distribution it was chosen from, exactly
-        weights = js(driver, "return [...document.querySelectorAll('#next-token-body .nt-attention li')]"
-                             ".map(li => [Number(li.dataset.pos), Number(li.dataset.weight)]);")
-        layer = js(driver, "return Number((document.getElementById('maps-title').textContent.match(/layer (\\d+)/) "
-                           "|| [0, 0])[1]);")
+        weights = js(
+            driver,
+            "return [...document.querySelectorAll('#next-token-body .nt-attention li')]"
+            ".map(li => [Number(li.dataset.pos), Number(li.dataset.weight)]);",
+        )
+        layer = js(
+            driver,
+            "return Number((document.getElementById('maps-title').textContent.match(/layer (\\d+)/) || [0, 0])[1]);",
+        )
         row = step["weights"][layer][0]
         assert weights == [[pos, w] for pos, w in zip(step["cache_positions"], row)]
     assert [s["token"] for s in doc["generation"]] == ["potter", "went", "to"]
     assert not button.is_enabled()
     driver.find_element(By.ID, "lm-generate-reset").click()
-    wait_until(driver, lambda d: d.find_element(By.CSS_SELECTOR, "#next-token-body .nt-sequence").text == " ".join(prompt))
+    wait_until(
+        driver, lambda d: d.find_element(By.CSS_SELECTOR, "#next-token-body .nt-sequence").text == " ".join(prompt)
+    )
     assert js(driver, "return document.documentElement.dataset.cspViolations || '0'") == "0"
 
 
@@ -100,8 +128,10 @@ def test_present_mode_has_a_slide_for_the_next_token(driver, server, console, tm
     driver.get("about:blank")
     driver.get(path.as_uri() + "#present=1")
     wait_ready(driver)
-    visible = "return ['maps', 'block-section', 'residual-section', 'walkthrough', 'next-token-section'].filter(id => { " \
-              "const el = document.getElementById(id); return !el.hidden && el.getClientRects().length > 0; });"
+    visible = (
+        "return ['maps', 'block-section', 'residual-section', 'walkthrough', 'next-token-section'].filter(id => { "
+        "const el = document.getElementById(id); return !el.hidden && el.getClientRects().length > 0; });"
+    )
     for _ in range(12):  # to the last slide, the head's
         if "Predict the next token" in driver.find_element(By.ID, "present-where").text:
             break
@@ -115,13 +145,24 @@ def test_present_mode_has_a_slide_for_the_next_token(driver, server, console, tm
 def test_the_live_page_asks_for_the_head_and_the_slider_sends_no_request(driver, server, console):
     from viewer_browser_support import clear_requests, open_page, posted, trace_requests
 
-    open_page(driver, server, "#sentence=harry+potter+went+to+the+shop+and+harry&d_model=64&num_heads=1&block=gpt2"
-                              "&layers=2&hw=induction&lm=tied&q=0&head=0")
+    open_page(
+        driver,
+        server,
+        "#sentence=harry+potter+went+to+the+shop+and+harry&d_model=64&num_heads=1&block=gpt2"
+        "&layers=2&hw=induction&lm=tied&q=0&head=0",
+    )
     section = driver.find_element(By.ID, "next-token-section")
     wait_until(driver, lambda d: section.is_displayed() and bars(d))
     assert driver.find_element(By.ID, "lm_head").get_attribute("value") == "tied"  # the declared choice's select
-    body = {"sentence": "harry potter went to the shop and harry", "d_model": 64, "num_heads": 1, "block": "gpt2",
-            "num_layers": 2, "head_weights": ["induction"], "lm_head": "tied"}
+    body = {
+        "sentence": "harry potter went to the shop and harry",
+        "d_model": 64,
+        "num_heads": 1,
+        "block": "gpt2",
+        "num_layers": 2,
+        "head_weights": ["induction"],
+        "lm_head": "tied",
+    }
     doc = service_trace(server, body)
     probs, vocab = doc["stages"]["next_token_probs"]["values"], doc["vocabulary"]
     assert bars(driver)[0] == ("potter", max(probs)) and vocab[probs.index(max(probs))] == "potter"
@@ -132,6 +173,9 @@ def test_the_live_page_asks_for_the_head_and_the_slider_sends_no_request(driver,
     assert bars(driver)[0][1] < max(probs)  # flatter
     assert trace_requests(driver) == [] and posted(driver, "/trace") == []
     # Off: the request is as before, and the panel goes.
-    js(driver, "const s = document.getElementById('lm_head'); s.value = ''; s.dispatchEvent(new Event('change', {bubbles: true}));")
+    js(
+        driver,
+        "const s = document.getElementById('lm_head'); s.value = ''; s.dispatchEvent(new Event('change', {bubbles: true}));",
+    )
     wait_until(driver, lambda d: not d.find_element(By.ID, "next-token-section").is_displayed())
     assert "lm_head" not in posted(driver, "/trace")[-1]

@@ -20,8 +20,7 @@ from viewer_browser_support import ChromiumOptions, js, open_page, wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
 SCREENS = [(1280, 720), (1024, 768)]
-SENTENCES = {3: "the cat sat", 6: "the cat sat on the mat",
-             12: "the cat sat on the mat and the dog lay on the rug"}
+SENTENCES = {3: "the cat sat", 6: "the cat sat on the mat", 12: "the cat sat on the mat and the dog lay on the rug"}
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +29,10 @@ def chromium_options() -> ChromiumOptions:
 
 
 def screen(driver, width: int, height: int) -> None:
-    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                           {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+    )
 
 
 def fragment(**view) -> str:
@@ -45,7 +46,9 @@ def where(driver) -> str:
 def fit(driver) -> dict:
     """How the slide on screen sits: the page's scroll height against the screen, the lowest visible part of the
     slide against the bar's top, the bar's height and its title's lines, the widest figure against its box."""
-    return js(driver, """
+    return js(
+        driver,
+        """
         const bar = document.getElementById('present-bar').getBoundingClientRect();
         const title = document.getElementById('present-where');
         const lh = parseFloat(getComputedStyle(title).lineHeight) || 1.5 * parseFloat(getComputedStyle(title).fontSize);
@@ -59,7 +62,8 @@ def fit(driver) -> dict:
           wide: Math.max(0, ...boxes.map((el) => el.scrollWidth - el.clientWidth)),
           zoom: Number(document.documentElement.dataset.presentZoom || 0),
           parts: shown.map((el) => el.id || el.dataset.present),
-        };""")
+        };""",
+    )
 
 
 def step_through(driver, key_for_step) -> list[tuple[str, dict]]:
@@ -86,8 +90,9 @@ def assert_fits(label: str, state: dict) -> None:
 @pytest.mark.parametrize("n", sorted(SENTENCES))
 def test_every_stage_fits_the_screen_and_the_clicker_steps_through_them(driver, server, console, size, n):
     screen(driver, *size)
-    open_page(driver, server, fragment(sentence=SENTENCES[n], d_model=24, num_heads=4, causal=1, q=1, head=0,
-                                       present=1))
+    open_page(
+        driver, server, fragment(sentence=SENTENCES[n], d_model=24, num_heads=4, causal=1, q=1, head=0, present=1)
+    )
     wait_until(driver, lambda d: where(d).startswith("Stage 1 of"))
     keys = [Keys.PAGE_DOWN, Keys.ARROW_RIGHT, Keys.SPACE, Keys.ARROW_DOWN]
     for title, state in step_through(driver, lambda i: keys[i % len(keys)]):
@@ -105,8 +110,23 @@ def test_every_stage_fits_the_screen_and_the_clicker_steps_through_them(driver, 
 @pytest.mark.parametrize("size", SCREENS, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_a_stacks_block_and_residual_stages_fit(driver, server, console, size):
     screen(driver, *size)
-    open_page(driver, server, fragment(sentence=SENTENCES[6], d_model=24, num_heads=2, causal=1, block="gpt2",
-                                       layers=3, layer=1, q=2, head=0, present=1, slide="block"))
+    open_page(
+        driver,
+        server,
+        fragment(
+            sentence=SENTENCES[6],
+            d_model=24,
+            num_heads=2,
+            causal=1,
+            block="gpt2",
+            layers=3,
+            layer=1,
+            q=2,
+            head=0,
+            present=1,
+            slide="block",
+        ),
+    )
     wait_until(driver, lambda d: "The block" in where(d))
     state = fit(driver)
     assert "block-section" in state["parts"], state
@@ -118,14 +138,18 @@ def test_a_stacks_block_and_residual_stages_fit(driver, server, console, size):
 
 def test_a_small_slide_is_zoomed_up_on_a_large_screen(driver, server, console):
     screen(driver, 1920, 1080)
-    open_page(driver, server, fragment(sentence=SENTENCES[3], d_model=24, num_heads=4, q=1, head=0, present=1,
-                                       slide="scores"))
+    open_page(
+        driver, server, fragment(sentence=SENTENCES[3], d_model=24, num_heads=4, q=1, head=0, present=1, slide="scores")
+    )
     wait_until(driver, lambda d: "Score" in where(d))
     state = fit(driver)
     assert_fits("3 tokens at 1920x1080", state)
     assert state["zoom"] > 1.1, state
-    number = js(driver, """const c = document.querySelector('figure.heatmap[data-stage="scores"] td');
-        return parseFloat(getComputedStyle(c).fontSize) * Number(document.documentElement.dataset.presentZoom);""")
+    number = js(
+        driver,
+        """const c = document.querySelector('figure.heatmap[data-stage="scores"] td');
+        return parseFloat(getComputedStyle(c).fontSize) * Number(document.documentElement.dataset.presentZoom);""",
+    )
     assert number >= 20, number  # was 15.6 px at 1920×1080
 
 
@@ -133,12 +157,15 @@ def test_a_small_slide_is_zoomed_up_on_a_large_screen(driver, server, console):
 
 
 def card(driver) -> dict:
-    return js(driver, """const t = (id) => document.getElementById(id).textContent.replace(/\\s+/g, ' ').trim();
+    return js(
+        driver,
+        """const t = (id) => document.getElementById(id).textContent.replace(/\\s+/g, ' ').trim();
         const lines = [...document.querySelectorAll('.facts dd')].filter((dd) => dd.offsetParent !== null)
           .map((dd) => Math.round(dd.getBoundingClientRect().height / parseFloat(getComputedStyle(dd).lineHeight)));
         return { matrices: t('fact-matrices'), matricesLabel: t('fact-matrices-label'), params: t('fact-params'),
                  paramsLabel: document.querySelector('#fact-params-label .visually-hidden')?.textContent || t('fact-params-label'),
-                 stackShown: !document.getElementById('fact-stack').hidden, stack: t('fact-stack-label') + ' = ' + t('fact-stack-value'), lines };""")
+                 stackShown: !document.getElementById('fact-stack').hidden, stack: t('fact-stack-label') + ' = ' + t('fact-stack-value'), lines };""",
+    )
 
 
 def thousands(n: int) -> str:
@@ -146,21 +173,44 @@ def thousands(n: int) -> str:
 
 
 @pytest.mark.parametrize("size", SCREENS, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("body, per_layer", [
-    # the reported card: GPT-2, 3 layers, d_model 24 read "3h + 1 = 45" and "4·d_model² = 21,072"
-    ({"sentence": "the cat sat", "d_model": 24, "num_heads": 1, "block": "gpt2", "num_layers": 3},
-     ("3h + 1", 4, "4·d_model²", 24 * 24 * 4)),
-    # K/V heads in a stack: h + 2·kv + 1 = 13, 2·48² + 2·2·6·48 = 5,760 a layer
-    ({"sentence": "the cat sat on the mat", "d_model": 48, "num_heads": 8, "num_kv_heads": 2, "block": "llama",
-      "num_layers": 2}, ("h + 2·kv + 1", 13, "2·d_model² + 2·kv·d_k·d_model", 2 * 48 * 48 + 2 * 2 * 6 * 48)),
-])
+@pytest.mark.parametrize(
+    "body, per_layer",
+    [
+        # the reported card: GPT-2, 3 layers, d_model 24 read "3h + 1 = 45" and "4·d_model² = 21,072"
+        (
+            {"sentence": "the cat sat", "d_model": 24, "num_heads": 1, "block": "gpt2", "num_layers": 3},
+            ("3h + 1", 4, "4·d_model²", 24 * 24 * 4),
+        ),
+        # K/V heads in a stack: h + 2·kv + 1 = 13, 2·48² + 2·2·6·48 = 5,760 a layer
+        (
+            {
+                "sentence": "the cat sat on the mat",
+                "d_model": 48,
+                "num_heads": 8,
+                "num_kv_heads": 2,
+                "block": "llama",
+                "num_layers": 2,
+            },
+            ("h + 2·kv + 1", 13, "2·d_model² + 2·kv·d_k·d_model", 2 * 48 * 48 + 2 * 2 * 6 * 48),
+        ),
+    ],
+)
 def test_the_head_size_card_shows_one_layers_formulas_and_numbers_and_the_stacks_totals(
-        driver, server, console, tmp_path, size, body, per_layer):
+    driver, server, console, tmp_path, size, body, per_layer
+):
     screen(driver, *size)
     label, matrices, params_label, params = per_layer
     cfg = requests.post(server.url + "/trace", json=body, timeout=30).json()["config"]
-    view = {"sentence": body["sentence"], "d_model": body["d_model"], "num_heads": body["num_heads"],
-            "block": body["block"], "layers": body["num_layers"], "causal": 1, "q": 1, "head": 0}
+    view = {
+        "sentence": body["sentence"],
+        "d_model": body["d_model"],
+        "num_heads": body["num_heads"],
+        "block": body["block"],
+        "layers": body["num_layers"],
+        "causal": 1,
+        "q": 1,
+        "head": 0,
+    }
     if "num_kv_heads" in body:
         view["kv"] = body["num_kv_heads"]
         view["pe"] = "rope"
@@ -174,11 +224,17 @@ def test_the_head_size_card_shows_one_layers_formulas_and_numbers_and_the_stacks
             driver.get(page.as_uri())
             wait_until(driver, lambda d: card(d)["stackShown"])
         got = card(driver)
-        assert (got["matricesLabel"], got["matrices"], got["paramsLabel"], got["params"]) == \
-            (label, str(matrices), params_label, thousands(params)), (where_, got)
+        assert (got["matricesLabel"], got["matrices"], got["paramsLabel"], got["params"]) == (
+            label,
+            str(matrices),
+            params_label,
+            thousands(params),
+        ), (where_, got)
         layers = body["num_layers"]
-        assert got["stack"] == (f"The whole stack ({layers} layers, with FFN and norms) = "
-                                f"{thousands(cfg['n_matrices'])} matrices, {thousands(cfg['n_parameters'])} weights"), got
+        assert got["stack"] == (
+            f"The whole stack ({layers} layers, with FFN and norms) = "
+            f"{thousands(cfg['n_matrices'])} matrices, {thousands(cfg['n_parameters'])} weights"
+        ), got
         assert cfg["n_parameters"] != params and all(n == 1 for n in got["lines"][:3]), (where_, got)
 
 
@@ -187,19 +243,27 @@ def test_the_head_size_card_shows_one_layers_formulas_and_numbers_and_the_stacks
 
 def text_px(driver) -> dict:
     """The smallest map or matrix number and figure caption on screen, in screen pixels (font size × the zoom)."""
-    return js(driver, """const z = Number(document.documentElement.dataset.presentZoom || 1);
+    return js(
+        driver,
+        """const z = Number(document.documentElement.dataset.presentZoom || 1);
         const px = (sel) => [...document.querySelectorAll(sel)].filter((e) => e.offsetParent && e.textContent.trim())
           .map((e) => parseFloat(getComputedStyle(e).fontSize) * z);
         return { numbers: Math.min(...px('#results .hm-cell, #results .mx-cell')),
                  captions: Math.min(...px('#results figcaption, #results .mx-caption, #walkthrough-title')),
-                 root: parseFloat(getComputedStyle(document.documentElement).fontSize) };""")
+                 root: parseFloat(getComputedStyle(document.documentElement).fontSize) };""",
+    )
 
 
 @pytest.mark.parametrize("n", [3, 6])
 def test_present_mode_at_1280x720_draws_a_maps_numbers_at_16_px_and_its_caption_at_20(driver, server, console, n):
     screen(driver, 1280, 720)
-    open_page(driver, server, fragment(sentence=SENTENCES[n], d_model=24, num_heads=4, causal=1, q=1, head=0,
-                                       present=1, slide="masked_scores"))
+    open_page(
+        driver,
+        server,
+        fragment(
+            sentence=SENTENCES[n], d_model=24, num_heads=4, causal=1, q=1, head=0, present=1, slide="masked_scores"
+        ),
+    )
     wait_until(driver, lambda d: "Mask" in where(d))
     assert_fits(f"{n} tokens", fit(driver))
     got = text_px(driver)
@@ -218,7 +282,7 @@ def test_the_text_scale_is_kept_in_the_address_and_the_saved_page(driver, server
     assert text_px(driver)["root"] == pytest.approx(1.5 * base)
     # A reload keeps it; so does a saved page opened with the address's view.
     address = driver.current_url
-    open_page(driver, server, address[address.index("#"):])
+    open_page(driver, server, address[address.index("#") :])
     assert driver.find_element(By.ID, "text-scale").get_attribute("value") == "1.5"
     assert text_px(driver)["root"] == pytest.approx(1.5 * base)
     page = tmp_path / "saved.html"
@@ -252,8 +316,21 @@ def test_the_small_items(driver, server, console, size):
     """The residual stream's cells hold 4.5:1; the Llama diagram names RMSNorm; the Block select shows its whole
     choice; each "all N values" expander has a name of its own."""
     screen(driver, *size)
-    open_page(driver, server, fragment(sentence="the cat sat on the mat", d_model=32, num_heads=2, block="llama",
-                                       layers=3, causal=1, pe="rope", q=1, head=0))
+    open_page(
+        driver,
+        server,
+        fragment(
+            sentence="the cat sat on the mat",
+            d_model=32,
+            num_heads=2,
+            block="llama",
+            layers=3,
+            causal=1,
+            pe="rope",
+            q=1,
+            head=0,
+        ),
+    )
     wait_until(driver, lambda d: js(d, "return document.querySelectorAll('.rs-cell').length") == 6 * 4)
     ratios = js(driver, CONTRAST_JS, ".rs-cell")
     assert len(ratios) == 24 and min(ratios) >= 4.5, sorted(ratios)[:3]
@@ -261,17 +338,25 @@ def test_the_small_items(driver, server, console, size):
     assert "2 heads · reads RMSNorm₁(x)" in details and not any("LN₁" in d and "RMSNorm" not in d for d in details)
     # The Block select: its chosen option's text fits inside it (a hidden twin measures the text in its font).
     for value in ("gpt2", "vaswani2017", "llama"):
-        fits = js(driver, """const sel = document.getElementById('block'); sel.value = arguments[0];
+        fits = js(
+            driver,
+            """const sel = document.getElementById('block'); sel.value = arguments[0];
             const probe = document.createElement('span'); const cs = getComputedStyle(sel);
             probe.style.font = cs.font; probe.style.position = 'absolute'; probe.style.visibility = 'hidden';
             probe.style.whiteSpace = 'nowrap'; probe.textContent = sel.selectedOptions[0].text; document.body.append(probe);
             const need = probe.getBoundingClientRect().width + parseFloat(cs.paddingLeft) + 24; probe.remove();
-            return [need, sel.clientWidth];""", value)
+            return [need, sel.clientWidth];""",
+            value,
+        )
         assert fits[0] <= fits[1], (value, fits)
-    names = js(driver, """return [...document.querySelectorAll('#walkthrough summary')].filter((s) => /^all \\d+ values$/.test(s.textContent))
-        .map((s) => s.getAttribute('aria-label'));""")
-    assert len(names) >= 3 and len(set(names)) == len(names) and all(n and n.startswith("all ") for n in names), \
-        [n for n in names if names.count(n) > 1]
+    names = js(
+        driver,
+        """return [...document.querySelectorAll('#walkthrough summary')].filter((s) => /^all \\d+ values$/.test(s.textContent))
+        .map((s) => s.getAttribute('aria-label'));""",
+    )
+    assert len(names) >= 3 and len(set(names)) == len(names) and all(n and n.startswith("all ") for n in names), [
+        n for n in names if names.count(n) > 1
+    ]
 
 
 # ---------------------------------------------------------------- long sentences
@@ -290,17 +375,29 @@ def test_a_long_sentence_is_coloured_by_default_and_its_query_is_in_view(driver,
     screen(driver, *size)
     q = n - 3
     open_page(driver, server, fragment(sentence=long_sentence(n), d_model=24, num_heads=1, q=q, head=0))
-    wait_until(driver, lambda d: js(d, "return document.querySelectorAll('table[data-stage=\"weights\"] td.hm-cell').length") > 0)
-    t = js(driver, """return [...document.querySelectorAll('table[data-stage="weights"] td.hm-cell:not(.is-masked)')]
-        .map((td) => Number(td.style.getPropertyValue('--t')));""")
+    wait_until(
+        driver,
+        lambda d: js(d, "return document.querySelectorAll('table[data-stage=\"weights\"] td.hm-cell').length") > 0,
+    )
+    t = js(
+        driver,
+        """return [...document.querySelectorAll('table[data-stage="weights"] td.hm-cell:not(.is-masked)')]
+        .map((td) => Number(td.style.getPropertyValue('--t')));""",
+    )
     coloured = sum(v >= 0.15 for v in t)
     assert coloured > 0.6 * len(t), (coloured, len(t))  # absolute 0 … 1: 90 of 900 at 30 tokens
-    legend = js(driver, "const l = document.querySelector('figure[data-stage=\"weights\"] .legend');"
-                        "return [l.dataset.mode, l.dataset.auto, l.textContent];")
+    legend = js(
+        driver,
+        "const l = document.querySelector('figure[data-stage=\"weights\"] .legend');"
+        "return [l.dataset.mode, l.dataset.auto, l.textContent];",
+    )
     assert legend[:2] == ["row", "true"] and f"chosen for {min(n, 48)} tokens" in legend[2], legend
-    chip = js(driver, """const bar = document.getElementById('token-options').getBoundingClientRect();
+    chip = js(
+        driver,
+        """const bar = document.getElementById('token-options').getBoundingClientRect();
         const c = document.querySelector('#token-options input:checked').closest('.chip').getBoundingClientRect();
-        return [c.left >= bar.left - 1, c.right <= bar.right + 1, Number(document.querySelector('#token-options input:checked').value)];""")
+        return [c.left >= bar.left - 1, c.right <= bar.right + 1, Number(document.querySelector('#token-options input:checked').value)];""",
+    )
     assert chip == [True, True, q], chip
     if n > 48:
         cap = driver.find_element(By.CSS_SELECTOR, "#maps-body .hm-cap").text
@@ -312,7 +409,9 @@ def test_a_long_sentence_is_coloured_by_default_and_its_query_is_in_view(driver,
 
 def test_the_shared_link_keeps_the_clicked_cell(driver, server, console):
     screen(driver, 1280, 720)
-    open_page(driver, server, fragment(sentence="the cat sat on the mat", d_model=24, num_heads=4, causal=1, q=1, head=2))
+    open_page(
+        driver, server, fragment(sentence="the cat sat on the mat", d_model=24, num_heads=4, causal=1, q=1, head=2)
+    )
     cell = 'table[data-stage="weights"] td[data-row="3"][data-col="1"]'
     wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, cell))
     driver.find_element(By.CSS_SELECTOR, cell).click()
@@ -320,7 +419,7 @@ def test_the_shared_link_keeps_the_clicked_cell(driver, server, console):
     wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#explain-body table"))
     shown = driver.find_element(By.ID, "explain-body").text
     address = driver.current_url
-    open_page(driver, server, address[address.index("#"):])
+    open_page(driver, server, address[address.index("#") :])
     wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#explain-body table"))
     assert driver.find_element(By.ID, "explain-body").text == shown
     assert "is-explained" in driver.find_element(By.CSS_SELECTOR, cell).get_attribute("class")
@@ -333,13 +432,22 @@ def test_the_print_stylesheet_makes_a_handout(driver, server, console):
     wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, 'table[data-stage="weights"] td'))
     driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": "print"})
     try:
-        shown = js(driver, """const on = (s) => [...document.querySelectorAll(s)].some((e) => e.offsetParent !== null
+        shown = js(
+            driver,
+            """const on = (s) => [...document.querySelectorAll(s)].some((e) => e.offsetParent !== null
             || getComputedStyle(e).display !== 'none' && e.getClientRects().length > 0);
             return { sidebar: on('.sidebar'), buttons: on('#results .button'), pickers: on('.picker-bar'),
                      maps: on('figure.heatmap'), walkthrough: on('#walkthrough'),
-                     exact: getComputedStyle(document.querySelector('td.hm-cell')).printColorAdjust };""")
-        assert shown == {"sidebar": False, "buttons": False, "pickers": False, "maps": True, "walkthrough": True,
-                         "exact": "exact"}, shown
+                     exact: getComputedStyle(document.querySelector('td.hm-cell')).printColorAdjust };""",
+        )
+        assert shown == {
+            "sidebar": False,
+            "buttons": False,
+            "pickers": False,
+            "maps": True,
+            "walkthrough": True,
+            "exact": "exact",
+        }, shown
     finally:
         driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": ""})
 
@@ -350,13 +458,17 @@ def test_a_tall_maps_column_labels_stay_in_view(driver, server, console, size):
     open_page(driver, server, fragment(sentence=long_sentence(60), d_model=24, num_heads=1, q=1, head=0))
     box = 'figure[data-stage="weights"] .hm-scroll'
     wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, box))
-    got = js(driver, """const box = document.querySelector(arguments[0]);
+    got = js(
+        driver,
+        """const box = document.querySelector(arguments[0]);
         box.scrollIntoView({ block: 'start' }); box.scrollTop = box.scrollHeight;
         const b = box.getBoundingClientRect();
         const label = box.querySelector('thead th.hm-col:nth-child(5)').getBoundingClientRect();
         const last = box.querySelector('tbody tr:last-child').getBoundingClientRect();
         return { scrolled: box.scrollTop > 0, boxTop: b.top, boxBottom: b.bottom, labelTop: label.top,
-                 labelBottom: label.bottom, lastBottom: last.bottom, height: innerHeight };""", box)
+                 labelBottom: label.bottom, lastBottom: last.bottom, height: innerHeight };""",
+        box,
+    )
     assert got["scrolled"] and got["boxBottom"] - got["boxTop"] <= got["height"], got
     assert got["boxTop"] - 1 <= got["labelTop"] and got["labelBottom"] <= got["boxTop"] + 120, got  # stuck at the top
     assert got["lastBottom"] <= got["boxBottom"] + 1, got  # the last row reached under the labels
@@ -381,13 +493,14 @@ def test_a_map_and_the_comparison_download_as_png_at_twice_their_svg(driver, ser
     open_page(driver, server, fragment(sentence="the cat sat", d_model=24, num_heads=2, q=1, head=0))
     wait_until(driver, lambda d: not d.find_element(By.ID, "download-saturation-png").get_attribute("disabled"))
     for svg_button, png_button, pattern in (
-            ('button[data-svg="weights"]', 'button[data-png="weights"]', "*_weights_head0"),
-            ("#download-saturation-svg", "#download-saturation-png", "*_comparison_q1_head0")):
+        ('button[data-svg="weights"]', 'button[data-png="weights"]', "*_weights_head0"),
+        ("#download-saturation-svg", "#download-saturation-png", "*_comparison_q1_head0"),
+    ):
         driver.find_element(By.CSS_SELECTOR, svg_button).click()
         svg = wait_download(downloads, f"{pattern}.svg").read_text(encoding="utf-8")
         driver.find_element(By.CSS_SELECTOR, png_button).click()
         png = wait_download(downloads, f"{pattern}.png")
-        head = svg[:svg.index(">", svg.index("<svg"))]
+        head = svg[: svg.index(">", svg.index("<svg"))]
         w, h = (float(_re.search(rf'\s{a}="([\d.]+)"', head).group(1)) for a in ("width", "height"))
         assert png_size(png) == (round(2 * w), round(2 * h)), (pattern, png_size(png), w, h)
         assert "the cat sat" in svg  # the sentence on the figure
@@ -432,11 +545,14 @@ TEXT_CONTRAST_JS = """
 def test_every_text_holds_4_5_to_1_in_every_theme(driver, server, console, theme):
     screen(driver, 1280, 720)
     dark_system = theme == "system-dark"
-    driver.execute_cdp_cmd("Emulation.setEmulatedMedia",
-                           {"features": [{"name": "prefers-color-scheme", "value": "dark" if dark_system else "light"}]})
+    driver.execute_cdp_cmd(
+        "Emulation.setEmulatedMedia",
+        {"features": [{"name": "prefers-color-scheme", "value": "dark" if dark_system else "light"}]},
+    )
     try:
-        view = dict(sentence="the cat sat on the mat", d_model=24, num_heads=4, causal=1, q=1, head=0, block="gpt2",
-                    layers=2)
+        view = dict(
+            sentence="the cat sat on the mat", d_model=24, num_heads=4, causal=1, q=1, head=0, block="gpt2", layers=2
+        )
         if not dark_system:
             view["theme"] = theme
         open_page(driver, server, fragment(**view))
@@ -458,8 +574,13 @@ def test_the_block_diagram_downloads_as_svg_and_png(driver, server, console, bro
 
     screen(driver, 1280, 720)
     downloads = clear_downloads(browser_dirs)
-    open_page(driver, server, fragment(sentence="the cat sat", d_model=24, num_heads=2, block="gpt2", layers=2, layer=1,
-                                       causal=1, q=1, head=0))
+    open_page(
+        driver,
+        server,
+        fragment(
+            sentence="the cat sat", d_model=24, num_heads=2, block="gpt2", layers=2, layer=1, causal=1, q=1, head=0
+        ),
+    )
     wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#block-diagram svg"))
     driver.find_element(By.ID, "download-block-svg").click()
     svg = wait_download(downloads, "*_block_layer1.svg").read_text(encoding="utf-8")
