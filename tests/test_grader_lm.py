@@ -63,7 +63,7 @@ def test_each_head_student_loses_exactly_its_functions_tests_with_its_mistake_na
     r = graded[student]
     assert r.gradable, r.internal_error
     failed = {t.name for t in r.tests if not t.passed}
-    if student == "correct":
+    if student in ("correct", "float32"):
         assert not failed and r.score == r.max_score == 5
         return
     fn = MISTAKE_IN[student]
