@@ -141,6 +141,9 @@ def mistaken_students() -> list[tuple[str, Path]]:
     out += [
         (course, folder / "hidden_only" / "mask_from_an_8_token_table.py") for course, folder in BLOCK_COURSES.items()
     ]
+    out += [
+        ("course-block-lm.toml", p) for p in sorted((STUDENTS / "block_lm").glob("*.py")) if p.stem not in BLOCK_CORRECT
+    ]
     return out
 
 
