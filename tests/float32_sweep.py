@@ -2,12 +2,13 @@
 measurement behind the courses' tolerance (grader/README.md, "Fair on every seed").
 
 For every configuration of every shipped course file, each function graded there is computed in float32 as
-``grader/students/block/float32.py`` computes it (every array cast to float32 on the way in) from the
-reference's own inputs, for a whole batch of seeds at once, and compared with the float64 reference by the
-grader's rule with that configuration's tolerance (``grader.reference.configuration_check``). The weights and
-embeddings are the engine's own, seed by seed (its SHAKE-256 streams); the float64 reference is recomputed here
-in batches and checked against the engine's trace (``grader.block.reference``) on the first seeds of every
-configuration, so it is the reference the grader uses.
+``grader/students/block/float32.py`` computes it (the language-model head: ``grader/students/block_lm/float32.py``;
+every array cast to float32 on the way in) from the reference's own inputs, for a whole batch of seeds at once, and
+compared with the float64 reference by the grader's rule with that configuration's tolerance
+(``grader.reference.configuration_check``). The weights and embeddings are the engine's own, seed by seed (its
+SHAKE-256 streams; a tied head's W_U the vocabulary's token embeddings in ``engine.lm.vocabulary``'s order); the
+float64 reference is recomputed here in batches and checked against the engine's trace (``grader.block.reference``)
+on the first seeds of every configuration, so it is the reference the grader uses.
 
 A *figure* is the largest |float32 − float64| of a stage as a multiple of what the tolerance allows there
 (``engine.checking.compare``'s ``figure``: a stage fails above 1); the margin is 1 / the worst figure.
