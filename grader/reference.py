@@ -57,15 +57,21 @@ FLOAT32_ROUNDOFF = 2.0 ** -24
 #: κ of the softmax's float32 allowance κ·u·L (u FLOAT32_ROUNDOFF, L the largest |logit| of the configuration).
 #: A float32 softmax rounds each logit s by up to u·|s| on the way in and each s − max by up to u·|s − max|, so
 #: every logit moves by at most D = 3·u·L, and a weight w by |Σ_j w·w_j·(δ_i − δ_j)| ≤ 2·D·w·(1 − w) ≤ 1.5·u·L;
-#: 8 is a margin of more than 5 over that bound (grader/README.md, "Fair on every seed", has the measurements)
+#: 8 is a margin of more than 5 over that bound (grader/README.md, "Fair on every seed", has the measurements).
+#: next_token_probs' softmax reads logits / T: rounding the logit, T and the quotient moves each by at most 3·u·L
+#: (L then the largest |logit / T|), and s − max by 2·u·L more, so D = 5·u·L and |δw| ≤ 2.5·u·L: a margin of 3
 SOFTMAX_KAPPA = 8.0
 
 
 def logit_scale(ref: Reference) -> float:
-    """L: the largest |logit| the configuration's softmax reads (its scaled scores; masked keys left out)."""
+    """L: the largest |logit| a softmax of the configuration reads: the attention's scaled scores (masked keys left
+    out) and, with a language-model head, next_token_probs' own, the last position's logits / temperature."""
     s = np.asarray(ref.get("softmax_input"), dtype=np.float64)
     finite = s[np.isfinite(s)]
-    return float(np.abs(finite).max()) if finite.size else 0.0
+    L = float(np.abs(finite).max()) if finite.size else 0.0
+    if "next_token_probs" in ref.arrays:
+        L = max(L, float(np.abs(ref.arrays["logits"][-1]).max()) / float(ref.get("temperature")))
+    return L
 
 
 def configuration_check(check: Mapping[str, Any], logits: float) -> dict[str, Any]:

@@ -2,12 +2,13 @@
 measurement behind the courses' tolerance (grader/README.md, "Fair on every seed").
 
 For every configuration of every shipped course file, each function graded there is computed in float32 as
-``grader/students/block/float32.py`` computes it (every array cast to float32 on the way in) from the
-reference's own inputs, for a whole batch of seeds at once, and compared with the float64 reference by the
-grader's rule with that configuration's tolerance (``grader.reference.configuration_check``). The weights and
-embeddings are the engine's own, seed by seed (its SHAKE-256 streams); the float64 reference is recomputed here
-in batches and checked against the engine's trace (``grader.block.reference``) on the first seeds of every
-configuration, so it is the reference the grader uses.
+``grader/students/block/float32.py`` computes it (the language-model head: ``grader/students/block_lm/float32.py``;
+every array cast to float32 on the way in) from the reference's own inputs, for a whole batch of seeds at once, and
+compared with the float64 reference by the grader's rule with that configuration's tolerance
+(``grader.reference.configuration_check``). The weights and embeddings are the engine's own, seed by seed (its
+SHAKE-256 streams; a tied head's W_U the vocabulary's token embeddings in ``engine.lm.vocabulary``'s order); the
+float64 reference is recomputed here in batches and checked against the engine's trace (``grader.block.reference``)
+on the first seeds of every configuration, so it is the reference the grader uses.
 
 A *figure* is the largest |float32 − float64| of a stage as a multiple of what the tolerance allows there
 (``engine.checking.compare``'s ``figure``: a stage fails above 1); the margin is 1 / the worst figure.
@@ -29,6 +30,7 @@ import numpy as np
 
 from engine import params as P
 from engine.attention import sinusoidal_positional_encoding
+from engine.lm import vocabulary
 from grader import block as block_mod
 from grader import config as grader_config
 from grader import diagnosis
@@ -112,6 +114,15 @@ class Weights:
         )
         return 1.0 + z if kind.endswith("_gamma") else z
 
+    def unembedding(self, d: int, vocab: tuple[str, ...]) -> np.ndarray:
+        """An untied head's W_U (``engine.lm.seeded_unembedding``): [S, vocab, d]."""
+        return self._get(
+            ("lm_head", d, vocab),
+            lambda: streams(
+                [P.stream_key("lm_head", seed=s, d_model=d, text=t) for s in self.seeds for t in vocab], d, 1.0 / d
+            ).reshape(len(self.seeds), len(vocab), d),
+        )
+
     def ffn(self, kind: str, d: int, f: int, rows: int, cols: int) -> np.ndarray:
         return self._get(
             (kind, d, f),
@@ -135,6 +146,9 @@ def inputs(c: grader_config.Configuration, w: Weights, needs_ffn: bool) -> dict[
         out[f"{which}_gamma"] = w.norm(f"{which}_gamma", d, layer) if tc.seeded_norm else np.ones((S, d))
         if bias:
             out[f"{which}_beta"] = w.norm(f"{which}_beta", d, layer) if tc.seeded_norm else np.zeros((S, d))
+    if tc.lm_head is not None:  # W_U [S, vocab, d]: the vocabulary in its documented order (engine.lm.vocabulary)
+        vocab = tuple(vocabulary(list(c.tokens or ())))
+        out["W_U"] = w.embeddings(d, vocab) if tc.lm_head == "tied" else w.unembedding(d, vocab)
     if needs_ffn:
         f = tc.ff_width
         out["W_1"] = w.ffn("W_1", d, f, f, d)
@@ -261,6 +275,12 @@ class Ops:
                 st["block_output"] = st["norm2"]
         return {**att, **st}
 
+    def lm_head(self, h: np.ndarray, W_U: np.ndarray) -> np.ndarray:
+        return self.a(h) @ self.a(W_U).swapaxes(-1, -2)  # [S, n, d] @ [S, d, vocab] -> [S, n, vocab]
+
+    def next_token_probs(self, logits: np.ndarray, temperature: float) -> np.ndarray:
+        return self.softmax(self.a(logits)[:, -1] / self.t(temperature))  # [S, n, vocab] -> [S, vocab]
+
 
 F64, F32OPS = Ops(np.float64), Ops(np.float32)
 
@@ -327,6 +347,10 @@ def float32_answers(
             }
         elif fn == "ffn":
             got = {"ffn_output": o.ffn(c.trace_config(0).ffn_kind, ref["ffn_input"], p["W_1"], p["W_2"], p.get("W_3"))}
+        elif fn == "lm_head":
+            got = {"logits": o.lm_head(ref["lm_input"], ref["unembedding"])}
+        elif fn == "next_token_probs":
+            got = {"next_token_probs": o.next_token_probs(ref["logits"], c.trace_config(0).temperature)}
         else:
             raise AssertionError(fn)
         for s in stages:
@@ -361,10 +385,25 @@ class Worst:
 
 def reference(c: grader_config.Configuration, inp: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     x = F64.positional(inp["E"])
-    p = {k: v for k, v in inp.items() if k != "E"}
+    p = {k: v for k, v in inp.items() if k not in ("E", "W_U")}
     if c.block is not None:
-        return F64.block(c, x, p)
+        st = F64.block(c, x, p)
+        if "W_U" in inp:  # the head reads the block's output (the final norm's in pre-norm)
+            st.update(lm_input=st["block_output"], unembedding=inp["W_U"])
+            st["logits"] = F64.lm_head(st["lm_input"], st["unembedding"])
+            st["next_token_probs"] = F64.next_token_probs(st["logits"], c.trace_config(0).temperature)
+        return st
     return {"input": x, "attention_input": x, **F64.attention(x, p, c.causal)}
+
+
+def logit_scales(c: grader_config.Configuration, ref: dict[str, np.ndarray]) -> np.ndarray:
+    """Per seed, ``grader.reference.logit_scale``: the largest |logit| a softmax of the configuration reads (the
+    attention's scaled scores, masked keys left out; with a head, also the last position's logits / T)."""
+    S = ref["softmax_input"].shape[0]
+    s = np.where(np.isneginf(ref["softmax_input"]), 0.0, np.abs(ref["softmax_input"])).reshape(S, -1).max(axis=1)
+    if "logits" in ref:
+        s = np.maximum(s, np.abs(ref["logits"][:, -1]).max(axis=1) / c.trace_config(0).temperature)
+    return s
 
 
 def agrees_with_engine(c: grader_config.Configuration, seeds: list[int], ref: dict[str, np.ndarray]) -> None:
@@ -385,6 +424,10 @@ def agrees_with_engine(c: grader_config.Configuration, seeds: list[int], ref: di
         "ffn_output",
         "block_output",
         "input",
+        "lm_input",
+        "unembedding",
+        "logits",
+        "next_token_probs",
     }
     for i, seed in enumerate(seeds):
         want = (
@@ -408,14 +451,10 @@ def sweep(courses: list[grader_config.Course], seeds: list[int]) -> list[dict[tu
             base = tolerance_of(course.check)
             for cname, functions in graded(course).items():
                 c = course.configurations[cname]
-                inp = inputs(c, weights, bool({"ffn", "block"} & set(functions)))
+                inp = inputs(c, weights, bool({"ffn", "block", "lm_head", "next_token_probs"} & set(functions)))
                 ref = reference(c, inp)
                 agrees_with_engine(c, chunk[:1], ref)
-                logits = np.where(np.isneginf(ref["softmax_input"]), 0.0, np.abs(ref["softmax_input"]))
-                tols = [
-                    tolerance_of(configuration_check(course.check, float(L)))
-                    for L in logits.reshape(len(chunk), -1).max(axis=1)
-                ]
+                tols = [tolerance_of(configuration_check(course.check, float(L))) for L in logit_scales(c, ref)]
                 atol = np.array([t.atol for t in tols])
                 stage_rtol = np.array([t.stage_rtol for t in tols])
                 for fn, stage, got in float32_answers(c, functions, ref, inp):

@@ -48,6 +48,8 @@ WORST_SEEDS: dict[str, dict[str, int]] = {
     "course-block.toml": {"one-token": 3776491667, "one-head": 2343613436, "large-scores": 1020552652},
     "course-block-llama.toml": {"one-token": 929868709, "one-head": 1334370048, "large-scores": 1790259324},
     "course-block-vaswani.toml": {"one-token": 3089514204, "one-head": 4288826778, "large-scores": 2072172857},
+    # the language-model head's: next_token_probs' worst seeds (its softmax over logits / T)
+    "course-block-lm.toml": {"decoder-4-heads": 969448160, "one-head": 631902835, "hidden-decoder": 2082633964},
 }
 
 
@@ -139,6 +141,9 @@ def mistaken_students() -> list[tuple[str, Path]]:
     out += [
         (course, folder / "hidden_only" / "mask_from_an_8_token_table.py") for course, folder in BLOCK_COURSES.items()
     ]
+    out += [
+        ("course-block-lm.toml", p) for p in sorted((STUDENTS / "block_lm").glob("*.py")) if p.stem not in BLOCK_CORRECT
+    ]
     return out
 
 
@@ -169,6 +174,7 @@ FLOAT32_STUDENTS = [
     ("course.toml", STUDENTS / "float32_einsum.py"),
     ("course.toml", STUDENTS / "float32_loop.py"),
     *[(course, folder / "float32.py") for course, folder in BLOCK_COURSES.items()],
+    ("course-block-lm.toml", STUDENTS / "block_lm" / "float32.py"),
 ]
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from grading_support import GRADING, STUDENTS, grade_many, student_dir, student_runtime  # noqa: F401 (a fixture)
 
-from grader import block, config, core
+from grader import block, config, core, reference
 
 COURSE = GRADING / "course-block-lm.toml"
 FOLDER = STUDENTS / "block_lm"
@@ -35,6 +35,15 @@ def test_the_reference_is_the_engines_head_on_the_blocks_output():
     z = a["logits"][-1] / 0.7
     np.testing.assert_allclose(a["next_token_probs"], np.exp(z - z.max()) / np.exp(z - z.max()).sum(), rtol=1e-12)
     assert ref.order["final_norm"] < ref.order["logits"] < ref.order["next_token_probs"]
+
+
+def test_the_softmax_allowance_counts_next_token_probs_logits_over_the_temperature():
+    """grader/README.md, "Fair on every seed": L is the largest |logit| any softmax of the configuration reads."""
+    ref = block.reference(config.load(COURSE).configurations["decoder-4-heads"], 3)
+    attention = np.abs(ref.get("softmax_input")[np.isfinite(ref.get("softmax_input"))]).max()
+    head = np.abs(ref.arrays["logits"][-1]).max() / 0.7
+    assert head > attention  # so the head's logits decide L here
+    assert reference.logit_scale(ref) == pytest.approx(head, rel=1e-15)
 
 
 def test_the_heads_functions_need_a_head_in_the_block():
@@ -69,7 +78,7 @@ def test_each_head_student_loses_exactly_its_functions_tests_with_its_mistake_na
     r = graded[student]
     assert r.gradable, r.internal_error
     failed = {t.name for t in r.tests if not t.passed}
-    if student == "correct":
+    if student in ("correct", "float32"):
         assert not failed and r.score == r.max_score == 5
         return
     fn = MISTAKE_IN[student]
