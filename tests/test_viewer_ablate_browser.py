@@ -79,6 +79,12 @@ def test_ablating_an_mlp_in_the_block_changes_what_follows_it(driver, server, co
     wait_until(driver, lambda d: d.find_element(By.ID, "intervention").is_displayed())
     want = {**body, "interventions": [{"target": "mlp_output", "layer": 1}]}
     assert sent_body(driver) == want
+    # the address keeps the ablation: opened again, the page ticks it and asks for the same intervened trace
+    address = driver.current_url.split("#", 1)[1]
+    assert "ablate_mlp=1" in address.split("&") and "ablate=" not in address
+    open_page(driver, server, "#" + address)
+    wait_until(driver, lambda d: d.find_element(By.ID, "intervention").is_displayed())
+    assert driver.find_element(By.ID, "ablate-mlp").is_selected() and sent_body(driver) == want
     doc = service_trace(server, want)
     assert "Ablated: layer 1's MLP" in driver.find_element(By.ID, "ablate-mlp-label").text
     rows = panel_rows(driver)
@@ -135,6 +141,7 @@ def test_ablating_the_previous_token_head_changes_the_prediction_to_the_services
     wait_until(driver, lambda d: d.find_element(By.ID, "intervention").is_displayed())
     ablated = {**body, "interventions": [{"target": "head_output", "layer": 0, "head": 0}]}
     assert sent_body(driver) == ablated
+    assert "ablate=0.0" in driver.current_url.split("#", 1)[1].split("&")  # a shared link asks for the same
     doc = requests.post(server.url + "/trace", json=ablated, timeout=30)
     assert doc.status_code == 200, doc.text
     intervened = doc.json()
@@ -154,3 +161,4 @@ def test_ablating_the_previous_token_head_changes_the_prediction_to_the_services
     wait_until(driver, lambda d: next_token_bars(d)[0] == top_of(baseline))
     assert dict(next_token_bars(driver))["potter"] == potter
     assert sent_body(driver) == body
+    assert "ablate" not in driver.current_url
