@@ -14,10 +14,11 @@ import json
 
 import numpy as np
 import pytest
+import requests
 from selenium.webdriver.common.by import By
 
 from test_viewer_heads_browser import INDUCTION, click_preset, same_cells, sent_body, shown_weights
-from viewer_browser_support import js, open_page, service_trace, wait_until
+from viewer_browser_support import js, open_page, service_trace, wait_ready, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
@@ -78,6 +79,12 @@ def test_ablating_an_mlp_in_the_block_changes_what_follows_it(driver, server, co
     wait_until(driver, lambda d: d.find_element(By.ID, "intervention").is_displayed())
     want = {**body, "interventions": [{"target": "mlp_output", "layer": 1}]}
     assert sent_body(driver) == want
+    # the address keeps the ablation: opened again, the page ticks it and asks for the same intervened trace
+    address = driver.current_url.split("#", 1)[1]
+    assert "ablate_mlp=1" in address.split("&") and "ablate=" not in address
+    open_page(driver, server, "#" + address)
+    wait_until(driver, lambda d: d.find_element(By.ID, "intervention").is_displayed())
+    assert driver.find_element(By.ID, "ablate-mlp").is_selected() and sent_body(driver) == want
     doc = service_trace(server, want)
     assert "Ablated: layer 1's MLP" in driver.find_element(By.ID, "ablate-mlp-label").text
     rows = panel_rows(driver)
@@ -89,3 +96,69 @@ def test_ablating_an_mlp_in_the_block_changes_what_follows_it(driver, server, co
     driver.find_element(By.ID, "ablate-mlp").click()
     wait_until(driver, lambda d: not d.find_element(By.ID, "intervention").is_displayed())
     assert sent_body(driver) == body
+
+
+def next_token_bars(driver) -> list[tuple[str, float]]:
+    """The next-token panel's bars, highest first: each row's token and the probability it stores (data-prob)."""
+    return [
+        (token, float(p))
+        for token, p in js(
+            driver,
+            "return [...document.querySelectorAll('#next-token-body .nt-row')]"
+            ".map(li => [li.dataset.token, li.dataset.prob]);",
+        )
+    ]
+
+
+def top_of(doc: dict) -> tuple[str, float]:
+    """The answer's most likely next token (the first of equals, as the panel orders them) and its probability."""
+    probs, vocab = doc["stages"]["next_token_probs"]["values"], doc["vocabulary"]
+    j = min(range(len(vocab)), key=lambda i: (-probs[i], i))
+    return vocab[j], probs[j]
+
+
+def test_ablating_the_previous_token_head_changes_the_prediction_to_the_services(driver, server, console):
+    """The induction preset with the tied head predicts "potter" after the last "harry"; with layer 0's
+    previous-token head zeroed, the bars are the intervened answer's next_token_probs, number for number."""
+    open_page(driver, server)
+    click_preset(driver, "induction")
+    js(
+        driver,
+        "const s = document.getElementById('lm_head'); s.value = 'tied';"
+        " s.dispatchEvent(new Event('change', {bubbles: true}));",
+    )
+    wait_until(driver, lambda d: sent_body(d).get("lm_head") == "tied" and next_token_bars(d))
+    wait_ready(driver)
+    body = sent_body(driver)
+    assert body == {**INDUCTION, "lm_head": "tied"}
+    baseline = service_trace(server, body)
+    assert next_token_bars(driver)[0] == top_of(baseline)
+    assert top_of(baseline)[0] == "potter", "the induction head copies the token after the earlier harry"
+    potter = dict(next_token_bars(driver))["potter"]
+    driver.find_element(By.CSS_SELECTOR, "label[for='layer-0']").click()
+    wait_until(driver, lambda d: "layer 0 of 2" in d.find_element(By.ID, "maps-title").text)
+    driver.find_element(By.ID, "ablate-head").click()
+    wait_until(driver, lambda d: d.find_element(By.ID, "intervention").is_displayed())
+    ablated = {**body, "interventions": [{"target": "head_output", "layer": 0, "head": 0}]}
+    assert sent_body(driver) == ablated
+    assert "ablate=0.0" in driver.current_url.split("#", 1)[1].split("&")  # a shared link asks for the same
+    doc = requests.post(server.url + "/trace", json=ablated, timeout=30)
+    assert doc.status_code == 200, doc.text
+    intervened = doc.json()
+    wait_until(driver, lambda d: next_token_bars(d)[0] == top_of(intervened))
+    vocab, probs = intervened["vocabulary"], intervened["stages"]["next_token_probs"]["values"]
+    shown = next_token_bars(driver)
+    assert shown == [(t, probs[vocab.index(t)]) for t, _ in shown]  # every bar the intervened answer's, exactly
+    assert top_of(intervened)[0] != "potter"
+    after = probs[vocab.index("potter")]
+    assert after < potter / 2, f"potter {potter} -> {after}: without the previous token, no copy"
+    assert dict(shown).get("potter", after) == after
+    target = driver.find_element(By.ID, "intervention-target").text  # the answer's own before and after
+    assert target.startswith('Next token "potter"') and intervened["intervention"]["target"]["token"] == "potter"
+    # untick: the baseline's bars again
+    driver.find_element(By.ID, "ablate-head").click()
+    wait_until(driver, lambda d: not d.find_element(By.ID, "intervention").is_displayed())
+    wait_until(driver, lambda d: next_token_bars(d)[0] == top_of(baseline))
+    assert dict(next_token_bars(driver))["potter"] == potter
+    assert sent_body(driver) == body
+    assert "ablate" not in driver.current_url

@@ -149,7 +149,7 @@ def test_the_live_page_asks_for_the_head_and_the_slider_sends_no_request(driver,
         driver,
         server,
         "#sentence=harry+potter+went+to+the+shop+and+harry&d_model=64&num_heads=1&block=gpt2"
-        "&layers=2&hw=induction&lm=tied&q=0&head=0",
+        "&layers=2&causal=1&hw=induction&lm=tied&q=0&head=0",
     )
     section = driver.find_element(By.ID, "next-token-section")
     wait_until(driver, lambda d: section.is_displayed() and bars(d))

@@ -384,6 +384,8 @@
       text: state.text,
       theme: state.theme,
       key: state.explain && state.explain.head === state.head && state.explain.query === state.query ? state.explain.key : null,
+      ablate: STANDALONE ? null : state.ablate,
+      ablateMlp: STANDALONE ? null : state.ablateMlp,
     });
     if (location.hash === hash) return;
     try {
@@ -402,12 +404,14 @@
   /** The query token, head, decoding step, colour scale and present mode from the address. */
   function readSelection() {
     const { key, ...selection } = selectionFromHash(location.hash);
-    Object.assign(state, { text: 1, theme: 'system' }, selection);
+    Object.assign(state, { text: 1, theme: 'system', ablate: null, ablateMlp: null }, selection);
+    if (STANDALONE) Object.assign(state, { ablate: null, ablateMlp: null }); // a saved page asks for no other trace
     state.pendingKey = key ?? null; // a shared link's clicked cell: explained once its trace is drawn
     state.queryText = null;
     ui.colourScale.value = state.colour;
     showTextScale();
     showPresentMode();
+    showAblation();
   }
 
   // ------------------------------------------------------------------ asking the service
@@ -565,17 +569,25 @@
   /** Ablate the head on screen (zero its output, in its layer), or stop: the trace is asked for again. */
   function toggleAblation() {
     state.ablate = ui.ablateHead.checked ? { layer: state.layer ?? 0, head: state.head } : null;
-    ui.ablateLabel.textContent = state.ablate ? `Ablated: layer ${state.ablate.layer}, head ${state.ablate.head}`
-      : 'Ablate this head';
+    showAblation();
     schedule(0);
   }
 
   /** Ablate the MLP of the layer shown (zero its output), or stop. */
   function toggleMlpAblation() {
     state.ablateMlp = ui.ablateMlp.checked ? (state.layer ?? 0) : null;
+    showAblation();
+    schedule(0);
+  }
+
+  /** The ablation switches and their labels as the state has them (a click, or an address that names one). */
+  function showAblation() {
+    ui.ablateHead.checked = !!state.ablate;
+    ui.ablateLabel.textContent = state.ablate ? `Ablated: layer ${state.ablate.layer}, head ${state.ablate.head}`
+      : 'Ablate this head';
+    ui.ablateMlp.checked = state.ablateMlp !== null;
     ui.ablateMlpLabel.textContent = state.ablateMlp !== null ? `Ablated: layer ${state.ablateMlp}'s MLP`
       : 'Ablate this layer\'s MLP';
-    schedule(0);
   }
 
   /** What the ablation changed (the answer's intervention): its description and each stage's largest change. */

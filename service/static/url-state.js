@@ -329,6 +329,9 @@
     if (THEMES.includes(selection.theme) && selection.theme !== 'system') p.set('theme', selection.theme);
     // the clicked cell: its key (its query and head are q and head), so that a shared link explains it again
     if (Number.isInteger(selection.key) && selection.key >= 0) p.set('key', String(selection.key));
+    // the ablation (a head's output, a layer's MLP output zeroed): a shared link asks for the same intervened trace
+    if (selection.ablate) p.set('ablate', `${selection.ablate.layer}.${selection.ablate.head}`);
+    if (Number.isInteger(selection.ablateMlp) && selection.ablateMlp >= 0) p.set('ablate_mlp', String(selection.ablateMlp));
     return `#${p.toString()}`;
   }
 
@@ -368,7 +371,7 @@
    * The view an address selects: the query token, head and decoding step (step null: the first one), the maps'
    * colour scale (format.js's SCALE_MODES), and present mode with its slide (an id of trace.js's presentSlides;
    * null: the first), and a stack's layer (null: the first) and block stage (an id of block.js's diagram; null: the
-   * first).
+   * first), the clicked cell's key, and the ablation (`ablate`: {layer, head}; `ablateMlp`: a layer), each only when set.
    */
   function selectionFromHash(hash) {
     const p = params(hash);
@@ -394,6 +397,10 @@
       ...(TEXT_SCALES.includes(Number(get('text', '100')) / 100) && get('text', '100') !== '100'
         ? { text: Number(get('text', '100')) / 100 } : {}),
       ...(/^\d{1,4}$/.test(get('key', '')) ? { key: Number(get('key', '')) } : {}),
+      // the ablated head (`layer.head`, both 0-based) and MLP (its layer), only when the address names them
+      ...(/^\d{1,3}\.\d{1,3}$/.test(get('ablate', ''))
+        ? { ablate: { layer: Number(get('ablate', '').split('.')[0]), head: Number(get('ablate', '').split('.')[1]) } } : {}),
+      ...(/^\d{1,3}$/.test(get('ablate_mlp', '')) ? { ablateMlp: Number(get('ablate_mlp', '')) } : {}),
       ...(THEMES.includes(get('theme', '')) && get('theme', '') !== 'system' ? { theme: get('theme', '') } : {}),
     };
   }

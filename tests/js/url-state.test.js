@@ -344,3 +344,22 @@ test('the language-model head: a declared choice, sent as lm_head, kept in the a
     block: 'gpt2', num_layers: 1, lm_head: 'tied', temperature: 1 }, tokens: [{ text: 'x' }] };
   assert.equal(U.fieldsFromTrace({ sentence: 'x', block: 'gpt2', lm_head: 'tied' }, doc).lm_head, 'tied');
 });
+
+test('the ablation joins the selection part of the address (ablate=L.H, ablate_mlp=L) only when set', () => {
+  const sel = { query: 1, head: 0, step: null, layer: 1, bstage: null };
+  assert.equal(U.hashFor(null, { ...sel, ablate: null, ablateMlp: null }), '#layer=1&q=1&head=0');
+  const both = U.hashFor(null, { ...sel, ablate: { layer: 0, head: 2 }, ablateMlp: 1 });
+  assert.equal(both, '#layer=1&q=1&head=0&ablate=0.2&ablate_mlp=1');
+  const back = U.selectionFromHash(both);
+  assert.deepEqual(back.ablate, { layer: 0, head: 2 });
+  assert.equal(back.ablateMlp, 1);
+  assert.equal(U.hashFor(null, { ...sel, ...back }), both, 'the address reads back to itself');
+  assert.equal(U.hashFor(null, { ...sel, ablateMlp: 0 }), '#layer=1&q=1&head=0&ablate_mlp=0', 'layer 0 is a layer');
+  const plain = U.selectionFromHash('#layer=1&q=1&head=0');
+  assert.ok(!('ablate' in plain) && !('ablateMlp' in plain), 'an address without them leaves them out');
+  for (const bad of ['ablate=1', 'ablate=1.', 'ablate=.2', 'ablate=-1.0', 'ablate=1.2.3', 'ablate=1e1.0', 'ablate=1234.0',
+    'ablate=</script>']) assert.equal(U.selectionFromHash(`#q=1&${bad}`).ablate, undefined, bad);
+  for (const bad of ['ablate_mlp=-1', 'ablate_mlp=1.5', 'ablate_mlp=abc', 'ablate_mlp=1234', 'ablate_mlp=']) {
+    assert.equal(U.selectionFromHash(`#q=1&${bad}`).ablateMlp, undefined, bad);
+  }
+});
