@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy.typing import NDArray
 
 POSITIONAL_BASE = 10000.0
 
@@ -46,12 +47,13 @@ def embedding_as_input(token_embedding: np.ndarray) -> np.ndarray:
     return token_embedding.copy()  # [n, d_model]
 
 
-def add_positional_encoding(token_embedding: np.ndarray, positional_encoding: np.ndarray) -> np.ndarray:
+def add_positional_encoding(token_embedding: NDArray[np.float64],
+                            positional_encoding: NDArray[np.float64]) -> NDArray[np.float64]:
     """Stage 4: x = token_embedding + positional_encoding."""
     return token_embedding + positional_encoding  # [n, d_model]
 
 
-def project(x: np.ndarray, W: np.ndarray) -> np.ndarray:
+def project(x: NDArray[np.float64], W: NDArray[np.float64]) -> NDArray[np.float64]:
     """Stage 5: per head i, x · Wᵢᵀ, for all heads in one matrix product.
 
     Stacking the heads' [d_k, d_model] matrices gives one [h·d_k, d_model]
@@ -102,7 +104,7 @@ def share_kv_heads(kv: np.ndarray, group: int) -> np.ndarray:
     return np.repeat(kv, group, axis=0)  # [g, m, d_k] -> [g·group, m, d_k] = [h, m, d_k]
 
 
-def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+def attention_scores(q: NDArray[np.float64], k: NDArray[np.float64]) -> NDArray[np.float64]:
     """Stage 6: raw scores = q · kᵀ for every query and key, per head."""
     return q @ k.transpose(0, 2, 1)  # [h, n, d_k] @ [h, d_k, m] -> [h, n, m]
 
@@ -149,8 +151,8 @@ def apply_mask(scores: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray,
     return np.where(excluded, 0.0, scores), excluded  # [h, n, n]  (masks are self-attention only: m = n)
 
 
-def softmax_parts(scores: np.ndarray, mask: np.ndarray | None = None
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def softmax_parts(scores: NDArray[np.float64], mask: NDArray[np.bool_] | None = None
+                  ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
     """The softmax's inner numbers over the last axis (keys): each row's max, the exponentials
     exp(score − max), and each row's sum of them. ``softmax`` divides the two; ``engine.explain``
     shows them for one cell (the very same arrays, so the very same bits).
@@ -171,7 +173,7 @@ def softmax_parts(scores: np.ndarray, mask: np.ndarray | None = None
     return peak, e, e.sum(axis=-1, keepdims=True)  # ..., [h, n, 1]
 
 
-def softmax(scores: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+def softmax(scores: NDArray[np.float64], mask: NDArray[np.bool_] | None = None) -> NDArray[np.float64]:
     """Stage 9: a numerically stable softmax over the last axis (keys), from ``softmax_parts``.
 
     Masked keys get a weight of exactly 0; a row whose every key is masked
@@ -183,7 +185,7 @@ def softmax(scores: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
     return e / np.where(total > 0, total, 1.0)  # [h, n, m], rows sum to 1 (0 for an all-masked row)
 
 
-def weighted_values(weights: np.ndarray, v: np.ndarray) -> np.ndarray:
+def weighted_values(weights: NDArray[np.float64], v: NDArray[np.float64]) -> NDArray[np.float64]:
     """Stage 10: context = weights · v, a convex blend of value rows per query."""
     return weights @ v  # [h, n, m] @ [h, m, d_k] -> [h, n, d_k]
 
@@ -194,7 +196,7 @@ def concat_heads(context: np.ndarray) -> np.ndarray:
     return context.transpose(1, 0, 2).reshape(n, h * d_k)  # [h, n, d_k] -> [n, h·d_k]
 
 
-def output_projection(concat: np.ndarray, W_O: np.ndarray) -> np.ndarray:
+def output_projection(concat: NDArray[np.float64], W_O: NDArray[np.float64]) -> NDArray[np.float64]:
     """Stage 12: output = concat · W_Oᵀ, mixing the heads back into d_model."""
     return concat @ W_O.T  # [n, h·d_k] @ [h·d_k, d_model] -> [n, d_model]
 
@@ -210,12 +212,15 @@ def append_to_window_cache(cache: np.ndarray, new: np.ndarray, window: int) -> n
     return grown[..., -window:, :]  # [g, c + 1, d_k] -> [g, min(c + 1, window), d_k]
 
 
-def entropy(weights: np.ndarray) -> np.ndarray:
+def entropy(weights: NDArray[np.float64]) -> NDArray[np.float64]:
     """Each row's entropy in nats, −Σ w·ln w with 0·ln 0 = 0."""
     safe = np.where(weights > 0, weights, 1.0)  # ln 1 = 0 where w = 0, no warnings
-    return 0.0 - (weights * np.log(safe)).sum(axis=-1)  # [h, n, m] -> [h, n]; 0 - x avoids -0.0
+    # [h, n, m] -> [h, n]; 0 - x avoids -0.0
+    entropies: NDArray[np.float64] = 0.0 - (weights * np.log(safe)).sum(axis=-1)
+    return entropies
 
 
-def max_weight(weights: np.ndarray) -> np.ndarray:
+def max_weight(weights: NDArray[np.float64]) -> NDArray[np.float64]:
     """Each row's largest weight: near 1 means softmax has saturated."""
-    return weights.max(axis=-1)  # [h, n, m] -> [h, n]
+    peak: NDArray[np.float64] = weights.max(axis=-1)  # [h, n, m] -> [h, n]
+    return peak

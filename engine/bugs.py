@@ -31,6 +31,7 @@ from functools import cached_property
 from typing import Callable, Literal
 
 import numpy as np
+from numpy.typing import NDArray
 
 from . import attention as A
 from . import block as B
@@ -133,8 +134,9 @@ def _softmax_over_queries(scores: np.ndarray, excluded: np.ndarray | None) -> np
     return A.softmax(scores.swapaxes(-1, -2), mask).swapaxes(-1, -2)  # [h, n, n], columns sum to 1
 
 
-def _mean_of_heads(context: np.ndarray) -> np.ndarray:
-    return context.mean(axis=0)  # [h, n, d_k] -> [n, d_k]: the heads' signals blur together
+def _mean_of_heads(context: NDArray[np.float64]) -> NDArray[np.float64]:
+    blurred: NDArray[np.float64] = context.mean(axis=0)  # [h, n, d_k] -> [n, d_k]: the heads' signals blur together
+    return blurred
 
 
 def _tiled_output(concat: np.ndarray, W_O: np.ndarray) -> np.ndarray:
@@ -142,13 +144,13 @@ def _tiled_output(concat: np.ndarray, W_O: np.ndarray) -> np.ndarray:
     return A.output_projection(tiled, W_O)  # [n, h·d_k] -> [n, d_model]
 
 
-def _project_without_transpose(x: np.ndarray, W: np.ndarray) -> np.ndarray:
+def _project_without_transpose(x: NDArray[np.float64], W: NDArray[np.float64]) -> NDArray[np.float64]:
     h, d_k, d_model = W.shape
     y = x @ W.reshape(h * d_k, d_model)  # [n, d_model] @ [h·d_k, d_model]: the missing .T (square, so it runs)
     return y.reshape(x.shape[0], h, d_k).transpose(1, 0, 2)  # [n, h·d_k] -> [h, n, d_k]
 
 
-def _split_heads_without_transpose(x: np.ndarray, W: np.ndarray) -> np.ndarray:
+def _split_heads_without_transpose(x: NDArray[np.float64], W: NDArray[np.float64]) -> NDArray[np.float64]:
     h, d_k, d_model = W.shape
     y = x @ W.reshape(h * d_k, d_model).T  # [n, d_model] @ [d_model, h·d_k] -> [n, h·d_k]
     return y.reshape(h, x.shape[0], d_k)  # [n, h·d_k] -> [h, n, d_k] with no transpose: heads mix tokens
@@ -163,9 +165,10 @@ def _mask_after_softmax(scores: np.ndarray, excluded: np.ndarray) -> np.ndarray:
     return np.where(excluded, 0.0, A.softmax(scores))  # [h, n, n]: future keys zeroed, rows not renormalised
 
 
-def _log_softmax(scores: np.ndarray, excluded: None) -> np.ndarray:
-    shifted = scores - scores.max(axis=-1, keepdims=True)  # [h, n, n]
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # [h, n, n]: log-probabilities, ≤ 0
+def _log_softmax(scores: NDArray[np.float64], excluded: None) -> NDArray[np.float64]:
+    shifted: NDArray[np.float64] = scores - scores.max(axis=-1, keepdims=True)  # [h, n, n]
+    total: NDArray[np.float64] = np.exp(shifted).sum(axis=-1, keepdims=True)  # [h, n, n] -> [h, n, 1]
+    return shifted - np.log(total)  # [h, n, n]: log-probabilities, ≤ 0
 
 
 def _concat_token_major(context: np.ndarray) -> np.ndarray:
@@ -431,28 +434,31 @@ BUG_NAMES: tuple[str, ...] = tuple(BUGS)
 # answers exactly as before; ``ALL_BUGS`` is both, and diagnosis tries the block's after the attention's.
 
 
-def _layer_norm_over_tokens(x: np.ndarray, mean: np.ndarray, variance: np.ndarray, eps: float, gamma: np.ndarray,
-                            beta: np.ndarray) -> np.ndarray:
-    mu = x.mean(axis=0)  # [n, d] -> [d]: one mean per feature, over the tokens (axis 0, not -1)
-    var = ((x - mu) ** 2).mean(axis=0)  # [n, d] -> [d]
+def _layer_norm_over_tokens(x: NDArray[np.float64], mean: NDArray[np.float64], variance: NDArray[np.float64],
+                            eps: float, gamma: NDArray[np.float64], beta: NDArray[np.float64]) -> NDArray[np.float64]:
+    mu: NDArray[np.float64] = x.mean(axis=0)  # [n, d] -> [d]: one mean per feature, over the tokens (axis 0, not -1)
+    var: NDArray[np.float64] = ((x - mu) ** 2).mean(axis=0)  # [n, d] -> [d]
     return (x - mu) / np.sqrt(var + eps) * gamma + beta  # [n, d]: each feature normalised across the sentence
 
 
-def _rms_norm_over_tokens(x: np.ndarray, mean_sq: np.ndarray, eps: float, gamma: np.ndarray) -> np.ndarray:
-    ms = (x * x).mean(axis=0)  # [n, d] -> [d]: over the tokens
+def _rms_norm_over_tokens(x: NDArray[np.float64], mean_sq: NDArray[np.float64], eps: float,
+                          gamma: NDArray[np.float64]) -> NDArray[np.float64]:
+    ms: NDArray[np.float64] = (x * x).mean(axis=0)  # [n, d] -> [d]: over the tokens
     return x / np.sqrt(ms + eps) * gamma  # [n, d]
 
 
-def _unbiased_variance(x: np.ndarray, mean: np.ndarray) -> np.ndarray:
-    return x.var(axis=-1, ddof=1)  # [n, d] -> [n]: ÷ (d_model − 1), Bessel's correction (torch.var's default)
+def _unbiased_variance(x: NDArray[np.float64], mean: NDArray[np.float64]) -> NDArray[np.float64]:
+    variance: NDArray[np.float64] = x.var(axis=-1, ddof=1)  # [n, d] -> [n]: ÷ (d − 1), Bessel's (torch.var's default)
+    return variance
 
 
-def _layer_norm_eps_outside(x: np.ndarray, mean: np.ndarray, variance: np.ndarray, eps: float, gamma: np.ndarray,
-                            beta: np.ndarray) -> np.ndarray:
+def _layer_norm_eps_outside(x: NDArray[np.float64], mean: NDArray[np.float64], variance: NDArray[np.float64],
+                            eps: float, gamma: NDArray[np.float64], beta: NDArray[np.float64]) -> NDArray[np.float64]:
     return (x - mean[..., None]) / (np.sqrt(variance[..., None]) + eps) * gamma + beta  # [n, d]: √σ² + ε
 
 
-def _rms_norm_eps_outside(x: np.ndarray, mean_sq: np.ndarray, eps: float, gamma: np.ndarray) -> np.ndarray:
+def _rms_norm_eps_outside(x: NDArray[np.float64], mean_sq: NDArray[np.float64], eps: float,
+                          gamma: NDArray[np.float64]) -> NDArray[np.float64]:
     return x / (np.sqrt(mean_sq[..., None]) + eps) * gamma  # [n, d]: √mean(x²) + ε
 
 

@@ -52,6 +52,7 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .errors import EngineError, InvalidSizeError, VariantConflictError
 from .params import (
@@ -165,10 +166,11 @@ def omegas() -> np.ndarray:
     return math.pi / 2.0 ** np.arange(POSITION_PAIRS)  # [P]
 
 
-def position_kernel(delta: np.ndarray) -> np.ndarray:
+def position_kernel(delta: np.ndarray) -> NDArray[np.float64]:
     """K(δ) = PE(p)·PE(p + δ) = Σ_f cos(π·δ/2^f): P at δ = 0, at most P − 2 for 0 < |δ| < 2^P."""
     d = np.asarray(delta, dtype=np.float64)[..., None]  # [..., 1]
-    return np.cos(d * omegas()).sum(axis=-1)  # [..., P] -> [...]
+    kernel: NDArray[np.float64] = np.cos(d * omegas()).sum(axis=-1)  # [..., P] -> [...]
+    return kernel
 
 
 def position_code(n: int) -> np.ndarray:
@@ -241,10 +243,11 @@ def rope_frequencies(d_k: int, base: float) -> np.ndarray:
     return 1.0 / np.power(float(base), np.arange(0, d_k, 2, dtype=np.float64) / d_k)  # [d_k/2]
 
 
-def rope_kernel(delta: np.ndarray, d_k: int, base: float) -> np.ndarray:
+def rope_kernel(delta: np.ndarray, d_k: int, base: float) -> NDArray[np.float64]:
     """K(δ) = mean over the pairs of cos(δ·θ_p): 1 at δ = 0."""
     d = np.asarray(delta, dtype=np.float64)[..., None]  # [..., 1]
-    return np.cos(d * rope_frequencies(d_k, base)).mean(axis=-1)  # [..., d_k/2] -> [...]
+    kernel: NDArray[np.float64] = np.cos(d * rope_frequencies(d_k, base)).mean(axis=-1)  # [..., d_k/2] -> [...]
+    return kernel
 
 
 @lru_cache(maxsize=64)

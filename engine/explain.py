@@ -48,6 +48,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .attention import softmax_parts
 from .errors import InvalidSizeError, VariantConflictError
@@ -94,20 +95,20 @@ def check_explainable(bug: str | None) -> None:
 # ------------------------------------------------------------------ pure steps
 
 
-def products(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+def products(q: NDArray[np.float64], k: NDArray[np.float64]) -> NDArray[np.float64]:
     """q_i[m]·k_j[m] for every m: exact IEEE products."""
     return q * k  # [d_k] * [d_k] -> [d_k]
 
 
 def sum_in_order(terms: np.ndarray) -> np.ndarray | float:
     """Σ terms[0] + terms[1] + …, one IEEE addition at a time in index order (no pairwise or fused sum)."""
-    total = terms[0]  # [...]
+    total: np.ndarray | float = terms[0]  # [...]
     for t in terms[1:]:
         total = total + t  # [...]
     return total
 
 
-def contributions(weights: np.ndarray, v: np.ndarray) -> np.ndarray:
+def contributions(weights: NDArray[np.float64], v: NDArray[np.float64]) -> NDArray[np.float64]:
     """weight_j · v_j for every key j of one query row."""
     return weights[:, None] * v  # [m, 1] * [m, d_k] -> [m, d_k]
 

@@ -149,9 +149,11 @@ def circuitsvis(t: Trace, decimals: int | None = None) -> dict[str, Any]:
 def _masked_rows(values: np.ndarray, mask: np.ndarray | None) -> list[Any]:
     """One head's masked scores as nested lists: None where the mask excludes a key (never −inf or NaN)."""
     if mask is None:
-        return values.tolist()
+        rows: list[Any] = values.tolist()
+        return rows
     # numpy's stubs take no None as a fill value; the object array of floats and None is what is meant
-    return np.where(mask, None, values).tolist()  # type: ignore[call-overload]  # [n, n] object array
+    masked: list[Any] = np.where(mask, None, values).tolist()  # type: ignore[call-overload]  # [n, n] object array
+    return masked
 
 
 def transformer_explainer(t: Trace, decimals: int | None = None, block: int = 0) -> dict[str, Any]:

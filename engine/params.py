@@ -59,7 +59,7 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, NDArray
 
 from .checks import explicit_array, parameter_shapes
 
@@ -80,19 +80,23 @@ class Parameters:
 
     @property
     def num_heads(self) -> int:
-        return self.W_Q.shape[0]
+        h: int = self.W_Q.shape[0]
+        return h
 
     @property
     def num_kv_heads(self) -> int:
-        return self.W_K.shape[0]
+        g: int = self.W_K.shape[0]
+        return g
 
     @property
     def d_k(self) -> int:
-        return self.W_Q.shape[1]
+        d_k: int = self.W_Q.shape[1]
+        return d_k
 
     @property
     def d_model(self) -> int:
-        return self.W_Q.shape[2]
+        d_model: int = self.W_Q.shape[2]
+        return d_model
 
     @property
     def n_matrices(self) -> int:
@@ -108,7 +112,7 @@ def stream_key(kind: str, **fields: int | str) -> str:
     return ":".join([_KEY_PREFIX, kind, *(f"{k}={v}" for k, v in fields.items())])
 
 
-def uniform_stream(key: str, count: int) -> np.ndarray:
+def uniform_stream(key: str, count: int) -> NDArray[np.float64]:
     """``count`` float64 values, uniform on (−1, 1), exact, from SHAKE-256(key)."""
     raw = hashlib.shake_256(key.encode("utf-8", "surrogatepass")).digest(8 * count)
     r = np.frombuffer(raw, dtype="<u8")  # [count] uint64
@@ -116,8 +120,9 @@ def uniform_stream(key: str, count: int) -> np.ndarray:
     return (2 * b + (1 - 2**53)).astype(np.float64) / _TWO_53  # exact: |numerator| < 2^53
 
 
-def _scaled(key: str, count: int, variance: float) -> np.ndarray:
-    return uniform_stream(key, count) * np.sqrt(3.0 * variance)
+def _scaled(key: str, count: int, variance: float) -> NDArray[np.float64]:
+    scaled: NDArray[np.float64] = uniform_stream(key, count) * np.sqrt(3.0 * variance)  # uniform on ±√(3·variance)
+    return scaled
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:

@@ -386,7 +386,8 @@ def compare_many(stages: list[tuple[np.ndarray, np.ndarray | None, Received]], t
     got_null = _joined([cast(np.ndarray, r.null).reshape(-1) for _, _, r in stages])  # -> [total]
 
     def per_stage(ufunc: np.ufunc, a: np.ndarray, dtype: Any = None) -> list[Any]:
-        return ufunc.reduceat(a, starts, dtype=dtype).tolist()  # [total] -> [stages]
+        per: list[Any] = ufunc.reduceat(a, starts, dtype=dtype).tolist()  # [total] -> [stages]
+        return per
 
     # A student may send ±1.8e308: no operation below may warn (overflow to inf only makes a value fail).
     with np.errstate(all="ignore"):
