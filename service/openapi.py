@@ -290,6 +290,7 @@ def components_schemas() -> dict[str, Any]:
     spec, trace = schemas["TraceSpec"], schemas["TraceRequest"]
     spec.pop("additionalProperties")
     spec.update(_ONE_SOURCE)
+    spec["description"] += spec_rules_description()
     schemas["TraceOptions"] = {
         "description": "What /trace returns, and how: shared by the requests that answer with a trace's numbers.",
         "properties": {k: v for k, v in trace["properties"].items() if k not in spec["properties"]},
@@ -357,11 +358,27 @@ _SPEC_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
       "d_k_too_small", "rope_base_blurs_positions")),
     ("your own arrays (input, context_input, parameters): their shapes, and numbers that overflow float64",
      ("array_shape", "non_finite_input", "numeric_overflow")),
+    ("the language-model head (lm_head, temperature, candidates): a head without a block field, temperature or "
+     "candidates without lm_head, a vocabulary above its limit", ("lm_head_needs_block", "needs_lm_head",
+                                                                   "vocabulary_too_large")),
+    ("interventions (interventions, patch_sentence, target_token): a layer, head or position out of range, a target "
+     "the configuration does not compute, a zeroed pattern, a patch without its sentence or of another length, a "
+     "target token without lm_head or outside the vocabulary, those fields without interventions, and "
+     "interventions with your own x, a mistake, decode or generate",
+     ("unknown_intervention", "intervention_needs_block", "intervention_out_of_range", "pattern_not_zeroed",
+      "patch_needs_sentence", "patch_needs_self_attention", "patch_length_mismatch", "patch_sentence_unused",
+      "needs_interventions", "interventions_conflict", "patch_needs_generated_input", "target_needs_lm_head",
+      "target_not_in_vocabulary")),
 )
+_GENERATE_RULES = ("generation (generate, top_k, top_p, sample_seed): top_k, top_p or sample_seed without generate; "
+                   "generate without lm_head or causal, beyond the token limit, with your own x or a mistake",
+                   ("needs_generate", "generate_needs_lm_head", "generate_needs_causal", "generate_too_long",
+                    "generate_needs_embeddings", "generate_with_bug"))
 _STAGE_RULES = ("stages this configuration does not compute (masked_scores without causal, the rotated stages "
                 "without RoPE, the context's without a context, a block's without one, the embeddings with your "
-                "own x)", ("stage_needs_causal", "stage_needs_rope", "stage_needs_context", "stage_needs_block",
-                           "stage_not_computed"))
+                "own x, the language-model head's without lm_head)", ("stage_needs_causal", "stage_needs_rope",
+                                                                       "stage_needs_context", "stage_needs_block",
+                                                                       "stage_not_computed", "stage_needs_lm_head"))
 _BUG_RULES = ("a mistake this trace cannot show (inject_bug: one that needs causal, or would change no number "
               "here, or a stack's mistake without a block field or where the stack has no such part)",
               ("bug_needs_causal", "bug_not_applicable", "bug_changes_nothing"))
@@ -370,8 +387,8 @@ _LAYOUT_RULES = ("parameters_layout torch without include_parameters, with share
 
 #: per operation, the groups of rules its schema cannot state
 INVALID_REQUESTS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
-    "trace": (*_SPEC_RULES, _STAGE_RULES, _BUG_RULES, _LAYOUT_RULES),
-    "traceHtml": (*_SPEC_RULES, _BUG_RULES, _LAYOUT_RULES,
+    "trace": (*_SPEC_RULES, _STAGE_RULES, _BUG_RULES, _LAYOUT_RULES, _GENERATE_RULES),
+    "traceHtml": (*_SPEC_RULES, _BUG_RULES, _LAYOUT_RULES, _GENERATE_RULES,
                   ("the page's cost above the request-cost limit", ("page_too_costly",))),
     "check": (*_SPEC_RULES, ("the submission: " + _STAGE_RULES[0] + "; a stage's shape; a value that is not a "
                              "number (token stages: not a string); checking that would cost more than the "
@@ -382,12 +399,14 @@ INVALID_REQUESTS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
               ("an npz body (application/x-npz): an array that is not real numbers, a mask that does not fit, a "
                "member referenced but missing or sent but unreferenced, a reference where none may be",
                ("npz_dtype", "npz_mask", "npz_member_missing", "npz_member_unused", "npz_reference"))),
-    "explain": (*_SPEC_RULES, _STAGE_RULES, _LAYOUT_RULES,
-                ("the cell: an index out of its range (head, query, key, layer, token, feature, unit), a norm or "
-                 "feed-forward cell without a block field, or a norm the stack does not have",
+    "explain": (*_SPEC_RULES, _STAGE_RULES, _BUG_RULES, _LAYOUT_RULES, _GENERATE_RULES,
+                ("the cell: an index out of its range (head, query, key, layer, token, feature, unit, column), a "
+                 "norm or feed-forward cell without a block field, a norm the stack does not have, a logit without "
+                 "lm_head, a mistake",
                  (*(f"{index}_out_of_range" for index in ("head", "query", "key", "layer", "token", "feature",
-                                                          "unit")), "explain_needs_block", "norm_not_in_block"))),
-    "export": (*_SPEC_RULES, _BUG_RULES,
+                                                          "unit", "column")), "explain_needs_block",
+                  "norm_not_in_block", "explain_needs_lm_head", "explain_with_bug"))),
+    "export": (*_SPEC_RULES, _BUG_RULES, _GENERATE_RULES,
                ("the format: circuitsvis and transformer-explainer draw self-attention of one layer; the export "
                 "and its trace together above the request-cost limit",
                 ("export_needs_self_attention", "export_needs_one_layer", "export_too_costly"))),
@@ -403,11 +422,23 @@ def invalid_types(operation_id: str) -> frozenset[str]:
     return frozenset(t for _, types in INVALID_REQUESTS[operation_id] for t in types)
 
 
+def spec_rules_description() -> str:
+    """What TraceSpec's description adds: the rules of the sentence and configuration its schema cannot state,
+    each with the error types it answers (written once here; each operation's 422 names the types)."""
+    return ("\n\nA request the schema accepts can still be refused (422) by a rule it cannot state:"
+            + "".join(f"\n- {what}: " + ", ".join(f"`{t}`" for t in types) for what, types in _SPEC_RULES))
+
+
 def invalid_request_description(operation_id: str) -> str:
-    """An operation's 422: the rules between fields, and against the limits, that its schema cannot state,
-    each with the error types it answers."""
-    rules = "".join(f"\n- {what}: " + ", ".join(f"`{t}`" for t in types)
-                    for what, types in INVALID_REQUESTS[operation_id])
+    """An operation's 422: the rules between fields, and against the limits, that its schema cannot state, each
+    with the error types it answers; the trace specification's by their types alone (TraceSpec's description
+    says what each is)."""
+    groups = INVALID_REQUESTS[operation_id]
+    shared = [t for group in groups if group in _SPEC_RULES for t in group[1]]
+    own = "".join(f"\n- {what}: " + ", ".join(f"`{t}`" for t in types)
+                  for what, types in groups if (what, types) not in _SPEC_RULES)
+    spec = ("\n- the trace specification's rules (the TraceSpec schema's description says each): "
+            + ", ".join(f"`{t}`" for t in shared)) if shared else ""
     return ("The JSON is well formed but the request is invalid; `errors` lists every problem, each with its "
             "`pointer` and `type`. A request the schema accepts can still be refused by a rule it cannot state:"
-            + rules)
+            + spec + own)
