@@ -120,6 +120,13 @@ def _bad_characters(text: str) -> str | None:
     return f"a control character U+{ord(ch):04X} at character {i}; remove it"
 
 
+def _refuse_bad_characters(field: str, i: int, text: str) -> None:
+    """A list's item ``i`` of ``field`` with a character no tokenizer should see: a 422 naming it."""
+    bad = _bad_characters(text)
+    if bad:
+        raise PydanticCustomError("bad_character", "{field}[{i}] contains {what}", {"field": field, "i": i, "what": bad})
+
+
 if TYPE_CHECKING:  # mypy cannot read a Literal built from the engine's tuples: str
     BugName: TypeAlias = str
     AnyBugName: TypeAlias = str
@@ -299,10 +306,8 @@ class TraceSpec(_SpecFields):  # type: ignore[valid-type,misc]
     def _string_texts(cls, v: Any, info: ValidationInfo) -> Any:
         field = cast(str, info.field_name)  # a field validator's info names its field
         for i, t in enumerate(v if isinstance(v, list) else []):
-            bad = _bad_characters(t) if isinstance(t, str) else None
-            if bad:
-                raise PydanticCustomError("bad_character", "{field}[{i}] contains {what}",
-                                          {"field": field, "i": i, "what": bad})
+            if isinstance(t, str):
+                _refuse_bad_characters(field, i, t)
         return v
 
     @field_validator(*(f.name for f in fields.FIELDS if f.kind == "tokens"), mode="before")
@@ -315,10 +320,7 @@ class TraceSpec(_SpecFields):  # type: ignore[valid-type,misc]
         with engine_rules():
             check_token_list(v, settings_of(info).max_tokens, field=field)
         for i, t in enumerate(v):
-            bad = _bad_characters(t)
-            if bad:
-                raise PydanticCustomError("bad_character", "{field}[{i}] contains {what}",
-                                          {"field": field, "i": i, "what": bad})
+            _refuse_bad_characters(field, i, t)
             with engine_rules():
                 check_token_text(i, t, field=field)
         return v
