@@ -1,19 +1,17 @@
 """The trace's own floor: a plain Flask app that computes an uncached /trace answer and nothing else.
 
-    gunicorn -k sync -w 2 -b 127.0.0.1:PORT bench.compute_floor_app:app   (bench/server_bench.py starts it)
+    gunicorn -c gunicorn.conf.py bench.compute_floor_app:app   (bench/server_bench.py starts it, and
+    gunicorn -k sync -w 2 -b 127.0.0.1:PORT bench.compute_floor_app:app   under gunicorn's defaults)
 
 Its one route reads the body, validates it with the service's own request
 model (pydantic) and answers ``render_trace``'s bytes: the same bytes as
 /trace. None of the service's app is used (no factory, hooks, CORS, security
-headers, error handlers, response cache or compression), and gunicorn runs it
-with its own defaults, under the floor's server. So what it costs on top of
-bench/floor_app.py is the trace's own work (validation, the engine, the
-encoding) under Flask, and what the service costs on top of it is everything
-else: the app's edge (factory, hooks, CORS, headers, cache).
-
-Section 6 holds the service against it under the same worker class (S
-uncached ≥ 0.9× of it), and it is the most the ratio against the plain floor
-can reach under Flask with this engine, whatever the server.
+headers, error handlers, response cache or compression). Under the committed
+gunicorn.conf.py, what the service costs on top of it is the app's edge
+(factory, hooks, request id, CORS, security headers, the compression
+decision); section 6 holds the service against it there (S uncached ≥ 0.9×
+of it). Under gunicorn's defaults (one listener, no access log) it also says
+what the committed server configuration costs.
 """
 
 from __future__ import annotations

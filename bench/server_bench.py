@@ -13,9 +13,14 @@ gunicorn with 2 workers and the response cache off
 * the plain floor: ``bench/floor_app.py``, a plain Flask app with none of the
   service, under ``gunicorn -k sync -w 2`` with gunicorn's defaults, answering
   a prepared body the size of an uncached S answer;
-* the trace's own floor: ``bench/compute_floor_app.py`` under the same
-  server, a plain Flask app that validates each request with the service's
-  model and answers ``render_trace``'s bytes, nothing else;
+* the trace's own floor: ``bench/compute_floor_app.py``, a plain Flask app
+  that validates each request with the service's model and answers
+  ``render_trace``'s bytes, nothing else, twice: under the same server as the
+  service (the committed ``gunicorn.conf.py``: the sync worker, its two
+  listeners, its JSON access log), which the target holds the service
+  against, so that the ratio is what the app's edge costs; and under
+  ``gunicorn -k sync -w 2`` with gunicorn's defaults (one listener, no access
+  log), which says what the committed server configuration costs;
 * for the worker class: the service under ``-k gthread --threads 4`` (the
   committed config otherwise), behind an nginx of its own.
 
@@ -63,7 +68,11 @@ TARGETS: dict[str, tuple[str, float, bool]] = {
         0.4,
         True,
     ),
-    "S_uncached_vs_compute_floor": ("S uncached, req/s ÷ the trace's own floor under the same worker class", 0.9, True),
+    "S_uncached_vs_compute_floor": (
+        "S uncached, req/s ÷ the trace's own floor under the same server (gunicorn sync, the committed config)",
+        0.9,
+        True,
+    ),
     "check_vs_trace_S": ("/check S (a wrong 5-stage submission), req/s ÷ /trace S", 0.45, True),
     "L_server_vs_encode": ("L: server time ÷ orjson's encoding of its arrays", 1.3, False),
     "L_less_static_vs_encode": (
@@ -194,8 +203,11 @@ def run(
             d, label="plain Flask floor", args=["-k", "sync", "-w", "2"], app="bench.floor_app:app", plain=True
         )
         servers["compute"] = Server(
+            d, env=SERVER_ENV, label="the trace's own floor (the committed config)", app="bench.compute_floor_app:app"
+        )
+        servers["compute_plain"] = Server(
             d,
-            label="the trace's own floor",
+            label="the trace's own floor (gunicorn's defaults)",
             args=["-k", "sync", "-w", "2"],
             app="bench.compute_floor_app:app",
             plain=True,
@@ -220,11 +232,12 @@ def run(
             raise RuntimeError(
                 f"the floor answered {status} with {len(got):,} bytes, not the prepared {len(floor_body):,}"
             )
-        status, _, got = _post(servers["compute"].url + "/trace", first_star)
-        if status != 200 or got != floor_body:
-            raise RuntimeError(
-                f"the trace's own floor answered {status} with {len(got):,} bytes, not /trace's {len(floor_body):,}"
-            )
+        for key in ("compute", "compute_plain"):
+            status, _, got = _post(servers[key].url + "/trace", first_star)
+            if status != 200 or got != floor_body:
+                raise RuntimeError(
+                    f"{servers[key].label} answered {status} with {len(got):,} bytes, not /trace's {len(floor_body):,}"
+                )
         status, _, got = _post(service.url + "/check", files["check"])
         if status != 200:
             raise RuntimeError(f"/check S answered {status}")
@@ -247,6 +260,7 @@ def run(
             ("S*", service, "/trace", req("Sstar.req")),
             ("floor", servers["floor"], "/floor/Sstar", req("Sstar.req")),
             ("compute", servers["compute"], "/trace", req("Sstar.req")),
+            ("compute plain", servers["compute_plain"], "/trace", req("Sstar.req")),
             ("S", service, "/trace", req("S.req")),
             ("check", service, "/check", req("check.req")),
             ("S nginx", Behind(service, proxies["sync"]), "/trace", req("S.req")),
@@ -333,6 +347,12 @@ def run(
         "per_byte_spread": _spread(per_byte, len(series)),
         "nginx_vs_direct": rps_ratio(load["S nginx"], load["S"]),
     }
+    # No target: what the committed server configuration costs the trace's own floor, and the service against
+    # the floor under gunicorn's defaults (the app's edge and the configuration together).
+    config_cost = {
+        "S_uncached_vs_compute_floor_defaults": rps_ratio(load["S*"], load["compute plain"]),
+        "compute_floor_config_vs_defaults": rps_ratio(load["compute"], load["compute plain"]),
+    }
     out: dict[str, Any] = {
         "rounds": rounds,
         "duration_s": duration_s,
@@ -341,9 +361,12 @@ def run(
         "sizes": sizes,
         "load": summ,
         "ratios": ratios,
+        "config_cost": config_cost,
         "round_ratios": {
             "S_uncached_vs_plain_floor": round_ratios(load["S*"], load["floor"]),
             "S_uncached_vs_compute_floor": round_ratios(load["S*"], load["compute"]),
+            "S_uncached_vs_compute_floor_defaults": round_ratios(load["S*"], load["compute plain"]),
+            "compute_floor_config_vs_defaults": round_ratios(load["compute"], load["compute plain"]),
             "check_vs_trace_S": round_ratios(load["check"], load["S"]),
             "nginx_vs_direct": round_ratios(load["S nginx"], load["S"]),
         },
@@ -393,9 +416,26 @@ def run(
     t.notes.append(
         f"load generator: {gen.name}, closed loop, {conns} connections, {rounds} interleaved round(s) of "
         f"{duration_s:g} s per cell; req/s ratios are the median of each round's ratio. S uncached is "
-        '"the cat sat<N>" with a new N every request; the plain floor is bench/floor_app.py and the '
-        "trace's own floor bench/compute_floor_app.py, both under `gunicorn -k sync -w 2` with "
-        "gunicorn's defaults; nginx is the shipped sidecar configuration without its per-address limits"
+        '"the cat sat<N>" with a new N every request; the plain floor is bench/floor_app.py under '
+        "`gunicorn -k sync -w 2` with gunicorn's defaults; the trace's own floor is bench/compute_floor_app.py "
+        "under the committed gunicorn.conf.py, as the service; nginx is the shipped sidecar configuration "
+        "without its per-address limits"
+    )
+    cpu = {
+        label: summ[k]["cpu_per_request_s"]
+        for k, label in (("S*", "the service"), ("compute", "the floor"), ("compute plain", "the floor, defaults"))
+    }
+    t.notes.append(
+        "the committed server configuration (two listeners, the JSON access log) against gunicorn's defaults, "
+        "the trace's own floor under each: "
+        f"{fmt_ratio(config_cost['compute_floor_config_vs_defaults'])} "
+        f"({summ['compute']['rps']:,.0f} vs {summ['compute plain']['rps']:,.0f} req/s"
+        + rounds_of("compute_floor_config_vs_defaults")
+        + "); the service against the floor under gunicorn's defaults: "
+        f"{fmt_ratio(config_cost['S_uncached_vs_compute_floor_defaults'])}"
+        + rounds_of("S_uncached_vs_compute_floor_defaults")
+        + "; worker CPU a request: "
+        + ", ".join(f"{k} {fmt_time(v)}" for k, v in cpu.items() if v is not None)
     )
     t.notes.append(
         f"L and the series: one connection, {seq_rounds} interleaved round(s) of {duration_s:g} s per item; "
