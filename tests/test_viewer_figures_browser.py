@@ -2,16 +2,19 @@
 
 The Q · Kᵀ matrices, every head's weights side by side and a stack's residual-stream table download as SVG and as
 PNG at 2× (as the maps, the √d_k comparison and the block diagram do, tests/test_viewer_present.py): each file has
-the figure's title, the sentence, and the numbers the page shows.
+the figure's title, the sentence, and the numbers the page shows. A page saved from the viewer ("Download HTML")
+opens on the view it was saved from (text scale, theme, query, head, clicked cell) with no address fragment.
 """
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlencode
 from xml.etree import ElementTree
 
 import pytest
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
 
 from viewer_browser_support import clear_downloads, js, open_page, wait_download, wait_until
 
@@ -113,3 +116,41 @@ def test_a_stacks_residual_stream_table_downloads_as_svg_and_png(driver, server,
     assert grid_numbers(root) == [shown] and len(shown) == 3 * 3
     sentence = driver.find_element(By.CSS_SELECTOR, "#residual-body .explain").text
     assert any(t and sentence.startswith(t) for t in texts), (sentence, texts[-3:])
+
+
+def test_a_page_saved_from_the_viewer_opens_on_its_view(driver, server, console, browser_dirs):
+    downloads = clear_downloads(browser_dirs)
+    open_page(
+        driver, server, fragment(sentence="the cat sat on the mat", d_model=24, num_heads=4, causal=1, q=1, head=2)
+    )
+    cell = 'table[data-stage="weights"] td[data-row="3"][data-col="1"]'
+    wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, cell))
+    Select(driver.find_element(By.ID, "text-scale")).select_by_visible_text("150%")
+    Select(driver.find_element(By.ID, "theme")).select_by_value("dark")
+    click(driver, cell)
+    wait_until(driver, lambda d: all(p in d.current_url for p in ("key=1", "q=3", "text=150", "theme=dark")))
+    wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#explain-body table"))
+    click(driver, "#download-html")
+    path = wait_download(downloads, "*.html")
+    page = path.read_text(encoding="utf-8")
+    view = re.findall(r'<script type="application/json" id="view-state">([^<]*)</script>', page)
+    assert len(view) == 1 and "sentence" not in view[0], view  # the selection only: the trace is the page's own
+
+    driver.get("about:blank")
+    driver.get(path.as_uri())  # no fragment
+    wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#explain-body table"))
+    assert driver.find_element(By.ID, "text-scale").get_attribute("value") == "1.5"
+    assert driver.find_element(By.ID, "theme").get_attribute("value") == "dark"
+    assert js(driver, "return document.documentElement.dataset.theme") == "dark"
+    assert (
+        js(driver, "return getComputedStyle(document.documentElement).getPropertyValue('--text-scale').trim()") == "1.5"
+    )
+    assert "head 2 of 4" in driver.find_element(By.ID, "walkthrough-title").text
+    assert "is-explained" in driver.find_element(By.CSS_SELECTOR, cell).get_attribute("class")
+    assert js(driver, "return document.querySelectorAll('[data-csp-violations]').length") == 0
+    # An address fragment still wins over the saved view.
+    driver.get("about:blank")
+    driver.get(path.as_uri() + "#q=1&head=0")
+    wait_until(driver, lambda d: "head 0 of 4" in d.find_element(By.ID, "walkthrough-title").text)
+    assert driver.find_element(By.ID, "text-scale").get_attribute("value") == "1"
+    assert driver.find_element(By.ID, "theme").get_attribute("value") == "system"
