@@ -16,7 +16,7 @@ import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
-from viewer_browser_support import clear_downloads, js, open_page, wait_download, wait_until
+from viewer_browser_support import clear_downloads, js, open_page, service_trace, wait_download, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
@@ -154,3 +154,17 @@ def test_a_page_saved_from_the_viewer_opens_on_its_view(driver, server, console,
     wait_until(driver, lambda d: "head 0 of 4" in d.find_element(By.ID, "walkthrough-title").text)
     assert driver.find_element(By.ID, "text-scale").get_attribute("value") == "1"
     assert driver.find_element(By.ID, "theme").get_attribute("value") == "system"
+
+
+def test_a_page_written_with_a_view_opens_on_it(driver, server, console, tmp_path):
+    # What the command line's `html --text 200 --theme contrast` writes (viewer/offline_page.py, view=).
+    from viewer.offline_page import render_html
+
+    body = {"sentence": "the cat sat", "d_model": 24, "num_heads": 2}
+    page = tmp_path / "lecture.html"
+    page.write_text(render_html(service_trace(server, body), body, view="text=200&theme=contrast"), encoding="utf-8")
+    driver.get("about:blank")
+    driver.get(page.as_uri())
+    wait_until(driver, lambda d: d.find_element(By.ID, "text-scale").get_attribute("value") == "2")
+    assert driver.find_element(By.ID, "theme").get_attribute("value") == "contrast"
+    assert js(driver, "return document.documentElement.dataset.theme") == "contrast"
