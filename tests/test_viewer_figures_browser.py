@@ -168,3 +168,14 @@ def test_a_page_written_with_a_view_opens_on_it(driver, server, console, tmp_pat
     wait_until(driver, lambda d: d.find_element(By.ID, "text-scale").get_attribute("value") == "2")
     assert driver.find_element(By.ID, "theme").get_attribute("value") == "contrast"
     assert js(driver, "return document.documentElement.dataset.theme") == "contrast"
+
+
+def test_a_large_figure_still_makes_its_png(driver, server, console, browser_dirs):
+    # 4 heads of 12 tokens: an SVG of some 140 kB, more bytes than one call's arguments may hold.
+    downloads = clear_downloads(browser_dirs)
+    sentence = "the cat sat on the mat and the dog lay on the rug"
+    open_page(driver, server, fragment(sentence=sentence, d_model=24, num_heads=4, q=1, head=0))
+    wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, 'button[data-svg="heads"]'))
+    root, texts = download_figure(driver, downloads, "heads")
+    assert len((next(downloads.glob("*_heads.svg"))).read_bytes()) > 120_000
+    assert f"“{sentence}”" in texts

@@ -984,8 +984,13 @@
     const size = (attr) => Number((text.match(new RegExp(`<svg[^>]*\\s${attr}="([\\d.]+)"`)) || [])[1]);
     const [w, h] = [size('width'), size('height')];
     const img = new Image();
-    img.src = `data:image/svg+xml;base64,${btoa(String.fromCharCode(...new TextEncoder().encode(text)))}`;
     try {
+      // The bytes as a binary string a slice at a time: one call's arguments cannot hold a large figure's
+      // (4 heads of 12 tokens is some 140 kB).
+      const bytes = new TextEncoder().encode(text);
+      let binary = '';
+      for (let i = 0; i < bytes.length; i += 0x8000) binary += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+      img.src = `data:image/svg+xml;base64,${btoa(binary)}`;
       await img.decode();
       const canvas = document.createElement('canvas');
       canvas.width = Math.round(2 * w);
