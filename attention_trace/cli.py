@@ -25,6 +25,7 @@ import os
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
+from urllib.parse import urlencode
 
 from .cli_common import (
     EXIT_NOT_PASSED,
@@ -53,6 +54,10 @@ TABLE_STAGES = ["scores", "scaled_scores", "masked_scores", "weights", "context"
 EXPORT_FORMATS = ("bertviz", "circuitsvis", "transformer-explainer")
 #: the subcommands; anything else first is a sentence to trace
 COMMANDS = ("trace", "check", "explain", "export", "html", "generate")
+#: the viewer's projector text scales (percent) and colour themes (service/static/url-state.js, TEXT_SCALES and
+#: THEMES; tests/test_cli.py holds them equal), which ``html --text/--theme`` write into the page's view
+TEXT_SCALES = (100, 125, 150, 200)
+THEMES = ("system", "light", "dark", "contrast")
 
 #: the options that set a request field but are not trace settings, by the field's pointer (for error messages)
 _OPTION_FLAGS = {"/decode": "--decode", "/head": "--head", "/query": "--explain", "/key": "--explain",
@@ -208,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "read-only (the same file as POST /trace/html; needs the service package).")
     _trace_options(h)
     h.add_argument("file", metavar="FILE", help="where to write it ('-' is standard output)")
+    h.add_argument("--text", type=int, choices=TEXT_SCALES, metavar="PERCENT",
+                   help="the page opens at this text scale, for a projector: " + ", ".join(map(str, TEXT_SCALES))
+                        + " (default 100; the viewer's text size)")
+    h.add_argument("--theme", choices=THEMES, help="the page opens in this colour theme (default: the system's)")
     connection_options(h)
     h.set_defaults(run=run_html_command, flags=FIELD_FLAGS)
     generate_cli.add_parser(sub)
@@ -350,7 +359,9 @@ def run_html(args: argparse.Namespace, body: dict[str, Any], out: TextIO, path: 
             alt = client.trace(comparison_request(body)).raw
         except ProblemError:  # too large to trace twice, say: the page says it holds no comparison
             alt = None
-    data = render_html(t.raw, body, comparison=alt).encode("utf-8")
+    view = {k: v for k, v in (("text", getattr(args, "text", None)), ("theme", getattr(args, "theme", None)))
+            if v is not None and v not in (100, "system")}
+    data = render_html(t.raw, body, comparison=alt, view=urlencode(view) if view else None).encode("utf-8")
     write_file(path, data)
     if path != "-":
         out.write(f"wrote {len(data)} bytes to {path} (the viewer's page for this trace; opens offline)\n")

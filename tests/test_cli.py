@@ -15,7 +15,7 @@ import pytest
 
 from attention_trace import LocalClient
 from attention_trace.cli import main
-from conftest import BLAS_ENV, Gunicorn
+from conftest import BLAS_ENV, ROOT, Gunicorn
 
 pytestmark = pytest.mark.integration
 
@@ -331,6 +331,25 @@ def test_the_subcommands_answer_as_the_trace_flags_do(capsys, tmp_path):
     assert in_process(capsys, "the cat sat", "--html", str(b))[0] == 0
     assert a.read_bytes() == b.read_bytes()
     assert in_process(capsys, "trace", "the cat sat")[1] == in_process(capsys, "the cat sat")[1]
+
+
+def test_the_html_command_writes_a_text_scale_and_a_theme_into_the_pages_view(capsys, tmp_path):
+    from attention_trace.cli import TEXT_SCALES, THEMES
+
+    plain, lecture = tmp_path / "plain.html", tmp_path / "lecture.html"
+    assert in_process(capsys, "html", "the cat sat", str(plain))[0] == 0
+    assert in_process(capsys, "html", "the cat sat", str(lecture), "--text", "150", "--theme", "dark")[0] == 0
+    view = b'<script type="application/json" id="view-state">{"fragment":"text=150&theme=dark"}</script>\n'
+    data = b'<script type="application/json" id="trace-data">'
+    assert b'id="view-state">{' not in plain.read_bytes()
+    assert lecture.read_bytes() == plain.read_bytes().replace(data, view + data, 1)
+    assert in_process(capsys, "html", "the cat sat", str(lecture), "--text", "175")[0] == 2
+    # the viewer's own choices (url-state.js): 1, 1.25, 1.5, 2 times the text; its themes
+    url_state = (ROOT / "service" / "static" / "url-state.js").read_text(encoding="utf-8")
+    scales = re.search(r"const TEXT_SCALES = Object\.freeze\(\[([^\]]*)\]\)", url_state).group(1)
+    themes = re.search(r"const THEMES = Object\.freeze\(\[([^\]]*)\]\)", url_state).group(1)
+    assert TEXT_SCALES == tuple(round(100 * float(x)) for x in scales.split(","))
+    assert THEMES == tuple(t.strip().strip("'") for t in themes.split(","))
 
 
 def test_tokens_stages_and_an_injected_bug(capsys):

@@ -1194,7 +1194,11 @@ def test_download_html_saves_the_services_standalone_page(driver, server, consol
     expected = requests.post(server.url + "/trace/html", data=json.dumps(body),
                              headers={"Content-Type": "application/json"}, timeout=20)
     assert expected.headers["Content-Disposition"] == f'attachment; filename="{path.name}"'
-    assert path.read_bytes() == expected.content
+    # The service's page, with the view it was saved from written in as data (the page opens on it).
+    saved = path.read_bytes()
+    view = re.search(rb'<script type="application/json" id="view-state">[^<]*</script>\n', saved)
+    assert view is not None and b'"fragment":"q=1&head=0"' in view.group(0), saved[:200]
+    assert saved.replace(view.group(0), b"") == expected.content
     assert "Saved attention-trace_the-cat-sat_d24_h2_seed0_causal.html" in \
         driver.find_element(By.ID, "action-status").text
 

@@ -18,6 +18,12 @@ service:
   ``data:`` images, and nothing else (``default-src 'none'``: no fetch, font or
   frame).
 
+With ``view`` (an address fragment, e.g. ``"text=150&theme=dark"``), the page
+also embeds the view to open on, as ``<script type="application/json"
+id="view-state">`` data (never run, so the CSP is unchanged): the page reads it
+when its own address has no fragment, as the viewer's "Download HTML" writes it
+(api.js, withView).
+
 The scripts see the embedded trace and draw it: the inputs show the
 configuration, disabled; the query token, head and decoding step can still be
 picked, the maps read and downloaded as SVG; what needs the service (another
@@ -118,9 +124,9 @@ def csp_for(scripts: Sequence[str], style: str) -> str:
 
 
 def render_html(trace_document: Mapping[str, Any], request_body: Mapping[str, Any], *,
-                comparison: Mapping[str, Any] | None = None) -> str:
+                comparison: Mapping[str, Any] | None = None, view: str | None = None) -> str:
     """The viewer's page for this trace, in one self-contained file (see the module's docstring)."""
-    return render_html_bytes(trace_document, request_body, comparison=comparison).decode("utf-8")
+    return render_html_bytes(trace_document, request_body, comparison=comparison, view=view).decode("utf-8")
 
 
 def _dumps(doc: Any) -> bytes:
@@ -130,19 +136,23 @@ def _dumps(doc: Any) -> bytes:
 
 def render_html_bytes(trace_document: Mapping[str, Any], request_body: Mapping[str, Any], *,
                       comparison: Mapping[str, Any] | None = None,
-                      dumps: Callable[[Any], bytes] = _dumps) -> bytes:
+                      dumps: Callable[[Any], bytes] = _dumps, view: str | None = None) -> bytes:
     """render_html's page, UTF-8 encoded (what POST /trace/html answers), made without a str of the trace.
 
     ``trace_document``: a /trace answer (as parsed JSON, or the service's document with numpy arrays), with every
     stage (a request with ``stages`` cannot be drawn); ``request_body``: the /trace request that made it;
     ``comparison``: the answer to ``comparison_request(request_body)``, for the "why divide by √d_k" section.
     ``dumps``: the JSON writer (the service passes its own, which writes the same bytes a piece at a time).
+    ``view``: the address fragment the page opens on when its address has none (None: the page's defaults).
     """
     missing = [s for s in DRAWN_STAGES if s not in trace_document.get("stages", {})]
     if missing:
         raise ValueError(f"the page draws every stage; this trace lacks {', '.join(missing)} (drop `stages`)")
     trace_json = _json_for_script(dumps(trace_document))
     meta_json = _json_for_script(dumps({"request": dict(request_body), "comparison": comparison}))
+    view_data = b"" if view is None else (b'<script type="application/json" id="view-state">'
+                                          + _json_for_script(orjson.dumps({"fragment": view.removeprefix("#")}))
+                                          + b"</script>\n")
 
     page = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
     style = (STATIC_DIR / "style.css").read_text(encoding="utf-8")
@@ -175,6 +185,6 @@ def render_html_bytes(trace_document: Mapping[str, Any], request_body: Mapping[s
         raise RuntimeError("service/static/index.html changed: expected '</body>' exactly once")
     head, tail = page.split("</body>")
     inlined = "".join("<script>" + script + "</script>\n" for script in scripts)
-    return b"".join([(head + '<script type="application/json" id="trace-data">').encode("utf-8"), meta_json,
+    return b"".join([head.encode("utf-8"), view_data, b'<script type="application/json" id="trace-data">', meta_json,
                      b'</script>\n<script type="application/json" id="trace-json">', trace_json,
                      ("</script>\n" + inlined + "</body>" + tail).encode("utf-8")])

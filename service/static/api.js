@@ -93,18 +93,45 @@
   const unescapeScriptJson = (text) =>
     text.replace(/(\\*)\\u003c/g, (all, slashes) => (slashes.length % 2 === 0 ? `${slashes}<` : all));
 
-  /** The trace a saved page embeds, {request, comparison, text, doc}, or null on the live page. */
+  /**
+   * The trace a saved page embeds, {request, comparison, text, doc, view}, or null on the live page. `view`: the
+   * address fragment (without "#") of the view the page was saved from (withView), or null; the page opens on it when
+   * its own address has no fragment.
+   */
   function readEmbedded(document) {
     const meta = document.getElementById('trace-data');
     const raw = document.getElementById('trace-json');
     if (!meta || !raw) return null;
     saved = true;
     const text = unescapeScriptJson(raw.textContent);
-    return { ...JSON.parse(meta.textContent), text, doc: JSON.parse(text) };
+    const viewEl = document.getElementById('view-state');
+    let view = null;
+    try {
+      const fragment = viewEl ? JSON.parse(viewEl.textContent).fragment : null;
+      view = typeof fragment === 'string' ? fragment.replace(/^#/, '') : null;
+    } catch {
+      view = null; // an unreadable view: the page's defaults
+    }
+    return { ...JSON.parse(meta.textContent), text, doc: JSON.parse(text), view };
+  }
+
+  /**
+   * A saved page (POST /trace/html's text) that opens on a view: `fragment` (an address fragment, url-state.js's
+   * hashFor) written as inert data, <script type="application/json" id="view-state"> (never run, so the page's
+   * Content-Security-Policy is unchanged), "<" escaped as in the trace's data, just before the trace's data (the
+   * page's scripts come after both, and read them as they run). An address fragment still wins over it.
+   * viewer/offline_page.py writes the same element.
+   */
+  function withView(html, fragment) {
+    const at = html.indexOf('<script type="application/json" id="trace-data">');
+    if (at < 0) return html;
+    const data = JSON.stringify({ fragment: fragment.replace(/^#/, '') }).replace(/</g, '\\u003c');
+    // (the closing tag in two pieces: the saved page inlines this file, which may not hold one whole)
+    return `${html.slice(0, at)}<script type="application/json" id="view-state">${data}<${'/'}script>\n${html.slice(at)}`;
   }
 
   globalThis.AttentionTrace ??= {};
   globalThis.AttentionTrace.api = Object.freeze({
-    ServiceError, ENDPOINTS, postJson, getVersion, postHtml, unescapeScriptJson, readEmbedded,
+    ServiceError, ENDPOINTS, postJson, getVersion, postHtml, unescapeScriptJson, readEmbedded, withView,
   });
 })();

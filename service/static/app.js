@@ -41,7 +41,7 @@
     fieldsFromHash, selectionFromHash, uiWords, HEAD_KINDS, headKinds, kindsText, readInt } = AT.urlState;
   const { PRESETS, kindLabel, presetOf, captionFor } = AT.heads;
   const { svgFile, comparisonSvg } = AT.svg;
-  const { ServiceError, ENDPOINTS, postJson, getVersion, postHtml, readEmbedded } = AT.api;
+  const { ServiceError, ENDPOINTS, postJson, getVersion, postHtml, readEmbedded, withView } = AT.api;
   const { h, spoken } = AT.render;
 
   const limits = { max_d_model: 512, max_heads: 64, max_tokens: 256 };
@@ -373,12 +373,12 @@
 
   // ------------------------------------------------------------------ the address
 
-  /** The view into the address (a saved page's inputs are fixed: the selection only). */
-  function writeHash() {
+  /** The view on screen, as url-state.js's hashFor takes it (the ablation only on the live page). */
+  function viewNow() {
     const showStep = STANDALONE ? Array.isArray(state.main?.doc.decode) : ui.decode.checked;
     // A stack's layer and box, while the inputs (a saved page: its trace) ask for a stack.
     const stack = STANDALONE ? !!state.main && isStack(state.main.doc.full || state.main.doc) : ui.block.value !== '';
-    const hash = hashFor(STANDALONE ? null : readFields(), {
+    return {
       query: state.query, head: state.head, step: showStep ? state.step : null, colour: state.colour,
       present: state.present, slide: state.slide, layer: stack ? state.layer : null, bstage: stack ? state.bstage : null,
       text: state.text,
@@ -386,7 +386,12 @@
       key: state.explain && state.explain.head === state.head && state.explain.query === state.query ? state.explain.key : null,
       ablate: STANDALONE ? null : state.ablate,
       ablateMlp: STANDALONE ? null : state.ablateMlp,
-    });
+    };
+  }
+
+  /** The view into the address (a saved page's inputs are fixed: the selection only). */
+  function writeHash() {
+    const hash = hashFor(STANDALONE ? null : readFields(), viewNow());
     if (location.hash === hash) return;
     try {
       history.replaceState(null, '', hash);
@@ -401,9 +406,12 @@
     readSelection();
   }
 
+  /** The address's fragment; on a saved page opened without one, the view it was saved from (api.js, withView). */
+  const addressHash = () => (location.hash.length > 1 || !EMBED?.view ? location.hash : `#${EMBED.view}`);
+
   /** The query token, head, decoding step, colour scale and present mode from the address. */
   function readSelection() {
-    const { key, ...selection } = selectionFromHash(location.hash);
+    const { key, ...selection } = selectionFromHash(addressHash());
     Object.assign(state, { text: 1, theme: 'system', ablate: null, ablateMlp: null }, selection);
     if (STANDALONE) Object.assign(state, { ablate: null, ablateMlp: null }); // a saved page asks for no other trace
     state.pendingKey = key ?? null; // a shared link's clicked cell: explained once its trace is drawn
@@ -955,7 +963,10 @@
     try {
       const { blob, name: given } = await postHtml(state.main.body);
       const name = given || `${exportNameOnScreen()}.html`;
-      saveBlob(blob, name);
+      // The file opens on this view (the text scale, the theme, the query, head, layer, clicked cell …) without an
+      // address: the selection, as a saved page's address holds it, written into the file as data.
+      const { ablate, ablateMlp, ...view } = viewNow();
+      saveBlob(new Blob([withView(await blob.text(), hashFor(null, view))], { type: blob.type || 'text/html' }), name);
       ui.actionStatus.textContent = `Saved ${name}: this view in one file that opens offline.`;
     } catch (err) {
       ui.actionStatus.textContent = `Could not make the HTML file: ${err?.message || err}`;
@@ -973,8 +984,13 @@
     const size = (attr) => Number((text.match(new RegExp(`<svg[^>]*\\s${attr}="([\\d.]+)"`)) || [])[1]);
     const [w, h] = [size('width'), size('height')];
     const img = new Image();
-    img.src = `data:image/svg+xml;base64,${btoa(String.fromCharCode(...new TextEncoder().encode(text)))}`;
     try {
+      // The bytes as a binary string a slice at a time: one call's arguments cannot hold a large figure's
+      // (4 heads of 12 tokens is some 140 kB).
+      const bytes = new TextEncoder().encode(text);
+      let binary = '';
+      for (let i = 0; i < bytes.length; i += 0x8000) binary += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+      img.src = `data:image/svg+xml;base64,${btoa(binary)}`;
       await img.decode();
       const canvas = document.createElement('canvas');
       canvas.width = Math.round(2 * w);
@@ -1156,7 +1172,7 @@
     // A preset's trace (the command line's --html of a preset's request too) opens on the view its caption is about,
     // unless the address chose one.
     const preset = presetOf(request, cfg);
-    if (preset && !/[#&](q|head|layer)=/.test(location.hash)) {
+    if (preset && !/[#&](q|head|layer)=/.test(addressHash())) {
       Object.assign(state, { query: preset.select.query, head: preset.select.head, layer: preset.select.layer });
     }
     updateDkLive();

@@ -10,7 +10,7 @@
  *
  * app.js calls create(view) once with what the sections read and call: view.state (the trace on screen and the
  * selection), view.ui (the page's elements), view.saved (a saved page) and view.actions (select, explainCell,
- * downloadSvg, selectLayer, selectBox, which belong to app.js and explain.js). The stateless builders (h, vec …) are
+ * downloadSvg, downloadPng, selectLayer, selectBox, which belong to app.js and explain.js). The stateless builders (h, vec …) are
  * shared with them. A stack's chosen layer is drawn from state.main.doc, which app.js sets to that layer
  * (trace.js's layerView); state.main.doc.full is the whole answer.
  *
@@ -21,7 +21,7 @@
 (() => {
   const { fmt, pct, int, quoted, fmtBase, extent, unit, norm, mapScale, subscript, ON_DARK_AT } = globalThis.AttentionTrace.format;
   const { HEATMAP_MAX_TOKENS, CELL_NUMBERS_MAX_TOKENS, keyTokensOf, isCross, kvHeadOf, exportName, presentSlides } = globalThis.AttentionTrace.trace;
-  const { heatmapSvg } = globalThis.AttentionTrace.svg;
+  const { heatmapSvg, gridsSvg } = globalThis.AttentionTrace.svg;
   const { isStack, numLayers } = globalThis.AttentionTrace.trace;
   const { kindLabel } = globalThis.AttentionTrace.heads;
 
@@ -422,6 +422,20 @@
     /** The request's sentence as typed (the SVG's caption), or null for pre-split tokens. */
     const typedSentence = () => (typeof state.main.body?.sentence === 'string' ? state.main.body.sentence : null);
 
+    /**
+     * A figure's two download buttons (SVG, and PNG at 2×), as the maps have them: `what` names it in the buttons'
+     * accessible names and `id` in their data-svg/data-png and the file's name; `figure()` builds its SVG (svg.js's
+     * gridsSvg) from the numbers drawn on screen, when the button is pressed.
+     */
+    function figureButtons(id, what, figure) {
+      const name = () => `${exportName(state.main.doc, state.main.body)}_${id}`;
+      return h('div', { class: 'button-row svg-row' },
+        h('button', { type: 'button', class: 'button button-small', data: { svg: id }, 'aria-label': `Download ${what} as SVG`,
+          onclick: () => actions.downloadSvg(figure(), `${name()}.svg`) }, 'Download SVG'),
+        h('button', { type: 'button', class: 'button button-small', data: { png: id }, 'aria-label': `Download ${what} as PNG (2×)`,
+          onclick: () => actions.downloadPng(figure(), `${name()}.png`) }, 'PNG (2×)'));
+    }
+
     function heatmap(spec) {
       const { stage, title, formula, matrix, tokens, kind, maskRow } = spec;
       const keyTokens = spec.keyTokens || tokens;
@@ -655,26 +669,34 @@
       const numbers = size === 'is-large';
       const rowLabels = doc.tokens.slice(0, n).map((t) => t.text);
       const colLabels = keyTokens.slice(0, nk).map((t) => t.text);
+      const figure = []; // each head's grid for the SVG, with the numbers drawn here
       const thumbs = W.map((mat, hi) => {
         const isMasked = masked ? (i, j) => masked.values[hi][i][j] === null : null;
         const scale = mapScale(mat.slice(0, n).map((r) => r.slice(0, nk)), { kind: 'weight', mode: state.colour, isMasked });
+        const cellsOf = [];
         const grid = h('span', { class: `thumb-grid ${size}`, vars: { '--n': String(nk) }, 'aria-hidden': 'true' },
           h('span', { class: 'thumb-corner' }),
           colLabels.map((l) => h('span', { class: 'thumb-col', title: l }, h('span', { class: 'thumb-label', text: l }))));
         for (let i = 0; i < n; i += 1) {
           grid.append(h('span', { class: `thumb-row${i === state.query ? ' is-query' : ''}`, title: rowLabels[i] },
             h('span', { class: 'thumb-label', text: rowLabels[i] })));
+          cellsOf.push([]);
           for (let j = 0; j < nk; j += 1) {
             const off = isMasked && isMasked(i, j);
-            const c = h('span', { class: `thumb-cell${off ? ' is-masked' : ''}${i === state.query ? ' is-query' : ''}` },
-              numbers && !off ? fmt(mat[i][j], 2) : '');
+            const text = numbers && !off ? fmt(mat[i][j], 2) : '';
+            const c = h('span', { class: `thumb-cell${off ? ' is-masked' : ''}${i === state.query ? ' is-query' : ''}` }, text);
             if (!off) shade(c, scale.t(i, mat[i][j]));
             grid.append(c);
+            cellsOf[i].push({ t: off ? null : scale.t(i, mat[i][j]), text,
+              title: `head ${hi}: query ${quoted(rowLabels[i])} → key ${quoted(colLabels[j])}: `
+                + `${off ? 'masked (weight 0)' : `${fmt(mat[i][j], 4)} (${pct(mat[i][j], 2)})`}` });
           }
         }
         const row = mat[state.query];
         const top = row.indexOf(Math.max(...row));
         const kv = cfg.query_heads_of_kv_head ? ` · K/V ${kvHeadOf(cfg, hi)}` : '';
+        figure.push({ caption: `head ${hi}${kindNote(cfg, hi)}${kv}: ${quoted(doc.tokens[state.query].text)} → ${keyTokens[top].text} `
+          + `${pct(row[top], 0)}`, rows: rowLabels, cols: colLabels, cells: cellsOf, queryRow: state.query, scale });
         return h('button', {
           type: 'button', class: 'thumb', 'aria-pressed': hi === state.head ? 'true' : 'false', data: { head: hi },
           'aria-label': `Head ${hi}${kindNote(cfg, hi)}${kv ? ` (reads K/V head ${kvHeadOf(cfg, hi)})` : ''}: ${quoted(doc.tokens[state.query].text)} `
@@ -683,11 +705,19 @@
         }, h('span', { class: 'thumb-caption' }, `head ${hi}${kindNote(cfg, hi)}${kv}`,
           h('span', { class: 'thumb-top', text: `${quoted(doc.tokens[state.query].text)} → ${keyTokens[top].text} ${pct(row[top], 0)}` })), grid);
       });
+      const title = 'Every head\'s weights, side by side';
+      const his = new Set(figure.map((f) => f.scale.hi));
+      const layerNote = Number.isInteger(doc.layer) ? ` · layer ${doc.layer} of ${numLayers(doc.full)}` : '';
+      const headsSvg = () => gridsSvg({ heading: `${title}${layerNote}`, label: `${title}: attention-trace`, doc,
+        sentence: typedSentence(), grids: figure, perRow: Math.min(4, figure.length),
+        legend: { lo: figure[0].scale.lo, hi: his.size === 1 ? figure[0].scale.hi : 'each head\'s largest weight' },
+        desc: 'One grid a head: rows are queries, columns are keys, each cell the weight.' });
       ui.thumbs.replaceChildren(
-        h('h3', { class: 'subhead', text: 'Every head\'s weights, side by side' }),
+        h('h3', { class: 'subhead', text: title }),
         h('p', { class: 'hint', text: 'Same sentence, different projections, different soft distributions; the same colour '
           + 'scale as the maps. Pick a head to inspect it.' }),
-        h('div', { class: `thumbs ${size}` }, thumbs));
+        h('div', { class: `thumbs ${size}` }, thumbs),
+        figureButtons('heads', 'every head\'s weights', headsSvg));
     }
 
     // -- Q, Kᵀ and QKᵀ
@@ -695,6 +725,8 @@
     /** One matrix as a labelled table: `rows` and `cols` its labels, numbers when `numbers`, coloured on its range. */
     function matrixTable(name, caption, values, rows, cols, { numbers, queryRow = null, rowHead, colHead }) {
       const range = extent(values);
+      figureGrids.push({ caption, rows, cols, queryRow, cells: values.map((r, i) => r.map((v, j) => ({
+        t: unit(v, range), text: numbers ? fmt(v, 2) : '', title: `${name}[${rows[i]}, ${cols[j]}] = ${fmt(v, 4)}` }))) });
       return h('table', { class: `mx-grid${numbers ? '' : ' is-compact'}`, data: { matrix: name }, vars: { '--m': String(cols.length) } },
         h('caption', { class: 'mx-caption' }, caption),
         h('thead', {}, h('tr', {}, h('th', { class: 'mx-corner', scope: 'col' }, h('span', { class: 'visually-hidden', text: `${rowHead} \\ ${colHead}` })),
@@ -705,7 +737,10 @@
             numbers ? fmt(v, 2) : ''), unit(v, range)))))));
     }
 
+    let figureGrids = []; // the matrices as drawn, for the SVG (matrixTable adds each)
+
     function renderMatrices() {
+      figureGrids = [];
       const { doc } = state.main;
       const S = doc.stages;
       const cfg = doc.config;
@@ -743,7 +778,14 @@
       const eq = h('div', { class: 'mx-equation' }, tables);
       eq.addEventListener('mouseover', (e) => pointMatrices(e.target));
       eq.addEventListener('mouseleave', () => pointMatrices(null));
-      ui.matrices.replaceChildren(...[h('div', { class: 'mx-scroll' }, eq), cut].filter(Boolean));
+      const grids = figureGrids;
+      const heading = ui.matricesTitle.textContent;
+      const matricesSvg = () => gridsSvg({ heading, label: `${heading}: attention-trace`, doc, sentence: typedSentence(), grids,
+        ops: ['·', '='], notes: [`Each matrix is coloured on its own range (its min … max); scores = ${qName} · ${kName}.`,
+          ...(cut ? [cut.textContent] : [])],
+        desc: 'Q, the transposed keys and the scores, as on the page.' });
+      ui.matrices.replaceChildren(...[h('div', { class: 'mx-scroll' }, eq), cut,
+        figureButtons(`matrices_head${hd}`, `${qName} · ${kName} = scores of head ${hd}`, matricesSvg)].filter(Boolean));
     }
 
     /** A score pointed at: its row of Q and its column of Kᵀ light up, and the readout says so. */
@@ -1217,9 +1259,19 @@
           unit(byToken[i], range)))))));
       const q = state.query;
       const grow = norms[L][q] / norms[0][q];
+      const sentence = `${quoted(tokens[q].text)}: ‖x‖ goes from ${fmt(norms[0][q], 3)} at the input to `
+        + `${fmt(norms[L][q], 3)} after layer ${L - 1} (× ${fmt(grow, 2)}).`;
+      const title = ui.residualSection.querySelector('h2')?.textContent || 'The residual stream';
+      const residualSvg = () => gridsSvg({ heading: `${title}: each token's ‖x‖ at each depth`, label: `${title}: attention-trace`, doc,
+        sentence: typedSentence(), grids: [{ caption: '‖x‖ of each token (rows) after each layer (columns)',
+          rows: tokens.map((t) => t.text), cols: labels, queryRow: q, markCol: doc.layer + 1,
+          cells: tokens.map((t, i) => norms.map((byToken, d) => ({ t: unit(byToken[i], range), text: fmt(byToken[i], 3),
+            title: `‖x${BLOCK.subscriptDigits(d)}‖ of ${quoted(t.text)} = ${fmt(byToken[i], 6)}` }))) }],
+        notes: [sentence, `The dashed column is the layer shown (${labels[doc.layer + 1]}).`],
+        desc: 'Rows are tokens, columns the depths of the residual stream, each cell the vector\'s length.' });
       ui.residualBody.replaceChildren(h('div', { class: 'table-scroll' }, table),
-        h('p', { class: 'explain', text: `${quoted(tokens[q].text)}: ‖x‖ goes from ${fmt(norms[0][q], 3)} at the input to `
-          + `${fmt(norms[L][q], 3)} after layer ${L - 1} (× ${fmt(grow, 2)}). The column of the layer shown is marked.` }));
+        h('p', { class: 'explain', text: `${sentence} The column of the layer shown is marked.` }),
+        figureButtons('residual', 'the residual stream\'s lengths', residualSvg));
     }
 
     // -- present mode

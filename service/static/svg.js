@@ -6,6 +6,8 @@
  * cannot hold become U+FFFD), so the file is well-formed whatever the sentence. The page saves `svgFile(root)`
  * through a Blob; it never parses it.
  *
+ * The drawings: one attention map (heatmapSvg), the √d_k comparison (comparisonSvg), and labelled grids side by
+ * side (gridsSvg: Q · Kᵀ = scores, every head's weights, a stack's residual stream, from the numbers the page draws).
  * A file is self-contained: a title with the configuration, the tokens on both axes, every cell's number (up to
  * 12 tokens; above that, colours, with each cell's exact value in its <title>), masked cells hatched and labelled,
  * a colour-scale legend; no font, image or style sheet, and no link.
@@ -232,7 +234,117 @@
     return append(root, bars, stats);
   }
 
+  /**
+   * Labelled grids side by side as one stand-alone SVG: Q · Kᵀ = scores, every head's weights, a stack's residual
+   * stream. The page hands over what it draws (so the file holds the numbers on screen): `heading` the figure's
+   * title (the section's, as on screen), `label` the file's <title>; `grids`, each {caption, rows, cols, cells,
+   * queryRow, markCol}: cells[i][j] is {t, text, title} (t: the cell's place on its colour scale, 0 … 1, or null: masked;
+   * text: the number written on it, '' for none; title: its exact value, in words), the query's row (queryRow)
+   * outlined, a column (markCol) outlined dashed; `ops[k]` a symbol drawn between
+   * grid k and k + 1; `perRow` grids on one line; `legend` {lo, hi} a colour-scale bar, or null; `notes` lines
+   * under the grids. Under the heading: the sentence and the configuration (configLines).
+   */
+  function gridsSvg({ heading, label, doc, sentence = null, grids, ops = [], perRow = grids.length, legend = null, notes = [],
+    desc = '' }) {
+    const lines = [heading, ...configLines(doc, sentence)];
+    const hasMasked = grids.some((g) => g.cells.some((r) => r.some((c) => c.t === null)));
+    const placed = grids.map((g) => {
+      const n = g.rows.length;
+      const m = g.cols.length;
+      const longest = Math.max(0, ...g.cells.flat().map((c) => textWidth(c.text || '', 11)));
+      const numbers = longest > 0;
+      const cw = numbers ? Math.max(40, longest + 12) : 14;
+      const ch = numbers ? 24 : 14;
+      const upright = cw < 30;
+      const labelSize = upright ? 10 : 11;
+      const rowW = Math.min(140, Math.max(16, ...g.rows.map((r) => textWidth(r, 11)))) + 8;
+      const colH = Math.min(120, Math.max(12, ...g.cols.map((c) => textWidth(c, labelSize) * (upright ? 1 : 0.71)))) + 10;
+      const w = Math.max(rowW + m * cw, textWidth(g.caption, 12) + 4);
+      return { g, n, m, cw, ch, upright, labelSize, rowW, colH, w, h: 20 + colH + n * ch };
+    });
+    // Lines of `perRow` grids, each grid's place on the page.
+    const top0 = 20 + lines.length * 18 + 14;
+    let y = top0;
+    let widest = 0;
+    for (let k = 0; k < placed.length; k += perRow) {
+      const line = placed.slice(k, k + perRow);
+      let x = 24;
+      line.forEach((p, i) => {
+        Object.assign(p, { x, y });
+        x += p.w + (ops[k + i] ? 40 : 28);
+      });
+      widest = Math.max(widest, x);
+      y += Math.max(...line.map((p) => p.h)) + 24;
+    }
+    const legendY = y;
+    const notesY = legendY + (legend || hasMasked ? 24 + (legend && hasMasked ? 22 : 0) : 0);
+    const width = Math.max(widest, 48 + Math.max(...lines.map((l, i) => textWidth(l, i ? 12 : 14)),
+      ...notes.map((l) => textWidth(l))), legend ? 24 + textWidth('colour scale') + 200 + textWidth(legend.lo) + textWidth(legend.hi) : 0, 380);
+    const height = notesY + notes.length * 18 + 24;
+    const root = svgRoot(width, height, label, `${lines.join('. ')}.${desc ? ` ${desc}` : ''}`);
+    const stops = Array.from({ length: 11 }, (_, i) => node('stop', { offset: `${i * 10}%`, 'stop-color': scaleColour(i / 10) }));
+    append(root, node('defs', {}, hatch(), node('linearGradient', { id: 'scale', x1: 0, x2: 1, y1: 0, y2: 0 }, stops)));
+    lines.forEach((l, i) => append(root, node('text', { x: 24, y: 28 + i * 18, 'font-size': i ? 12 : 14,
+      'font-weight': i ? 400 : 700, fill: i ? '#444b57' : '#16191f' }, l)));
+    placed.forEach((p, k) => {
+      const { g, x, cw, ch, upright, labelSize, rowW, colH } = p;
+      const left = x + rowW;
+      const top = p.y + 20 + colH;
+      const out = node('g', { class: 'grid', 'data-grid': k },
+        node('text', { x, y: p.y + 12, 'font-weight': 700, fill: '#16191f' }, g.caption),
+        node('g', { class: 'col-labels', 'font-weight': 600, 'font-size': labelSize },
+          g.cols.map((c, j) => node('text', { x: 0, y: 0, 'data-col': j,
+            transform: upright ? `translate(${left + j * cw + cw / 2 + labelSize * 0.35} ${top - 5}) rotate(-90)`
+              : `translate(${left + j * cw + cw / 2 + 4} ${top - 5}) rotate(-45)` }, c))),
+        node('g', { class: 'row-labels', 'font-size': 11, 'text-anchor': 'end' },
+          g.rows.map((r, i) => node('text', { x: left - 6, y: top + i * ch + ch / 2 + 4, 'data-row': i,
+            'font-weight': i === g.queryRow ? 700 : 400 }, i === g.queryRow ? `▸ ${r}` : r))));
+      const cells = node('g', { class: 'cells', 'text-anchor': 'middle', 'font-size': 11 });
+      g.cells.forEach((r, i) => r.forEach((c, j) => {
+        const off = c.t === null;
+        const cx = left + j * cw;
+        const cy = top + i * ch;
+        append(cells, node('g', { 'data-row': i, 'data-col': j },
+          node('title', {}, c.title),
+          node('rect', { x: cx + 0.5, y: cy + 0.5, width: cw - 1, height: ch - 1,
+            fill: off ? 'url(#masked)' : scaleColour(c.t), stroke: off ? '#9aa3b2' : 'none' }),
+          c.text ? node('text', { x: cx + cw / 2, y: cy + ch / 2 + 4, fill: off ? '#444b57' : inkOn(c.t) }, c.text) : null));
+      }));
+      append(out, cells);
+      if (g.queryRow !== null && g.queryRow !== undefined && g.queryRow < p.n) {
+        append(out, node('rect', { class: 'query-row', x: left, y: top + g.queryRow * ch, width: p.m * cw, height: ch,
+          fill: 'none', stroke: '#16191f', 'stroke-width': 1.5 }));
+      }
+      if (Number.isInteger(g.markCol) && g.markCol >= 0 && g.markCol < p.m) {
+        append(out, node('rect', { class: 'marked-col', x: left + g.markCol * cw, y: top, width: cw, height: p.n * ch,
+          fill: 'none', stroke: '#16191f', 'stroke-width': 1.5, 'stroke-dasharray': '4 3' }));
+      }
+      if (ops[k] && k + 1 < placed.length && (k + 1) % perRow !== 0) {
+        append(out, node('text', { x: x + p.w + 20, y: top + (p.n * ch) / 2 + 6, 'text-anchor': 'middle', 'font-size': 20,
+          fill: '#16191f' }, ops[k]));
+      }
+      append(root, out);
+    });
+    const legendG = node('g', { class: 'legend', fill: '#444b57' });
+    if (legend) {
+      const barX = 24 + textWidth('colour scale') + 12 + textWidth(legend.lo) + 6;
+      append(legendG, node('text', { x: 24, y: legendY + 11 }, 'colour scale'),
+        node('text', { x: barX - 6, y: legendY + 11, 'text-anchor': 'end' }, legend.lo),
+        node('rect', { x: barX, y: legendY, width: 140, height: 14, fill: 'url(#scale)', stroke: '#d7dbe2' }),
+        node('text', { x: barX + 146, y: legendY + 11 }, legend.hi));
+    }
+    if (hasMasked) {
+      const my = legendY + (legend ? 22 : 0);
+      append(legendG, node('rect', { x: 24, y: my, width: 18, height: 14, fill: 'url(#masked)', stroke: '#9aa3b2' }),
+        node('text', { x: 48, y: my + 11 }, 'masked: excluded from the softmax (weight 0)'));
+    }
+    append(root, legendG);
+    append(root, node('g', { class: 'notes', fill: '#16191f' },
+      notes.map((l, i) => node('text', { x: 24, y: notesY + 12 + i * 18 }, l))));
+    return root;
+  }
+
   globalThis.AttentionTrace.svg = Object.freeze({
-    SVG_NS, node, append, toXml, svgFile, configLines, textWidth, heatmapSvg, comparisonSvg,
+    SVG_NS, node, append, toXml, svgFile, configLines, textWidth, heatmapSvg, comparisonSvg, gridsSvg,
   });
 })();

@@ -59,3 +59,18 @@ test('the live page: no embedded trace; answers and problems', async () => {
     (err) => err instanceof ServiceError && err.problem === null && err.message === 'HTTP 502');
   await assert.rejects(postJson(answer(200, '"just a string"'), {}), (err) => err instanceof ServiceError);
 });
+
+test('withView writes the view as inert data before the trace, and readEmbedded reads it back', () => {
+  const { withView, readEmbedded } = load('api.js').api;
+  const html = '<html><body><p>x</p><script type="application/json" id="trace-data">{}</script>\n<script>app</script></body></html>';
+  const saved = withView(html, '#q=2&head=1&text=150&theme=dark&key=</script>');
+  assert.ok(saved.startsWith('<html><body><p>x</p><script type="application/json" id="view-state">{"fragment":"q=2&head=1'));
+  assert.ok(!saved.slice(0, saved.indexOf('id="trace-data"')).includes('</script><'), 'no "<" of the view ends its element');
+  assert.ok(saved.endsWith('<script type="application/json" id="trace-data">{}</script>\n<script>app</script></body></html>'));
+  assert.equal(withView('<html>no trace</html>', '#q=1'), '<html>no trace</html>');
+  const view = /id="view-state">([^<]*)</.exec(saved)[1];
+  const embedded = readEmbedded(page({ 'trace-data': '{"request":{},"comparison":null}', 'trace-json': '{}', 'view-state': view }));
+  assert.equal(embedded.view, 'q=2&head=1&text=150&theme=dark&key=</script>');
+  assert.equal(readEmbedded(page({ 'trace-data': '{"request":{}}', 'trace-json': '{}' })).view, null);
+  assert.equal(readEmbedded(page({ 'trace-data': '{"request":{}}', 'trace-json': '{}', 'view-state': 'not json' })).view, null);
+});

@@ -234,3 +234,30 @@ test('a constructed head\'s map names its kind in the title and the heading; a s
   const seeded = parseXml(S.svgFile(S.heatmapSvg(weightsSpec(doc, 1), { doc, head: 1 })));
   assert.equal(textOf([...walk(seeded)].find((el) => el.tag === 'title')), 'Weights, head 1: attention-trace');
 });
+
+test('gridsSvg: every grid with its labels and the numbers it was given, escaped, masked cells hatched', () => {
+  const doc = fakeTrace(HOSTILE.slice(0, 3));
+  const cell = (t, text) => ({ t, text, title: `value ${text} <${t}>` });
+  const grids = [
+    { caption: 'Q: 3 × 2', rows: HOSTILE.slice(0, 3), cols: ['0', '1'], queryRow: 1,
+      cells: [[cell(0, '0.10'), cell(1, `${MINUS}0.20`)], [cell(0.5, '0.30'), cell(0.25, '0.40')], [cell(0, '0.50'), cell(1, '0.60')]] },
+    { caption: 'scores & more', rows: ['a', 'b'], cols: ['<k>', 'k2'], markCol: 1,
+      cells: [[cell(null, ''), cell(0.5, '1.00')], [cell(0, ''), cell(0.2, '2.00')]] },
+  ];
+  const xml = S.svgFile(S.gridsSvg({ heading: 'Q · Kᵀ = scores <head 1>', label: 'a & b', doc, sentence: '</svg> & "x"',
+    grids, ops: ['='], notes: ['a note <b>'], legend: { lo: '0.00', hi: '1.00' } }));
+  const root = parseXml(xml);
+  const texts = [...walk(root)].filter((n) => n.tag === 'text').map(textOf);
+  assert.equal(texts[0], 'Q · Kᵀ = scores <head 1>');
+  assert.ok(texts.includes('“</svg> & "x"”'));
+  for (const label of [...HOSTILE.slice(0, 3).filter((_, i) => i !== 1), '▸ ' + HOSTILE[1], '<k>', 'Q: 3 × 2', 'scores & more', '=', 'a note <b>']) {
+    assert.ok(texts.includes(label), label);
+  }
+  const numbers = [...walk(root)].filter((n) => n.tag === 'g' && 'data-row' in n.attrs && 'data-col' in n.attrs)
+    .map((n) => n.children.find((c) => c.tag === 'text')).map((t) => (t ? textOf(t) : ''));
+  assert.deepEqual(numbers,
+    ['0.10', `${MINUS}0.20`, '0.30', '0.40', '0.50', '0.60', '', '1.00', '', '2.00']);
+  assert.ok(xml.includes('fill="url(#masked)"'), 'a masked cell is hatched');
+  assert.ok(xml.includes('class="query-row"') && xml.includes('class="marked-col"'));
+  assert.match(xml, /<svg [^>]*width="\d+" height="\d+"/);
+});
