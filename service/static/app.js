@@ -771,15 +771,14 @@
   // The slide renderPresent drew last ({slides, at}, or null out of present mode), and its figures as fitSlide found
   // them: one step (the whole slide) when it fits at a projector's text size, else one step a figure.
   let presentShown = null;
-  let presentSteps = { count: 1, labels: [] };
+  let presentSteps = { count: 1, labels: [], part: 0 };
 
   /** The bar: the stage, and the figure of it on screen when the stage is shown one figure at a time. */
   function sayWhere() {
     if (!presentShown) return;
     const { slides, at } = presentShown;
     state.slide = slides[at].id;
-    const part = state.part ?? 0;
-    const { count, labels } = presentSteps;
+    const { count, labels, part } = presentSteps;
     ui.presentTitle.textContent = `Stage ${at + 1} of ${slides.length}: ${slides[at].title}`;
     ui.presentPart.textContent = count > 1 ? ` — ${labels[part]} (${part + 1} of ${count})` : '';
     ui.presentPrev.disabled = at === 0 && part === 0;
@@ -886,7 +885,7 @@
     const matrix = table.dataset.matrix;
     const colNoun = matrix === 'KT' || matrix === 'scores' || table.classList.contains('hm-grid') ? 'keys'
       : matrix === 'Q' || table.classList.contains('bs-grid') ? 'dimensions' : table.querySelector('.rs-cell') ? 'depths' : 'columns';
-    const rowNoun = matrix === 'KT' ? 'dimensions' : 'tokens';
+    const rowNoun = matrix === 'KT' ? 'dimensions' : table.classList.contains('hm-grid') || matrix === 'scores' ? 'queries' : 'tokens';
     const note = document.createElement('p');
     note.className = 'hint present-slice-note';
     (table.closest('.mx-scroll, .hm-scroll, .table-scroll') || table).after(note);
@@ -931,7 +930,7 @@
       root.style.removeProperty('--present-zoom');
       delete root.dataset.presentZoom;
       clearFigureSteps();
-      presentSteps = { count: 1, labels: [] };
+      presentSteps = { count: 1, labels: [], part: 0 };
       return;
     }
     if (fitting) return;
@@ -968,24 +967,27 @@
         while (!fits(zoom) && zoom > from) zoom = Math.max(from, Math.floor(zoom * 0.95 * 1000) / 1000);
         return zoom;
       };
-      const floor = zoomFloor();
+      let floor = zoomFloor();
       let zoom;
       const figures = fits(floor) ? [] : slideFigures();
+      // The figure asked for (state.part, from the address or a step; −1: the last) is kept as asked while the slide
+      // fits whole: a slide drawn before its comparison arrives may fit, and split once it has.
       if (figures.length > 1) {
-        presentSteps = { count: figures.length, labels: figures.map((f) => f.label) };
-        const part = state.part ?? 0;
-        state.part = part < 0 ? figures.length - 1 : Math.min(part, figures.length - 1); // −1: the last
-        showFigure(figures, state.part);
+        const asked = state.part ?? 0;
+        const part = asked < 0 ? figures.length - 1 : Math.min(asked, figures.length - 1);
+        if (asked < 0) state.part = part;
+        presentSteps = { count: figures.length, labels: figures.map((f) => f.label), part };
+        showFigure(figures, part);
+        floor = zoomFloor(); // the figure's own: one without numbers or captions (a diagram, a text) may go lower
       } else {
-        presentSteps = { count: 1, labels: [] };
-        state.part = 0;
+        presentSteps = { count: 1, labels: [], part: 0 };
       }
       if (fits(floor)) zoom = largest(floor);
       else {
         // Too large even alone: as many of its table's columns and rows as fit at the floor; anything else (no
         // table to cut) as small as it has to be.
         zoomTo(floor);
-        const shown = figures.length > 1 ? figures[state.part] : { els: [...ui.results.children].filter((el) => el.offsetParent !== null) };
+        const shown = figures.length > 1 ? figures[presentSteps.part] : { els: [...ui.results.children].filter((el) => el.offsetParent !== null) };
         sliceFigure(shown, fitsWide, fitsTall);
         zoom = fits(floor) ? floor : largest(PRESENT_ZOOM_MIN);
       }
@@ -1017,7 +1019,7 @@
   function step(by) {
     const shown = renderPresent();
     if (!shown) return;
-    const part = (state.part ?? 0) + by;
+    const part = presentSteps.part + by;
     if (part >= 0 && part < presentSteps.count) {
       state.part = part;
     } else {
