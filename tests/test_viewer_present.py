@@ -65,6 +65,7 @@ def fit(driver) -> dict:
           wide: Math.max(0, ...boxes.map((el) => el.scrollWidth - el.clientWidth)),
           zoom: Number(document.documentElement.dataset.presentZoom || 0),
           parts: shown.map((el) => el.id || el.dataset.present),
+          sliced: document.querySelectorAll('.present-slice-note').length,
         };""",
     )
 
@@ -135,6 +136,7 @@ def test_every_step_fits_at_a_projectors_text_size_and_the_clicker_walks_through
         label = f"{view} at {size[0]}x{size[1]}: {title}"
         assert_fits(label, state)
         assert_projector_text(label, px)
+        assert state["sliced"] == 0, label  # every figure of these fits whole at 16 px: nothing is cut
     titles = [t for t, _, _ in steps]
     total = int(titles[0].split(" of ")[1].split(":")[0])
     assert [stage_of(t) for t in titles] == sorted(stage_of(t) for t in titles), titles
@@ -342,6 +344,11 @@ def test_a_busy_stage_keeps_its_figure_in_the_address_and_page_up_goes_back_to_t
         "return [...document.querySelectorAll('#results table.mx-grid')].filter((t) => t.offsetParent).map((t) => t.dataset.matrix)",
     )
     assert shown == ["Q"], shown
+    # An address's figure holds on a stage whose comparison trace arrives after the page is drawn (it fits whole
+    # until then): the √d_k comparison, the scale stage's third figure.
+    open_page(driver, server, fragment(**view, slide="scaled_scores", part=3))
+    wait_until(driver, lambda d: where(d).endswith("(3 of 3)") and "Why divide" in where(d))
+    assert "slide=scaled_scores&part=3" in driver.current_url
     # Page Up from the next stage's first step: this stage's last figure, the map.
     open_page(driver, server, fragment(**view, slide="scaled_scores"))
     wait_until(driver, lambda d: where(d).startswith("Stage 4 of 8"))

@@ -385,6 +385,8 @@ def test_present_mode_steps_through_the_stages(driver, server, console):
     steps = []
     for _ in range(60):
         steps.append((bar(), driver.current_url, visible_parts(driver)))
+        if steps[-1][2]["maps"] == ["scores"] and "slide=scores" in driver.current_url:
+            viewport_shot(driver, "viewer-present.png", "viewer-present.png")  # the score stage's map
         if driver.find_element(By.ID, "present-next").get_attribute("disabled") == "true":
             break
         before = bar()
@@ -415,7 +417,6 @@ def test_present_mode_steps_through_the_stages(driver, server, console):
     if visible_parts(driver)["maps"] != ["scaled_scores"]:
         ActionChains(driver).send_keys(Keys.PAGE_DOWN).perform()  # the stage's map, the figure after its row
     wait_until(driver, lambda d: visible_parts(d)["maps"] == ["scaled_scores"])
-    viewport_shot(driver, "viewer-present.png", "viewer-present.png")
     ActionChains(driver).send_keys(Keys.ESCAPE).perform()
     wait_until(driver, lambda d: "is-present" not in d.find_element(By.TAG_NAME, "html").get_attribute("class"))
     assert "present=" not in driver.current_url
