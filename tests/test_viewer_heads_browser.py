@@ -228,6 +228,14 @@ def test_present_mode_shows_the_caption_with_the_maps(driver, server, console):
     address = driver.current_url
     open_page(driver, server, address[address.index("#"):] + "&present=1&slide=weights")
     assert js(driver, "return document.documentElement.classList.contains('is-present')")
+    # A busy stage is shown one figure a step (its walkthrough row first): on to its map, which has the caption.
+    mapped = "return !!document.querySelector('figure.heatmap[data-stage=\"weights\"]')?.offsetParent"
+    for _ in range(4):
+        if js(driver, mapped):
+            break
+        driver.find_element(By.ID, "present-next").click()
+    wait_until(driver, lambda d: js(d, mapped))
+    assert "slide=weights" in driver.current_url
     assert caption(driver).startswith("First token") and "attention sink" in caption(driver)
     shown = shown_weights(driver)
     assert [int(r.argmax()) for r in shown] == [0] * len(shown)

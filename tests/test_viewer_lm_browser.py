@@ -122,9 +122,14 @@ def test_generate_appends_the_answers_tokens_and_shows_each_new_row_of_attention
 
 
 def test_present_mode_has_a_slide_for_the_next_token(driver, server, console, tmp_path: Path):
+    """At 1280×720 every step up to the head's slide fits at a projector's text size (test_viewer_present.py's
+    measures), the last one the next token's bars; at 1024×768 that slide fits too."""
+    from test_viewer_present import assert_fits, assert_projector_text, fit, screen, text_px
+
     page = requests.post(server.url + "/trace/html", json=BODY, timeout=30)
     path = tmp_path / "present.html"
     path.write_bytes(page.content)
+    screen(driver, 1280, 720)
     driver.get("about:blank")
     driver.get(path.as_uri() + "#present=1")
     wait_ready(driver)
@@ -132,14 +137,22 @@ def test_present_mode_has_a_slide_for_the_next_token(driver, server, console, tm
         "return ['maps', 'block-section', 'residual-section', 'walkthrough', 'next-token-section'].filter(id => { "
         "const el = document.getElementById(id); return !el.hidden && el.getClientRects().length > 0; });"
     )
-    for _ in range(12):  # to the last slide, the head's
-        if "Predict the next token" in driver.find_element(By.ID, "present-where").text:
+    title = lambda: " ".join(driver.find_element(By.ID, "present-where").text.split())  # noqa: E731
+    for _ in range(60):  # to the last slide, the head's (a busy stage one figure a step)
+        assert_fits(title(), fit(driver))
+        assert_projector_text(title(), text_px(driver))
+        if "Predict the next token" in title():
             break
+        before = title()
         driver.find_element(By.ID, "present-next").click()
+        wait_until(driver, lambda d, before=before: title() != before)
     wait_until(driver, lambda d: js(d, visible) == ["next-token-section"])
-    where = driver.find_element(By.ID, "present-where").text
-    assert "Predict the next token" in where, where
+    assert "Predict the next token" in title(), title()
     assert bars(driver)[0][0] == "potter"
+    screen(driver, 1024, 768)
+    wait_until(driver, lambda d: fit(d)["height"] == 768)
+    assert_fits("the next token at 1024x768", fit(driver))
+    assert_projector_text("the next token at 1024x768", text_px(driver))
 
 
 def test_the_live_page_asks_for_the_head_and_the_slider_sends_no_request(driver, server, console):

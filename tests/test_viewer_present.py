@@ -1,8 +1,10 @@
 """Present mode on a projector: headless Chromium at 1280×720 and 1024×768 (and 1920×1080), real gunicorn.
 
-Each stage of a 3-, 6- and 12-token trace and a stack's block and residual-stream stages fits the screen above the
-bar without scrolling (the slide zoomed down when it is too large, up on a larger screen); Page Down / Page Up, the
-arrows and the space bar step through the stages, as a presenter's clicker does; the bar stays one line.
+Each step of a 3-, 6- and 12-token trace and of a stack's block and residual-stream stages fits the screen above
+the bar without scrolling (the slide zoomed down when it is too large, up on a larger screen) with its map and matrix
+numbers at 16 px or more and its captions at 20 or more: a stage too busy for that is shown one figure a step, and a
+figure too large even alone is cut to the columns and rows that fit, with a note. Page Down / Page Up, the arrows and
+the space bar step through the figures and the stages, as a presenter's clicker does; the bar stays one line.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from viewer_browser_support import ChromiumOptions, js, open_page, wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
 SCREENS = [(1280, 720), (1024, 768)]
-SENTENCES = {3: "the cat sat", 6: "the cat sat on the mat", 12: "the cat sat on the mat and the dog lay on the rug"}
+SENTENCES = {3: "the cat sat", 6: "the cat sat on the mat", 12: "the cat sat on the mat and the dog lay on it"}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,8 @@ def fragment(**view) -> str:
 
 
 def where(driver) -> str:
-    return driver.find_element(By.ID, "present-where").text
+    """The bar's title, one line: "Stage 3 of 8: Score: Q·Kᵀ — Kᵀ (3 of 5)" (the figure shown, on a busy stage)."""
+    return " ".join(driver.find_element(By.ID, "present-where").text.split())
 
 
 def fit(driver) -> dict:
@@ -62,21 +65,31 @@ def fit(driver) -> dict:
           wide: Math.max(0, ...boxes.map((el) => el.scrollWidth - el.clientWidth)),
           zoom: Number(document.documentElement.dataset.presentZoom || 0),
           parts: shown.map((el) => el.id || el.dataset.present),
+          sliced: document.querySelectorAll('.present-slice-note').length,
         };""",
     )
 
 
-def step_through(driver, key_for_step) -> list[tuple[str, dict]]:
-    """Every stage from the first, each stepped to with key_for_step(i); what fit() says on each."""
-    first = where(driver)
-    total = int(first.split(" of ")[1].split(":")[0])
-    seen = []
-    for i in range(total):
-        if i:
-            ActionChains(driver).send_keys(key_for_step(i)).perform()
-            wait_until(driver, lambda d, i=i: where(d).startswith(f"Stage {i + 1} of {total}:"), f"stage {i + 1}")
-        seen.append((where(driver), fit(driver)))
-    return seen
+def at_end(driver) -> bool:
+    return driver.find_element(By.ID, "present-next").get_attribute("disabled") == "true"
+
+
+def walk(driver, key_for_step=lambda i: Keys.PAGE_DOWN, limit: int = 80) -> list[tuple[str, dict, dict]]:
+    """Every step from the one on screen to the last, each stepped to with key_for_step(i): its bar, what fit() and
+    text_px() say on it."""
+    seen = [(where(driver), fit(driver), text_px(driver))]
+    for i in range(1, limit):
+        if at_end(driver):
+            return seen
+        before = where(driver)
+        ActionChains(driver).send_keys(key_for_step(i)).perform()
+        wait_until(driver, lambda d, before=before: where(d) != before, f"step {i + 1} after {before}")
+        seen.append((where(driver), fit(driver), text_px(driver)))
+    raise AssertionError(f"no last step after {limit}: {seen[-1][0]}")
+
+
+def stage_of(title: str) -> int:
+    return int(title.split(" of ")[0].removeprefix("Stage "))
 
 
 def assert_fits(label: str, state: dict) -> None:
@@ -86,24 +99,64 @@ def assert_fits(label: str, state: dict) -> None:
     assert state["titleLines"] == 1 and state["barHeight"] < 0.1 * state["height"], (label, state)
 
 
+def assert_projector_text(label: str, px: dict) -> None:
+    """The smallest map or matrix number on screen at 16 px or more, the smallest caption at 20 or more (a step with
+    neither, a diagram or a text, has nothing to hold)."""
+    assert px["numbers"] is None or px["numbers"] >= 16, (label, px)
+    assert px["captions"] is None or px["captions"] >= 20, (label, px)
+
+
+# The figures of each kind the walks below measured, smallest number / caption in screen px (1280×720; 1024×768):
+# 3 tokens, Q · Kᵀ one at a time 26.8 / 27.2 (28.9), a map 26.2; 6 tokens, a map 20.2, the masked map with the
+# walkthrough 16.5; 12 tokens, Q and the scores 18.2, a map 16.0 / 25.3; a stack's residual stream 16.0 (17.2).
+WALKS = {
+    "3 tokens": dict(sentence=SENTENCES[3], d_model=24, num_heads=4, causal=1, q=1, head=0),
+    "6 tokens": dict(sentence=SENTENCES[6], d_model=24, num_heads=4, causal=1, q=1, head=0),
+    "12 tokens": dict(sentence=SENTENCES[12], d_model=24, num_heads=4, causal=1, q=1, head=0),
+    "a stack": dict(
+        sentence=SENTENCES[12], d_model=24, num_heads=4, causal=1, block="gpt2", layers=2, layer=1, q=1, head=0
+    ),
+}
+
+
 @pytest.mark.parametrize("size", SCREENS, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("n", sorted(SENTENCES))
-def test_every_stage_fits_the_screen_and_the_clicker_steps_through_them(driver, server, console, size, n):
+@pytest.mark.parametrize("view", sorted(WALKS))
+def test_every_step_fits_at_a_projectors_text_size_and_the_clicker_walks_through_them(
+    driver, server, console, size, view
+):
+    """Every step, from the first to the last: it fits without scrolling, its numbers are 16 px or more and its
+    captions 20 or more (a busy stage one figure a step), the bar one line; the stages in order, each one's figures
+    named in the bar; and back again the same steps in reverse."""
     screen(driver, *size)
-    open_page(
-        driver, server, fragment(sentence=SENTENCES[n], d_model=24, num_heads=4, causal=1, q=1, head=0, present=1)
-    )
+    open_page(driver, server, fragment(**WALKS[view], present=1))
     wait_until(driver, lambda d: where(d).startswith("Stage 1 of"))
     keys = [Keys.PAGE_DOWN, Keys.ARROW_RIGHT, Keys.SPACE, Keys.ARROW_DOWN]
-    for title, state in step_through(driver, lambda i: keys[i % len(keys)]):
-        assert_fits(f"{n} tokens at {size}: {title}", state)
-    # Back again: Page Up, the left arrow, Shift+Space.
-    total = int(where(driver).split(" of ")[1].split(":")[0])
-    for i, key in enumerate((Keys.PAGE_UP, Keys.ARROW_LEFT, Keys.ARROW_UP)):
-        ActionChains(driver).send_keys(key).perform()
-        wait_until(driver, lambda d, i=i: where(d).startswith(f"Stage {total - 1 - i} of"))
-    ActionChains(driver).key_down(Keys.SHIFT).send_keys(Keys.SPACE).key_up(Keys.SHIFT).perform()
-    wait_until(driver, lambda d: where(d).startswith(f"Stage {total - 4} of"))
+    steps = walk(driver, lambda i: keys[i % len(keys)])
+    for title, state, px in steps:
+        label = f"{view} at {size[0]}x{size[1]}: {title}"
+        assert_fits(label, state)
+        assert_projector_text(label, px)
+        assert state["sliced"] == 0, label  # every figure of these fits whole at 16 px: nothing is cut
+    titles = [t for t, _, _ in steps]
+    total = int(titles[0].split(" of ")[1].split(":")[0])
+    assert [stage_of(t) for t in titles] == sorted(stage_of(t) for t in titles), titles
+    assert {stage_of(t) for t in titles} == set(range(1, total + 1)), titles
+    assert len(set(titles)) == len(titles), titles
+    # A stage shown one figure a step names the figure and counts them: "— Kᵀ (3 of 5)".
+    busy = [t for t in titles if t.endswith(")") and " — " in t]
+    if view != "3 tokens":
+        assert any("Score" in t for t in busy), titles
+    for t in busy:
+        assert t.rsplit("(", 1)[1].rstrip(")").split(" of ")[0].isdigit(), t
+    # Back again: Page Up, the left arrow, the up arrow and Shift+Space walk the same steps in reverse.
+    back = [Keys.PAGE_UP, Keys.ARROW_LEFT, Keys.ARROW_UP, None]
+    for i, title in enumerate(reversed(titles[:-1])):
+        key = back[i % len(back)]
+        if key is None:
+            ActionChains(driver).key_down(Keys.SHIFT).send_keys(Keys.SPACE).key_up(Keys.SHIFT).perform()
+        else:
+            ActionChains(driver).send_keys(key).perform()
+        wait_until(driver, lambda d, title=title: where(d) == title, f"back to {title}")
     assert js(driver, "return scrollY;") == 0
 
 
@@ -128,12 +181,12 @@ def test_a_stacks_block_and_residual_stages_fit(driver, server, console, size):
         ),
     )
     wait_until(driver, lambda d: "The block" in where(d))
-    state = fit(driver)
-    assert "block-section" in state["parts"], state
-    assert_fits(f"block at {size}", state)
-    ActionChains(driver).send_keys(Keys.PAGE_DOWN).perform()
-    wait_until(driver, lambda d: "residual stream" in where(d))
-    assert_fits(f"residual at {size}", fit(driver))
+    for title, state, px in walk(driver):
+        if "The block" in title:
+            assert "block-section" in state["parts"], state
+        assert_fits(f"{title} at {size}", state)
+        assert_projector_text(f"{title} at {size}", px)
+    assert "residual stream" in where(driver)
 
 
 def test_a_small_slide_is_zoomed_up_on_a_large_screen(driver, server, console):
@@ -242,14 +295,16 @@ def test_the_head_size_card_shows_one_layers_formulas_and_numbers_and_the_stacks
 
 
 def text_px(driver) -> dict:
-    """The smallest map or matrix number and figure caption on screen, in screen pixels (font size × the zoom)."""
+    """The smallest map or matrix number (the residual stream's too) and figure caption on screen, in screen pixels
+    (font size × the zoom); None when the screen shows none."""
     return js(
         driver,
         """const z = Number(document.documentElement.dataset.presentZoom || 1);
         const px = (sel) => [...document.querySelectorAll(sel)].filter((e) => e.offsetParent && e.textContent.trim())
           .map((e) => parseFloat(getComputedStyle(e).fontSize) * z);
-        return { numbers: Math.min(...px('#results .hm-cell, #results .mx-cell')),
-                 captions: Math.min(...px('#results figcaption, #results .mx-caption, #walkthrough-title')),
+        const least = (sel) => { const all = px(sel); return all.length ? Math.min(...all) : null; };
+        return { numbers: least('#results .hm-cell, #results .mx-cell, #results .rs-cell'),
+                 captions: least('#results figcaption, #results .mx-caption, #walkthrough-title'),
                  root: parseFloat(getComputedStyle(document.documentElement).fontSize) };""",
     )
 
@@ -268,6 +323,81 @@ def test_present_mode_at_1280x720_draws_a_maps_numbers_at_16_px_and_its_caption_
     assert_fits(f"{n} tokens", fit(driver))
     got = text_px(driver)
     assert got["numbers"] >= 16 and got["captions"] >= 20, got
+
+
+def test_a_busy_stage_keeps_its_figure_in_the_address_and_page_up_goes_back_to_the_last_figure(driver, server, console):
+    screen(driver, 1280, 720)
+    view = dict(sentence=SENTENCES[6], d_model=24, num_heads=4, causal=1, q=1, head=0, present=1)
+    # An address from before the figures (slide only): the stage's first figure.
+    open_page(driver, server, fragment(**view, slide="scores"))
+    wait_until(driver, lambda d: where(d).startswith("Stage 3 of 8: Score: Q·Kᵀ — "))
+    assert where(driver).endswith("(1 of 5)") and "part=" not in driver.current_url, where(driver)
+    ActionChains(driver).send_keys(Keys.PAGE_DOWN).perform()
+    wait_until(driver, lambda d: where(d).endswith("Q (2 of 5)"))
+    assert "slide=scores&part=2" in driver.current_url
+    # A reload keeps the figure; the figures of the stage shown are the only part on screen.
+    address = driver.current_url
+    open_page(driver, server, address[address.index("#") :])
+    wait_until(driver, lambda d: where(d).endswith("Q (2 of 5)"))
+    shown = js(
+        driver,
+        "return [...document.querySelectorAll('#results table.mx-grid')].filter((t) => t.offsetParent).map((t) => t.dataset.matrix)",
+    )
+    assert shown == ["Q"], shown
+    # An address's figure holds on a stage whose comparison trace arrives after the page is drawn (it fits whole
+    # until then): the √d_k comparison, the scale stage's third figure.
+    open_page(driver, server, fragment(**view, slide="scaled_scores", part=3))
+    wait_until(driver, lambda d: where(d).endswith("(3 of 3)") and "Why divide" in where(d))
+    assert "slide=scaled_scores&part=3" in driver.current_url
+    # Page Up from the next stage's first step: this stage's last figure, the map.
+    open_page(driver, server, fragment(**view, slide="scaled_scores"))
+    wait_until(driver, lambda d: where(d).startswith("Stage 4 of 8"))
+    ActionChains(driver).send_keys(Keys.PAGE_UP).perform()
+    wait_until(driver, lambda d: where(d).endswith("Scores (5 of 5)"))
+    assert "slide=scores&part=5" in driver.current_url
+    # Out of present mode every figure is back, the page as it was.
+    ActionChains(driver).send_keys(Keys.ESCAPE).perform()
+    wait_until(driver, lambda d: "present=" not in d.current_url)
+    assert (
+        js(driver, "return document.querySelectorAll('.present-aside, .present-cut, .present-slice-note').length") == 0
+    )
+    assert (
+        len(js(driver, "return [...document.querySelectorAll('#results table.mx-grid')].filter((t) => t.offsetParent)"))
+        == 3
+    )
+
+
+@pytest.mark.parametrize("size", SCREENS, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_a_table_too_wide_even_alone_is_cut_to_what_fits_with_a_note_never_shrunk(driver, server, console, size):
+    """A 12-layer stack's residual stream (12 tokens × 13 depths) does not fit at 16 px: its first depths and tokens
+    are shown at 16 px, and a note says which; out of present mode the page has the whole table."""
+    screen(driver, *size)
+    view = dict(
+        sentence=SENTENCES[12], d_model=24, num_heads=2, causal=1, block="gpt2", layers=12, layer=1, q=1, head=0
+    )
+    open_page(driver, server, fragment(**view, present=1, slide="residual"))
+    wait_until(driver, lambda d: "residual stream" in where(d))
+    assert_fits(f"residual at {size}", fit(driver))
+    px = text_px(driver)
+    assert 16 <= px["numbers"] < 17, px
+    cut = js(
+        driver,
+        """const t = document.querySelector('.residual-table');
+        return { depths: [...t.tHead.rows[0].cells].filter((c) => c.offsetParent).length - 1,
+                 tokens: [...t.tBodies[0].rows].filter((r) => r.offsetParent).length,
+                 note: document.querySelector('.present-slice-note')?.textContent || '' };""",
+    )
+    assert 1 <= cut["depths"] < 13 and cut["tokens"] >= 1, cut
+    assert cut["note"].startswith(f"Showing depths 1–{cut['depths']} of 13"), cut
+    if cut["tokens"] < 12:
+        assert f"tokens 1–{cut['tokens']} of 12" in cut["note"], cut
+    assert "the full table is in the page" in cut["note"], cut
+    ActionChains(driver).send_keys(Keys.ESCAPE).perform()
+    wait_until(driver, lambda d: "present=" not in d.current_url)
+    assert js(driver, "return document.querySelectorAll('.residual-table td.rs-cell').length") == 12 * 13
+    assert js(
+        driver, "return [...document.querySelectorAll('.residual-table td.rs-cell')].every((c) => c.offsetParent)"
+    )
 
 
 def test_the_text_scale_is_kept_in_the_address_and_the_saved_page(driver, server, console, tmp_path):

@@ -65,6 +65,7 @@
     theme: 'system', // the colour theme (url-state.js, THEMES; style.css)
     present: false, // present mode: one stage at a time
     slide: null, // present mode's slide (trace.js, presentSlides; null: the first)
+    part: null, // present mode's figure of the slide, when it is shown one figure a step (0-based; null: the first)
     layer: null, // a stack's layer shown (0-based; null: the first); state.main.doc is that layer (trace.js, layerView)
     bstage: null, // a stack's block box shown (block.js's diagram ids; null: the layer's first)
     main: null, // {doc, text, body, ms}: the trace for the inputs as set
@@ -123,6 +124,7 @@
     colourScale: $('colour-scale'), textScale: $('text-scale'), theme: $('theme'),
     presentToggle: $('present-toggle'), presentBar: $('present-bar'), presentPrev: $('present-prev'),
     presentNext: $('present-next'), presentExit: $('present-exit'), presentWhere: $('present-where'),
+    presentTitle: $('present-title'), presentPart: $('present-part'),
     headPresets: $('head-presets'), headKinds: $('head-kinds'), sharpness: $('sharpness'),
     presetCaption: $('preset-caption'), presetCaptionTitle: $('preset-caption-title'), presetCaptionBody: $('preset-caption-body'),
   };
@@ -380,7 +382,7 @@
     const stack = STANDALONE ? !!state.main && isStack(state.main.doc.full || state.main.doc) : ui.block.value !== '';
     return {
       query: state.query, head: state.head, step: showStep ? state.step : null, colour: state.colour,
-      present: state.present, slide: state.slide, layer: stack ? state.layer : null, bstage: stack ? state.bstage : null,
+      present: state.present, slide: state.slide, part: state.part, layer: stack ? state.layer : null, bstage: stack ? state.bstage : null,
       text: state.text,
       theme: state.theme,
       key: state.explain && state.explain.head === state.head && state.explain.query === state.query ? state.explain.key : null,
@@ -412,7 +414,7 @@
   /** The query token, head, decoding step, colour scale and present mode from the address. */
   function readSelection() {
     const { key, ...selection } = selectionFromHash(addressHash());
-    Object.assign(state, { text: 1, theme: 'system', ablate: null, ablateMlp: null }, selection);
+    Object.assign(state, { text: 1, theme: 'system', ablate: null, ablateMlp: null, part: null }, selection);
     if (STANDALONE) Object.assign(state, { ablate: null, ablateMlp: null }); // a saved page asks for no other trace
     state.pendingKey = key ?? null; // a shared link's clicked cell: explained once its trace is drawn
     state.queryText = null;
@@ -768,84 +770,272 @@
     showSlide();
   }
 
-  /** Draw the slide in state.slide (render.js sets the rest of the page aside) and say where it is. */
+  /** Draw the slide in state.slide (render.js sets the rest of the page aside), fit it and say where it is. */
   function showSlide() {
-    const shown = renderPresent();
+    presentShown = renderPresent();
     fitSlide();
-    if (!shown) return;
-    const { slides, at } = shown;
+  }
+
+  // The slide renderPresent drew last ({slides, at}, or null out of present mode), and its figures as fitSlide found
+  // them: one step (the whole slide) when it fits at a projector's text size, else one step a figure.
+  let presentShown = null;
+  let presentSteps = { count: 1, labels: [], part: 0 };
+
+  /** The bar: the stage, and the figure of it on screen when the stage is shown one figure at a time. */
+  function sayWhere() {
+    if (!presentShown) return;
+    const { slides, at } = presentShown;
     state.slide = slides[at].id;
-    ui.presentWhere.textContent = `Stage ${at + 1} of ${slides.length}: ${slides[at].title}`;
-    ui.presentPrev.disabled = at === 0;
-    ui.presentNext.disabled = at === slides.length - 1;
+    const { count, labels, part } = presentSteps;
+    ui.presentTitle.textContent = `Stage ${at + 1} of ${slides.length}: ${slides[at].title}`;
+    ui.presentPart.textContent = count > 1 ? ` — ${labels[part]} (${part + 1} of ${count})` : '';
+    ui.presentPrev.disabled = at === 0 && part === 0;
+    ui.presentNext.disabled = at === slides.length - 1 && part === count - 1;
   }
 
   // A slide's zoom: as large as fits the screen above the bar, within these bounds (a projector's 1280×720 shows a
-  // 12-token stage at about 0.6; a 1920×1080 screen a 3-token one at the top).
+  // 3-token stage at about 1.5; a 1920×1080 screen a 3-token one at the top). Below PRESENT_ZOOM_MIN only a figure
+  // that has neither numbers nor captions goes.
   const PRESENT_ZOOM_MIN = 0.35;
   const PRESENT_ZOOM_MAX = 2;
+  // A projector's text: a map's or a matrix's numbers at least 16 screen pixels, a figure's caption at least 20.
+  const PRESENT_NUMBER_PX = 16;
+  const PRESENT_CAPTION_PX = 20;
+  const PRESENT_NUMBERS = '.hm-cell, .mx-cell, .rs-cell';
+  const PRESENT_CAPTIONS = 'figcaption, .mx-caption, #walkthrough-title';
   let fitting = false;
+
+  /** The smallest zoom at which the slide's numbers and captions keep a projector's sizes (3 decimals, rounded up). */
+  function zoomFloor() {
+    let floor = PRESENT_ZOOM_MIN;
+    const need = (selector, px) => {
+      for (const el of ui.results.querySelectorAll(selector)) {
+        if (el.offsetParent === null || !el.textContent.trim()) continue;
+        floor = Math.max(floor, px / parseFloat(getComputedStyle(el).fontSize));
+      }
+    };
+    need(PRESENT_NUMBERS, PRESENT_NUMBER_PX);
+    need(PRESENT_CAPTIONS, PRESENT_CAPTION_PX);
+    return Math.ceil(floor * 1000 - 1e-6) / 1000;
+  }
+
+  /**
+   * The figures of the slide on screen, in the page's order, each {label, part, els}: the matrices' tables one by
+   * one, a map, every head's thumbnails, the block's diagram and each of its stage's tables, and every other part
+   * whole. What present mode steps through when the slide is too busy for a projector's text.
+   */
+  function slideFigures() {
+    const on = (el) => !!el && el.offsetParent !== null;
+    // A label as it reads on screen (a title's screen-reader twin left out).
+    const seen = (el) => {
+      if (!el) return '';
+      const copy = el.cloneNode(true);
+      for (const hidden of copy.querySelectorAll('.visually-hidden')) hidden.remove();
+      return copy.textContent;
+    };
+    const figures = [];
+    const parts = [...ui.results.children].filter((el) => el.dataset.present && on(el))
+      .sort((a, b) => Number(getComputedStyle(a).order) - Number(getComputedStyle(b).order));
+    for (const part of parts) {
+      const add = (label, els) => figures.push({ label: (label || '').replace(/\s+/g, ' ').trim(), part, els });
+      if (part.contains(ui.matrices)) {
+        for (const t of ui.matrices.querySelectorAll('table.mx-grid')) {
+          if (on(t)) add(seen(t.querySelector('.mx-caption')).split(':')[0], [t]);
+        }
+      } else if (part.dataset.present === 'maps') {
+        for (const f of part.querySelectorAll('figure.heatmap')) if (on(f)) add(seen(f.querySelector('.hm-title')), [f]);
+        if (on(ui.thumbs)) add('every head', [ui.thumbs]);
+      } else if (part.dataset.present === 'block') {
+        const diagram = ui.blockDiagram.parentElement;
+        if (on(diagram)) add('the block\'s diagram', [diagram]);
+        for (const p of ui.blockStage.querySelectorAll('.bs-part')) {
+          if (on(p)) add(seen(p.querySelector('.bs-title') || p.querySelector('.mx-caption')), [p]);
+        }
+      } else {
+        add(part.dataset.present === 'walkthrough' ? 'the walkthrough' : seen(part.querySelector('h2')), [part]);
+      }
+    }
+    return figures;
+  }
+
+  /** Everything a previous fit set aside or cut, back. */
+  function clearFigureSteps() {
+    for (const el of ui.results.querySelectorAll('.present-aside, .present-cut')) el.classList.remove('present-aside', 'present-cut');
+    for (const el of ui.results.querySelectorAll('.present-slice-note')) el.remove();
+    ui.results.classList.remove('present-one');
+  }
+
+  /** One figure of the slide on screen, the others (and the parts with none of it) set aside. */
+  function showFigure(figures, i) {
+    const shown = figures[i];
+    ui.results.classList.add('present-one');
+    for (const f of figures) {
+      if (f === shown) continue;
+      for (const el of f.els) el.classList.add('present-aside');
+      if (f.part !== shown.part) f.part.classList.add('present-aside');
+    }
+    // The matrices' "·" and "=" between the tables go with the others.
+    if (shown.part.contains(ui.matrices)) for (const op of ui.matrices.querySelectorAll('.mx-op')) op.classList.add('present-aside');
+  }
+
+  /**
+   * A figure too large for the screen even alone at a projector's text size: its largest table cut to the first
+   * columns, then the first rows, that fit, with a note that says which (the whole table is in the page).
+   */
+  function sliceFigure(figure, fitsWide, fitsTall) {
+    const tables = figure.els.flatMap((el) => (el.matches('table') ? [el] : [...el.querySelectorAll('table')]))
+      .filter((t) => t.offsetParent !== null && t.tBodies.length);
+    const table = tables.sort((a, b) => b.querySelectorAll('td').length - a.querySelectorAll('td').length)[0];
+    if (!table) return;
+    const rows = [...table.tBodies[0].rows];
+    const allRows = [...table.rows];
+    const nCols = Math.max(0, ...rows.map((r) => r.cells.length - 1));
+    const matrix = table.dataset.matrix;
+    const colNoun = matrix === 'KT' || matrix === 'scores' || table.classList.contains('hm-grid') ? 'keys'
+      : matrix === 'Q' || table.classList.contains('bs-grid') ? 'dimensions' : table.querySelector('.rs-cell') ? 'depths' : 'columns';
+    const rowNoun = matrix === 'KT' ? 'dimensions' : table.classList.contains('hm-grid') || matrix === 'scores' ? 'queries' : 'tokens';
+    const note = document.createElement('p');
+    note.className = 'hint present-slice-note';
+    (table.closest('.mx-scroll, .hm-scroll, .table-scroll') || table).after(note);
+    let cols = nCols;
+    let keep = rows.length;
+    const cut = () => {
+      for (const r of allRows) [...r.cells].forEach((c, j) => c.classList.toggle('present-cut', j > cols));
+      rows.forEach((r, i) => r.classList.toggle('present-cut', i >= keep));
+      const said = [cols < nCols ? `${colNoun} 1–${cols} of ${nCols}` : '', keep < rows.length ? `${rowNoun} 1–${keep} of ${rows.length}` : '']
+        .filter(Boolean).join(', ');
+      note.textContent = `Showing ${said || 'all of it'}; the full table is in the page (Esc ends present mode).`;
+    };
+    // The most columns that fit the width, then the most rows that fit the height (bisection: a layout a guess).
+    const most = (n, ok) => {
+      let lo = 1;
+      let hi = n;
+      while (lo < hi) {
+        const mid = Math.ceil((lo + hi) / 2);
+        if (ok(mid)) lo = mid;
+        else hi = mid - 1;
+      }
+      return lo;
+    };
+    cut();
+    if (!fitsWide()) cols = most(nCols, (k) => { cols = k; cut(); return fitsWide(); });
+    cut();
+    if (!fitsTall()) keep = most(rows.length, (k) => { keep = k; cut(); return fitsTall(); });
+    cut();
+  }
 
   /**
    * Present mode: the slide (#main, the pickers and the stage's parts) zoomed (CSS zoom, so it lays out again) to fill
-   * the screen above the bar without scrolling: down when it is too tall or too wide, up on a larger screen. A few
-   * passes, because a zoomed slide has another width to wrap its lines in. Out of present mode, no zoom.
+   * the screen above the bar without scrolling: down when it is too tall or too wide, up on a larger screen, but
+   * never below the zoom that keeps its numbers at 16 px and its captions at 20 (zoomFloor). A slide that does not
+   * fit at that zoom is shown one figure a step (state.part; the clicker walks through them before the next stage),
+   * and a figure too large even alone is cut to the columns and rows that fit, with a note. Out of present mode, no
+   * zoom.
    */
   function fitSlide() {
     const root = document.documentElement;
     if (!state.present || !state.main) {
       root.style.removeProperty('--present-zoom');
       delete root.dataset.presentZoom;
+      clearFigureSteps();
+      presentSteps = { count: 1, labels: [], part: 0 };
       return;
     }
     if (fitting) return;
     fitting = true;
     try {
+      clearFigureSteps();
       root.style.setProperty('--present-bar', `${Math.ceil(ui.presentBar.getBoundingClientRect().height)}px`);
-      // Whether the slide fits at a zoom: its height above the bar, and no figure wider than its scroll box.
-      const fits = (z) => {
-        root.style.setProperty('--present-zoom', String(z));
+      const zoomTo = (z) => root.style.setProperty('--present-zoom', String(z));
+      // Whether the slide fits at the zoom set: its height above the bar, and no figure wider than its scroll box.
+      const fitsTall = () => {
         const bottom = Math.max(...[ui.main, ...ui.main.children, ...ui.results.children]
           .filter((el) => el.offsetParent !== null).map((el) => el.getBoundingClientRect().bottom));
-        if (bottom + window.scrollY > ui.presentBar.getBoundingClientRect().top - 6) return false;
-        return [ui.main, ...ui.results.querySelectorAll('.hm-scroll, .mx-scroll')]
-          .every((el) => el.offsetParent === null || el.scrollWidth <= el.clientWidth + 1);
+        return bottom + window.scrollY <= ui.presentBar.getBoundingClientRect().top - 6;
       };
-      // The largest zoom that fits, by bisection (a zoomed slide wraps its lines in another width, so no formula).
-      let lo = PRESENT_ZOOM_MIN;
-      let hi = PRESENT_ZOOM_MAX;
-      if (fits(hi)) lo = hi;
-      for (let i = 0; i < 9 && hi - lo > 0.01; i += 1) {
-        const mid = (lo + hi) / 2;
-        if (fits(mid)) lo = mid;
-        else hi = mid;
+      const fitsWide = () => [ui.main, ...ui.results.querySelectorAll('.hm-scroll, .mx-scroll, .table-scroll')]
+        .every((el) => el.offsetParent === null || el.scrollWidth <= el.clientWidth + 1);
+      const fits = (z) => {
+        zoomTo(z);
+        return fitsTall() && fitsWide();
+      };
+      // The largest zoom from `lo` up that fits, by bisection (a zoomed slide wraps its lines in another width, so no
+      // formula), a little below it and checked again (a line can wrap at one zoom and not at the next); `lo` itself
+      // when nothing above it fits.
+      const largest = (from) => {
+        let lo = from;
+        let hi = PRESENT_ZOOM_MAX;
+        if (fits(hi)) lo = hi;
+        for (let i = 0; i < 9 && hi - lo > 0.01; i += 1) {
+          const mid = (lo + hi) / 2;
+          if (fits(mid)) lo = mid;
+          else hi = mid;
+        }
+        let zoom = Math.max(from, Math.floor(lo * 0.97 * 1000) / 1000);
+        while (!fits(zoom) && zoom > from) zoom = Math.max(from, Math.floor(zoom * 0.95 * 1000) / 1000);
+        return zoom;
+      };
+      let floor = zoomFloor();
+      let zoom;
+      const figures = fits(floor) ? [] : slideFigures();
+      // The figure asked for (state.part, from the address or a step; −1: the last) is kept as asked while the slide
+      // fits whole: a slide drawn before its comparison arrives may fit, and split once it has.
+      if (figures.length > 1) {
+        const asked = state.part ?? 0;
+        const part = asked < 0 ? figures.length - 1 : Math.min(asked, figures.length - 1);
+        if (asked < 0) state.part = part;
+        presentSteps = { count: figures.length, labels: figures.map((f) => f.label), part };
+        showFigure(figures, part);
+        floor = zoomFloor(); // the figure's own: one without numbers or captions (a diagram, a text) may go lower
+      } else {
+        presentSteps = { count: 1, labels: [], part: 0 };
       }
-      // A little below the largest that fitted, checked again: a line can wrap at one zoom and not at the next.
-      let zoom = Math.max(PRESENT_ZOOM_MIN, lo * 0.97);
-      while (!fits(zoom) && zoom > PRESENT_ZOOM_MIN) zoom = Math.max(PRESENT_ZOOM_MIN, zoom * 0.95);
-      root.dataset.presentZoom = zoom.toFixed(3);
+      if (fits(floor)) zoom = largest(floor);
+      else {
+        // Too large even alone: as many of its table's columns and rows as fit at the floor; anything else (no
+        // table to cut) as small as it has to be.
+        zoomTo(floor);
+        const shown = figures.length > 1 ? figures[presentSteps.part] : { els: [...ui.results.children].filter((el) => el.offsetParent !== null) };
+        sliceFigure(shown, fitsWide, fitsTall);
+        zoom = fits(floor) ? floor : largest(PRESENT_ZOOM_MIN);
+      }
+      zoomTo(zoom);
+      root.dataset.presentZoom = String(zoom);
     } finally {
       fitting = false;
     }
+    sayWhere();
   }
 
   function setPresent(on) {
     if (state.present === on) return;
     state.present = on;
-    if (!on) state.slide = null;
+    if (!on) {
+      state.slide = null;
+      state.part = null;
+    }
     showPresentMode();
     writeHash();
     window.scrollTo(0, 0);
     (on ? ui.presentNext : ui.presentToggle).focus({ preventScroll: true });
   }
 
-  /** The next (+1) or previous (−1) slide. */
+  /**
+   * The next (+1) or previous (−1) step: the slide's next figure while it is shown one figure at a time, else the
+   * next slide (its first figure; going back, its last).
+   */
   function step(by) {
     const shown = renderPresent();
     if (!shown) return;
-    const at = Math.min(Math.max(shown.at + by, 0), shown.slides.length - 1);
-    if (at === shown.at) return;
-    state.slide = shown.slides[at].id;
+    const part = presentSteps.part + by;
+    if (part >= 0 && part < presentSteps.count) {
+      state.part = part;
+    } else {
+      const at = Math.min(Math.max(shown.at + by, 0), shown.slides.length - 1);
+      if (at === shown.at) return;
+      state.slide = shown.slides[at].id;
+      state.part = by < 0 ? -1 : 0; // going back: the slide's last figure (fitSlide knows how many it has)
+    }
     showSlide();
     writeHash();
     window.scrollTo(0, 0);

@@ -324,6 +324,10 @@
     if (selection.colour && selection.colour !== 'auto') p.set('colour', selection.colour);
     if (selection.present) p.set('present', '1');
     if (selection.present && selection.slide) p.set('slide', selection.slide);
+    // a busy slide's figure, shown one a step (1-based in the address; the first is not written)
+    if (selection.present && selection.slide && Number.isInteger(selection.part) && selection.part > 0) {
+      p.set('part', String(selection.part + 1));
+    }
     // ---- the view's own settings for a lecture hall (text scale), each only when not the default
     if (selection.text && selection.text !== 1) p.set('text', String(Math.round(selection.text * 100)));
     if (THEMES.includes(selection.theme) && selection.theme !== 'system') p.set('theme', selection.theme);
@@ -371,7 +375,8 @@
    * The view an address selects: the query token, head and decoding step (step null: the first one), the maps'
    * colour scale (format.js's SCALE_MODES), and present mode with its slide (an id of trace.js's presentSlides;
    * null: the first), and a stack's layer (null: the first) and block stage (an id of block.js's diagram; null: the
-   * first), the clicked cell's key, and the ablation (`ablate`: {layer, head}; `ablateMlp`: a layer), each only when set.
+   * first), the slide's figure (`part`, 0-based, when a busy slide is shown one figure a step), the clicked cell's key,
+   * and the ablation (`ablate`: {layer, head}; `ablateMlp`: a layer), each only when set.
    */
   function selectionFromHash(hash) {
     const p = params(hash);
@@ -381,6 +386,7 @@
     const head = Number(get('head', '0'));
     const colour = get('colour', 'auto');
     const slide = get('slide', '');
+    const part = get('part', '');
     const layer = get('layer', 'x');
     const bstage = get('bstage', '');
     return {
@@ -389,7 +395,7 @@
       head: Number.isInteger(head) && head >= 0 ? head : 0,
       colour: SCALE_MODES.includes(colour) ? colour : 'auto',
       present: get('present', '0') === '1',
-      slide: /^[a-z_]{1,32}$/.test(slide) ? slide : null,
+      slide: /^[a-z_-]{1,32}$/.test(slide) ? slide : null,
       layer: /^\d{1,3}$/.test(layer) ? Number(layer) : null,
       bstage: /^[a-z_0-9]{1,32}$/.test(bstage) ? bstage : null,
       // ---- the view's own settings for a lecture hall, only when the address sets them (a reader takes the
@@ -397,6 +403,8 @@
       ...(TEXT_SCALES.includes(Number(get('text', '100')) / 100) && get('text', '100') !== '100'
         ? { text: Number(get('text', '100')) / 100 } : {}),
       ...(/^\d{1,4}$/.test(get('key', '')) ? { key: Number(get('key', '')) } : {}),
+      // a busy slide's figure (present mode shows it one figure a step): 1-based in the address, 0-based here
+      ...(/^\d{1,2}$/.test(part) && Number(part) >= 1 ? { part: Number(part) - 1 } : {}),
       // the ablated head (`layer.head`, both 0-based) and MLP (its layer), only when the address names them
       ...(/^\d{1,3}\.\d{1,3}$/.test(get('ablate', ''))
         ? { ablate: { layer: Number(get('ablate', '').split('.')[0]), head: Number(get('ablate', '').split('.')[1]) } } : {}),

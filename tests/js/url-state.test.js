@@ -214,6 +214,19 @@ test('the view\'s own settings join the address only when not the defaults', () 
   assert.equal(U.hashFor(null, { ...base, present: true, slide: null }), '#q=1&head=0&present=1');
 });
 
+test('a busy slide\'s figure: part, 1-based in the address, only past the first; an address without it, the first', () => {
+  const base = { query: 1, head: 0, step: null, colour: 'auto', present: true, slide: 'scores' };
+  assert.equal(U.hashFor(null, { ...base, part: 0 }), '#q=1&head=0&present=1&slide=scores');
+  assert.equal(U.hashFor(null, { ...base, part: null }), '#q=1&head=0&present=1&slide=scores');
+  assert.equal(U.hashFor(null, { ...base, part: 2 }), '#q=1&head=0&present=1&slide=scores&part=3');
+  assert.equal(U.hashFor(null, { ...base, part: -1 }), '#q=1&head=0&present=1&slide=scores', 'the last: not known yet');
+  assert.equal(U.hashFor(null, { ...base, present: false, part: 2 }), '#q=1&head=0', 'only in present mode');
+  assert.equal(U.selectionFromHash('#present=1&slide=scores&part=3').part, 2);
+  assert.equal('part' in U.selectionFromHash('#present=1&slide=scores'), false, 'an old address: the first figure');
+  for (const bad of ['0', '-1', 'x', '1.5', '100']) assert.equal('part' in U.selectionFromHash(`#present=1&part=${bad}`), false, bad);
+  assert.equal(U.selectionFromHash('#present=1&slide=next-token').slide, 'next-token', 'the head\'s slide by its id');
+});
+
 test('uiWords: the service\'s field names in the page\'s words, the rest of the message as sent', () => {
   // engine/checks.py's messages, as the page shows them next to the controls.
   assert.equal(U.uiWords('a sliding window limits how far back a query looks under the causal mask, so it needs causal: true; '
