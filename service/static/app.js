@@ -60,6 +60,7 @@
     step: null, // selected KV-cache decoding step (null: the first one)
     temperature: null, // the next-token panel's temperature (null: the answer's own)
     generated: 0, // how many of the answer's generated tokens the next-token panel has appended
+    gen: null, // the live page's generation (generateStep): {key, limit, doc, error, pending}; null: none asked for
     colour: 'auto', // the maps' colour scale (format.js, SCALE_MODES)
     text: 1, // the projector text scale (url-state.js, TEXT_SCALES)
     theme: 'system', // the colour theme (url-state.js, THEMES; style.css)
@@ -104,6 +105,8 @@
     decodeStepValue: $('decode-step-value'),
     nextTokenSection: $('next-token-section'), nextTokenBody: $('next-token-body'), lmTemperature: $('lm-temperature'),
     lmTemperatureValue: $('lm-temperature-value'), lmGenerate: $('lm-generate'), lmGenerateReset: $('lm-generate-reset'),
+    lmDecoding: $('lm-decoding'), lmSampleSeed: $('lm-sample-seed'), lmTopK: $('lm-top-k'), lmTopP: $('lm-top-p'),
+    lmGenerateStatus: $('lm-generate-status'),
     factMatricesLabel: $('fact-matrices-label'), factParamsLabel: $('fact-params-label'),
     dkCard: $('dk-card'), dkDModel: $('dk-dmodel'), dkHeads: $('dk-heads'), dkValue: $('dk-value'),
     dkStatus: $('dk-status'), dkMessage: $('dk-message'),
@@ -534,6 +537,8 @@
   /** A valid trace (from the service, or embedded in a saved page): the card, the actions and every section. */
   function showTrace(main) {
     state.main = atLayer(main);
+    state.gen = null; // a new answer: the panel starts again from its sentence
+    state.generated = 0;
     showProblem(null);
     markStale(false);
     const cfg = main.doc.config;
@@ -1058,6 +1063,95 @@
 
   // ------------------------------------------------------------------ wiring
 
+  // ------------------------------------------------------------------ generating (the next-token panel)
+
+  /** The first request of a live page's generation asks for this many tokens (or the limit, when fewer). */
+  const GENERATE_CHUNK = 8;
+
+  /**
+   * The request a live page's generate step sends, without its `generate`: the trace's own request as on screen
+   * (so its answer's trace is the one shown), at the panel's temperature, with the panel's sample_seed, top_k and
+   * top_p, and `stages: ["next_token_probs"]`, since the panel reads only the answer's generation: the numbers
+   * are the same, the bytes ~60 times fewer. `decode` is left out (its numbers are already on screen).
+   */
+  function generationRequest() {
+    const { decode, ...body } = state.main.body;
+    const full = state.main.doc.full || state.main.doc;
+    const T = state.temperature ?? full.config.temperature;
+    const typed = (input) => (input.value.trim() === '' ? null : Number(input.value));
+    const seed = typed(ui.lmSampleSeed);
+    const topK = typed(ui.lmTopK);
+    const topP = typed(ui.lmTopP);
+    return {
+      ...body,
+      ...(T !== full.config.temperature ? { temperature: T } : {}),
+      stages: ['next_token_probs'],
+      ...(seed !== null ? { sample_seed: seed } : {}),
+      ...(topK !== null ? { top_k: topK } : {}),
+      ...(topP !== null ? { top_p: topP } : {}),
+    };
+  }
+
+  /**
+   * "Generate a token". A saved page walks its answer's generation (no request). The live page asks the service:
+   * POST /trace with `generate`, first for GENERATE_CHUNK tokens, then, once the button has walked past them, for
+   * twice as many as it holds (up to the limit: fields.js's max_generate and max_tokens minus the sentence), each
+   * answer holding every step from the first (the service keeps nothing between requests; the same request draws
+   * the same tokens). A press within the answer held sends nothing. Measured (docs/viewer.md): a request's cost
+   * is mostly the trace and the sentence's decoding, each new token ~8% of that at teaching sizes, so one request
+   * a press would cost ~N times the trace, and one request for all 64 up to 76% of the request-cost budget for the
+   * few tokens a lecture shows. A request the budget refuses for more tokens than the press needs is asked again
+   * for just those; a refusal is said in the panel. Changing the temperature, the seed, top_k or top_p changes
+   * the request: the next press asks again.
+   */
+  async function generateStep() {
+    if (STANDALONE) {
+      state.generated += 1;
+      renderNextToken();
+      return;
+    }
+    if (!state.main || state.gen?.pending) return;
+    const base = generationRequest();
+    const key = JSON.stringify(base);
+    const n = (state.main.doc.full || state.main.doc).tokens.length;
+    if (state.gen?.key !== key) {
+      state.gen = { key, limit: Math.min(AT.fields.max_generate, limits.max_tokens - n), doc: null, error: null,
+        pending: false };
+    }
+    const gen = state.gen;
+    const want = state.generated + 1;
+    const have = gen.doc ? gen.doc.generation.length : 0;
+    if (want <= have) {
+      state.generated = want;
+      renderNextToken();
+      return;
+    }
+    let ask = Math.max(Math.min(gen.limit, Math.max(GENERATE_CHUNK, 2 * have)), want);
+    gen.pending = true;
+    gen.error = null;
+    renderNextToken();
+    try {
+      let answer;
+      try {
+        answer = await postJson(ENDPOINTS.trace, { ...base, generate: ask });
+      } catch (err) {
+        const tooLarge = err instanceof ServiceError && (err.problem?.errors || []).some((e) => e.type === 'trace_too_large');
+        if (!tooLarge || ask === want) throw err;
+        ask = want; // more tokens than this press needs were over the budget: ask for just what it needs
+        answer = await postJson(ENDPOINTS.trace, { ...base, generate: ask });
+      }
+      if (state.gen !== gen) return; // a new trace, or another way of choosing, since
+      gen.doc = answer.doc;
+      state.generated = want;
+    } catch (err) {
+      if (state.gen !== gen) return;
+      gen.error = err;
+    } finally {
+      gen.pending = false;
+    }
+    renderNextToken();
+  }
+
   function init() {
     ui.colourScale.addEventListener('change', setColour);
     ui.textScale.addEventListener('change', setTextScale);
@@ -1091,14 +1185,19 @@
       state.temperature = Number(ui.lmTemperature.value);
       renderNextToken();
     });
-    ui.lmGenerate.addEventListener('click', () => { // the answer's next generated token appended: no request
-      state.generated += 1;
-      renderNextToken();
-    });
-    ui.lmGenerateReset.addEventListener('click', () => {
+    ui.lmGenerate.addEventListener('click', generateStep);
+    ui.lmGenerateReset.addEventListener('click', () => { // back to the sentence; the steps asked for stay, to walk again
       state.generated = 0;
       renderNextToken();
     });
+    for (const input of [ui.lmSampleSeed, ui.lmTopK, ui.lmTopP]) {
+      input.addEventListener('change', () => { // another way of choosing: the next press asks again, from the sentence
+        if (!state.gen?.doc) return;
+        state.gen = null;
+        state.generated = 0;
+        renderNextToken();
+      });
+    }
     ui.decodeStep.addEventListener('input', () => {
       if (!state.main) return;
       state.step = Number(ui.decodeStep.value);
