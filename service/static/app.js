@@ -3,8 +3,9 @@
  * as the inputs change, the actions (curl, downloads), the wiring of events, and the start, live or saved.
  *
  * A plain client of the public JSON API, exactly as a third-party frontend would be: it POSTs /trace (once, and
- * once more with scale flipped for the saturation comparison only when the first is valid), POSTs /explain for a
- * clicked cell and /trace/html for the offline export, GETs /version, and draws what comes back. It computes
+ * once more with scale flipped for the saturation comparison only when the first is valid; with `generate` for the
+ * next-token panel's "Generate a token"), POSTs /explain for a clicked cell and /trace/html for the offline export,
+ * GETs /version, and draws what comes back. It computes
  * nothing of the attention itself; the only arithmetic here is formatting, colour scales, a row sum shown as a
  * check, and the element-wise average of the heads, which the page shows as the thing the model does *not* do.
  *
