@@ -1193,7 +1193,7 @@
     });
     for (const input of [ui.lmSampleSeed, ui.lmTopK, ui.lmTopP]) {
       input.addEventListener('change', () => { // another way of choosing: the next press asks again, from the sentence
-        if (!state.gen?.doc) return;
+        if (!state.gen) return; // (an answer on its way is dropped when it arrives: generateStep sees another state.gen)
         state.gen = null;
         state.generated = 0;
         renderNextToken();
