@@ -320,3 +320,61 @@ def test_the_live_page_samples_with_its_seed_and_says_a_refusal_in_the_panel(dri
     button.click()
     wait_until(driver, lambda d: len(sequence(d).split(" ")) == len(prompt) + 1)
     assert not status.is_displayed()
+
+
+def test_the_live_page_says_why_it_cannot_generate_before_any_press(driver, server, console):
+    """A request the service would refuse to generate from, for a rule the request on screen shows (no causal mask:
+    generate_needs_causal; an ablation: interventions_conflict), disables the button and says why beside it, before
+    any press; the same request with generate is refused by the service for that rule and nothing else."""
+    from viewer_browser_support import clear_requests, posted
+
+    def refused_for(body: dict) -> list[str]:
+        answer = requests.post(server.url + "/trace", json={**body, "generate": 1}, timeout=30)
+        assert answer.status_code == 422
+        return [e["type"] for e in answer.json()["errors"]]
+
+    def button(d):
+        return d.find_element(By.ID, "lm-generate")
+
+    def status(d):
+        return d.find_element(By.ID, "lm-generate-status")
+
+    clear_requests(driver)
+    open_page(driver, server, LIVE.replace("block=gpt2", "block=vaswani2017").replace("&causal=1", ""))
+    wait_until(driver, lambda d: d.find_element(By.ID, "next-token-section").is_displayed() and bars(d))
+    body = posted(driver, "/trace")[0]
+    assert body["block"] == "vaswani2017" and not body.get("causal")
+    assert button(driver).is_displayed() and not button(driver).is_enabled()
+    assert status(driver).is_displayed() and status(driver).text.startswith("Generation needs a causal mask: ")
+    assert "vaswani2017" in status(driver).text and "is-refused" not in status(driver).get_attribute("class")
+    assert button(driver).get_attribute("aria-describedby") == "lm-generate-status"
+    assert refused_for(body) == ["generate_needs_causal"]
+    # The mask on: the service would generate, and the button can.
+    clear_requests(driver)
+    js(driver, "document.getElementById('causal').click();")
+    wait_until(driver, lambda d: button(d).is_enabled() and not status(d).is_displayed())
+    body = posted(driver, "/trace")[0]
+    assert body["causal"] is True
+    assert requests.post(server.url + "/trace", json={**body, "generate": 1}, timeout=30).status_code == 200
+    # A head ablated: off, with the head named; an MLP: the same; undone: on again.
+    clear_requests(driver)
+    driver.find_element(By.ID, "ablate-head").click()
+    wait_until(driver, lambda d: not button(d).is_enabled() and status(d).is_displayed())
+    body = posted(driver, "/trace")[0]
+    (iv,) = body["interventions"]
+    assert status(driver).text.startswith(
+        f"Generation is off while a head is ablated (layer {iv['layer']}, head {iv['head']}): "
+    ), status(driver).text
+    assert refused_for(body) == ["interventions_conflict"]
+    clear_requests(driver)
+    driver.find_element(By.ID, "ablate-head").click()
+    wait_until(driver, lambda d: button(d).is_enabled() and not status(d).is_displayed())
+    driver.find_element(By.ID, "ablate-mlp").click()
+    wait_until(driver, lambda d: not button(d).is_enabled() and status(d).is_displayed())
+    body = [b for b in posted(driver, "/trace") if "interventions" in b][0]
+    (iv,) = body["interventions"]
+    assert status(driver).text.startswith(f"Generation is off while an MLP is ablated (layer {iv['layer']}'s MLP): ")
+    assert refused_for(body) == ["interventions_conflict"]
+    driver.find_element(By.ID, "ablate-mlp").click()
+    wait_until(driver, lambda d: button(d).is_enabled() and not status(d).is_displayed())
+    assert all("generate" not in b for b in posted(driver, "/trace"))  # nothing was asked of the service to refuse
