@@ -378,3 +378,43 @@ def test_the_live_page_says_why_it_cannot_generate_before_any_press(driver, serv
     driver.find_element(By.ID, "ablate-mlp").click()
     wait_until(driver, lambda d: button(d).is_enabled() and not status(d).is_displayed())
     assert all("generate" not in b for b in posted(driver, "/trace"))  # nothing was asked of the service to refuse
+
+
+def test_the_live_pages_html_download_keeps_the_tokens_generated(driver, server, console, browser_dirs):
+    """The live page's "Download HTML" after k generated tokens sends the trace's request with the generation the
+    panel's step asked with (generate: k, its temperature and sample seed); the saved page walks the same k steps."""
+    from viewer_browser_support import clear_downloads, clear_requests, posted, wait_download
+
+    clear_requests(driver)
+    open_page(driver, server, LIVE)
+    wait_until(driver, lambda d: d.find_element(By.ID, "next-token-section").is_displayed() and bars(d))
+    page_body = posted(driver, "/trace")[0]
+    driver.find_element(By.ID, "lm-sample-seed").send_keys("2")
+    slider = driver.find_element(By.ID, "lm-temperature")
+    js(driver, "arguments[0].value = '0.7'; arguments[0].dispatchEvent(new Event('input'));", slider)
+    prompt = sequence(driver).split(" ")
+    button = driver.find_element(By.ID, "lm-generate")
+    live = []
+    for k in (1, 2, 3):
+        button.click()
+        wait_until(driver, lambda d: len(sequence(d).split(" ")) == len(prompt) + k)
+        live.append(shown_step(driver))
+    shown = sequence(driver)
+    clear_requests(driver)
+    downloads = clear_downloads(browser_dirs)
+    driver.find_element(By.ID, "download-html").click()
+    path = wait_download(downloads, "*.html")
+    (sent,) = posted(driver, "/trace/html")
+    assert sent == {**page_body, "temperature": 0.7, "sample_seed": 2, "generate": 3}
+    driver.get("about:blank")
+    driver.get(path.as_uri())
+    wait_ready(driver)
+    assert sequence(driver) == " ".join(prompt)
+    assert driver.find_element(By.ID, "lm-temperature-value").text == "0.70"  # the answer's own: the step's
+    button = driver.find_element(By.ID, "lm-generate")
+    for k in (1, 2, 3):
+        button.click()
+        wait_until(driver, lambda d: len(sequence(d).split(" ")) == len(prompt) + k)
+        assert shown_step(driver) == live[k - 1]
+    assert sequence(driver) == shown and not button.is_enabled()  # the same three tokens, and no more held
+    assert "(sampled)" in driver.find_element(By.CSS_SELECTOR, "#next-token-body .nt-generated").text

@@ -61,7 +61,7 @@
     step: null, // selected KV-cache decoding step (null: the first one)
     temperature: null, // the next-token panel's temperature (null: the answer's own)
     generated: 0, // how many of the answer's generated tokens the next-token panel has appended
-    gen: null, // the live page's generation (generateStep): {key, limit, doc, error, pending}; null: none asked for
+    gen: null, // the live page's generation (generateStep): {key, request, limit, doc, error, pending}, or null
     colour: 'auto', // the maps' colour scale (format.js, SCALE_MODES)
     text: 1, // the projector text scale (url-state.js, TEXT_SCALES)
     theme: 'system', // the colour theme (url-state.js, THEMES; style.css)
@@ -953,13 +953,30 @@
     ui.actionStatus.textContent = `Saved ${name} (the exact response, every float in full).`;
   }
 
+  /**
+   * The request "Download HTML" sends: the trace on screen's, and when the next-token panel has appended k > 0
+   * tokens, the generation fields its step asked with (generate: k, and the temperature, sample_seed, top_k and
+   * top_p it sent), so that the saved page's panel walks the same k steps (the service draws the same tokens for
+   * the same request, a shorter generation being the longer one's first steps). Never `stages`: the page draws
+   * every stage (/trace/html refuses it).
+   */
+  function htmlRequestBody() {
+    const body = state.main.body;
+    const gen = STANDALONE ? null : state.gen;
+    const k = gen?.doc ? Math.min(state.generated, gen.doc.generation.length) : 0;
+    if (k === 0) return body;
+    const asked = ['temperature', 'sample_seed', 'top_k', 'top_p'].filter((name) => name in gen.request)
+      .map((name) => [name, gen.request[name]]);
+    return { ...body, ...Object.fromEntries(asked), generate: k };
+  }
+
   /** The service's one-file offline page of the trace on screen (POST /trace/html). */
   async function downloadHtml() {
     if (!state.main || STANDALONE) return;
     ui.downloadHtml.disabled = true;
     ui.actionStatus.textContent = 'Making the HTML file…';
     try {
-      const { blob, name: given } = await postHtml(state.main.body);
+      const { blob, name: given } = await postHtml(htmlRequestBody());
       const name = given || `${exportNameOnScreen()}.html`;
       saveBlob(blob, name);
       ui.actionStatus.textContent = `Saved ${name}: this view in one file that opens offline.`;
@@ -1116,8 +1133,8 @@
     const key = JSON.stringify(base);
     const n = (state.main.doc.full || state.main.doc).tokens.length;
     if (state.gen?.key !== key) {
-      state.gen = { key, limit: Math.min(AT.fields.max_generate, limits.max_tokens - n), doc: null, error: null,
-        pending: false };
+      state.gen = { key, request: base, limit: Math.min(AT.fields.max_generate, limits.max_tokens - n), doc: null,
+        error: null, pending: false };
     }
     const gen = state.gen;
     const want = state.generated + 1;
