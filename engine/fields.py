@@ -790,7 +790,8 @@ def checked_config(
 
 def viewer_declaration() -> dict[str, Any]:
     """The declaration as the viewer reads it (``GET /static/fields.js``): each field that the address carries,
-    with its type, bounds, default, help and address key, in request order."""
+    with its type, bounds, default, help and address key, in request order; and the most tokens one /trace may
+    generate (the next-token panel's generate step asks for no more)."""
     return {
         "fields": [f.public() for f in FIELDS if f.address is not None],
         "switches": {v.name: list(v.switch) for v in VARIANTS if v.switch is not None},
@@ -798,4 +799,5 @@ def viewer_declaration() -> dict[str, Any]:
             name: {"positional_encoding": p.positional_encoding, "causal": p.causal}
             for name, p in BLOCK_PRESETS.items()
         },
+        "max_generate": LM.MAX_GENERATE,
     }

@@ -475,3 +475,22 @@ def test_generated_numbers_count_towards_the_trace_size_and_the_message_says_so(
     (error,) = r.get_json()["errors"]
     assert error["type"] == "trace_too_large" and "of them in the generated tokens" in error["message"]
     assert error["message"].endswith("or generate fewer tokens")
+
+
+def test_version_lists_every_head_mistake_check_can_name(client):
+    """GET /version's ``lm_bugs`` is every name /check's diagnosis can give (its schema's enum) that the attention's
+    ``bugs`` and the block's ``block_bugs`` do not hold, and exactly what a stack gains from the head: names /check
+    considers for a stack with lm_head and not without it."""
+    from typing import get_args
+
+    from engine.bugs import applicable_bugs
+    from service.routes.check import Diagnosis
+
+    doc = client.get("/version").get_json()
+    nameable = set(get_args(Diagnosis.model_fields["bug"].annotation)[0].__args__)
+    listed = [*doc["bugs"], *doc["block_bugs"], *doc["lm_bugs"]]
+    assert len(listed) == len(set(listed)) and set(listed) == nameable
+    with_head = {b.name for b in applicable_bugs(gpt2(temperature=0.7), 6)}
+    without = {b.name for b in applicable_bugs(gpt2(lm_head=None, temperature=1.0), 6)}
+    assert set(doc["lm_bugs"]) == with_head - without and with_head >= set(doc["lm_bugs"])
+    assert all(doc["lm_bugs"][name] == bug.summary for name, bug in LM_BUGS.items())

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 import engine
 from engine import BUGS
-from engine.bugs import BLOCK_BUGS
+from engine.bugs import BLOCK_BUGS, LM_BUGS
 from engine.layer import ALL_STAGE_IDS, BLOCK_STAGE_IDS
 
 from .. import serialize
@@ -48,6 +48,9 @@ class VersionInfo(BaseModel):
     block_bugs: dict[str, str] = Field(
         description="The known mistakes of a stack of Transformer blocks, each made in every layer: inject_bug takes "
         "them with a block field, and /check's diagnosis of a stack names them after the attention's bugs.")
+    lm_bugs: dict[str, str] = Field(
+        description="The known mistakes of the language-model head (lm_head): inject_bug takes them on a stack with "
+        "lm_head, and /check's diagnosis of a stack with the head names them after the block's mistakes.")
 
 
 
@@ -64,7 +67,7 @@ def _dist_version(dist: str) -> str:
 
 def version_document(limits: Settings) -> dict[str, Any]:
     """GET /version: versions, the limits in force, the stage ids and the known bugs (the attention layer's, then a
-    stack of blocks' own)."""
+    stack of blocks' own, then the language-model head's): each list is engine/bugs.py's, the one /check uses."""
     return {
         "service": "attention-trace",
         "service_version": _dist_version("attention-trace"),
@@ -81,6 +84,7 @@ def version_document(limits: Settings) -> dict[str, Any]:
         "bugs": {name: bug.summary for name, bug in BUGS.items()},
         "block_stage_ids": list(BLOCK_STAGE_IDS),
         "block_bugs": {name: bug.summary for name, bug in BLOCK_BUGS.items()},
+        "lm_bugs": {name: bug.summary for name, bug in LM_BUGS.items()},
     }
 
 

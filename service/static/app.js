@@ -3,8 +3,9 @@
  * as the inputs change, the actions (curl, downloads), the wiring of events, and the start, live or saved.
  *
  * A plain client of the public JSON API, exactly as a third-party frontend would be: it POSTs /trace (once, and
- * once more with scale flipped for the saturation comparison only when the first is valid), POSTs /explain for a
- * clicked cell and /trace/html for the offline export, GETs /version, and draws what comes back. It computes
+ * once more with scale flipped for the saturation comparison only when the first is valid; with `generate` for the
+ * next-token panel's "Generate a token"), POSTs /explain for a clicked cell and /trace/html for the offline export,
+ * GETs /version, and draws what comes back. It computes
  * nothing of the attention itself; the only arithmetic here is formatting, colour scales, a row sum shown as a
  * check, and the element-wise average of the heads, which the page shows as the thing the model does *not* do.
  *
@@ -60,6 +61,7 @@
     step: null, // selected KV-cache decoding step (null: the first one)
     temperature: null, // the next-token panel's temperature (null: the answer's own)
     generated: 0, // how many of the answer's generated tokens the next-token panel has appended
+    gen: null, // the live page's generation (generateStep): {key, request, limit, doc, error, pending}, or null
     colour: 'auto', // the maps' colour scale (format.js, SCALE_MODES)
     text: 1, // the projector text scale (url-state.js, TEXT_SCALES)
     theme: 'system', // the colour theme (url-state.js, THEMES; style.css)
@@ -105,6 +107,8 @@
     decodeStepValue: $('decode-step-value'),
     nextTokenSection: $('next-token-section'), nextTokenBody: $('next-token-body'), lmTemperature: $('lm-temperature'),
     lmTemperatureValue: $('lm-temperature-value'), lmGenerate: $('lm-generate'), lmGenerateReset: $('lm-generate-reset'),
+    lmDecoding: $('lm-decoding'), lmSampleSeed: $('lm-sample-seed'), lmTopK: $('lm-top-k'), lmTopP: $('lm-top-p'),
+    lmGenerateStatus: $('lm-generate-status'),
     factMatricesLabel: $('fact-matrices-label'), factParamsLabel: $('fact-params-label'),
     dkCard: $('dk-card'), dkDModel: $('dk-dmodel'), dkHeads: $('dk-heads'), dkValue: $('dk-value'),
     dkStatus: $('dk-status'), dkMessage: $('dk-message'),
@@ -544,6 +548,8 @@
   /** A valid trace (from the service, or embedded in a saved page): the card, the actions and every section. */
   function showTrace(main) {
     state.main = atLayer(main);
+    state.gen = null; // a new answer: the panel starts again from its sentence
+    state.generated = 0;
     showProblem(null);
     markStale(false);
     const cfg = main.doc.config;
@@ -1145,13 +1151,30 @@
     ui.actionStatus.textContent = `Saved ${name} (the exact response, every float in full).`;
   }
 
+  /**
+   * The request "Download HTML" sends: the trace on screen's, and when the next-token panel has appended k > 0
+   * tokens, the generation fields its step asked with (generate: k, and the temperature, sample_seed, top_k and
+   * top_p it sent), so that the saved page's panel walks the same k steps (the service draws the same tokens for
+   * the same request, a shorter generation being the longer one's first steps). Never `stages`: the page draws
+   * every stage (/trace/html refuses it).
+   */
+  function htmlRequestBody() {
+    const body = state.main.body;
+    const gen = STANDALONE ? null : state.gen;
+    const k = gen?.doc ? Math.min(state.generated, gen.doc.generation.length) : 0;
+    if (k === 0) return body;
+    const asked = ['temperature', 'sample_seed', 'top_k', 'top_p'].filter((name) => name in gen.request)
+      .map((name) => [name, gen.request[name]]);
+    return { ...body, ...Object.fromEntries(asked), generate: k };
+  }
+
   /** The service's one-file offline page of the trace on screen (POST /trace/html). */
   async function downloadHtml() {
     if (!state.main || STANDALONE) return;
     ui.downloadHtml.disabled = true;
     ui.actionStatus.textContent = 'Making the HTML file…';
     try {
-      const { blob, name: given } = await postHtml(state.main.body);
+      const { blob, name: given } = await postHtml(htmlRequestBody());
       const name = given || `${exportNameOnScreen()}.html`;
       // The file opens on this view (the text scale, the theme, the query, head, layer, clicked cell …) without an
       // address: the selection, as a saved page's address holds it, written into the file as data.
@@ -1264,6 +1287,95 @@
 
   // ------------------------------------------------------------------ wiring
 
+  // ------------------------------------------------------------------ generating (the next-token panel)
+
+  /** The first request of a live page's generation asks for this many tokens (or the limit, when fewer). */
+  const GENERATE_CHUNK = 8;
+
+  /**
+   * The request a live page's generate step sends, without its `generate`: the trace's own request as on screen
+   * (so its answer's trace is the one shown), at the panel's temperature, with the panel's sample_seed, top_k and
+   * top_p, and `stages: ["next_token_probs"]`, since the panel reads only the answer's generation: the numbers
+   * are the same, the bytes ~60 times fewer. `decode` is left out (its numbers are already on screen).
+   */
+  function generationRequest() {
+    const { decode, ...body } = state.main.body;
+    const full = state.main.doc.full || state.main.doc;
+    const T = state.temperature ?? full.config.temperature;
+    const typed = (input) => (input.value.trim() === '' ? null : Number(input.value));
+    const seed = typed(ui.lmSampleSeed);
+    const topK = typed(ui.lmTopK);
+    const topP = typed(ui.lmTopP);
+    return {
+      ...body,
+      ...(T !== full.config.temperature ? { temperature: T } : {}),
+      stages: ['next_token_probs'],
+      ...(seed !== null ? { sample_seed: seed } : {}),
+      ...(topK !== null ? { top_k: topK } : {}),
+      ...(topP !== null ? { top_p: topP } : {}),
+    };
+  }
+
+  /**
+   * "Generate a token". A saved page walks its answer's generation (no request). The live page asks the service:
+   * POST /trace with `generate`, first for GENERATE_CHUNK tokens, then, once the button has walked past them, for
+   * twice as many as it holds (up to the limit: fields.js's max_generate and max_tokens minus the sentence), each
+   * answer holding every step from the first (the service keeps nothing between requests; the same request draws
+   * the same tokens). A press within the answer held sends nothing. Measured (docs/viewer.md): a request's cost
+   * is mostly the trace and the sentence's decoding, each new token ~8% of that at teaching sizes, so one request
+   * a press would cost ~N times the trace, and one request for all 64 up to 76% of the request-cost budget for the
+   * few tokens a lecture shows. A request the budget refuses for more tokens than the press needs is asked again
+   * for just those; a refusal is said in the panel. Changing the temperature, the seed, top_k or top_p changes
+   * the request: the next press asks again.
+   */
+  async function generateStep() {
+    if (STANDALONE) {
+      state.generated += 1;
+      renderNextToken();
+      return;
+    }
+    if (!state.main || state.gen?.pending) return;
+    const base = generationRequest();
+    const key = JSON.stringify(base);
+    const n = (state.main.doc.full || state.main.doc).tokens.length;
+    if (state.gen?.key !== key) {
+      state.gen = { key, request: base, limit: Math.min(AT.fields.max_generate, limits.max_tokens - n), doc: null,
+        error: null, pending: false };
+    }
+    const gen = state.gen;
+    const want = state.generated + 1;
+    const have = gen.doc ? gen.doc.generation.length : 0;
+    if (want <= have) {
+      state.generated = want;
+      renderNextToken();
+      return;
+    }
+    let ask = Math.max(Math.min(gen.limit, Math.max(GENERATE_CHUNK, 2 * have)), want);
+    gen.pending = true;
+    gen.error = null;
+    renderNextToken();
+    try {
+      let answer;
+      try {
+        answer = await postJson(ENDPOINTS.trace, { ...base, generate: ask });
+      } catch (err) {
+        const tooLarge = err instanceof ServiceError && (err.problem?.errors || []).some((e) => e.type === 'trace_too_large');
+        if (!tooLarge || ask === want) throw err;
+        ask = want; // more tokens than this press needs were over the budget: ask for just what it needs
+        answer = await postJson(ENDPOINTS.trace, { ...base, generate: ask });
+      }
+      if (state.gen !== gen) return; // a new trace, or another way of choosing, since
+      gen.doc = answer.doc;
+      state.generated = want;
+    } catch (err) {
+      if (state.gen !== gen) return;
+      gen.error = err;
+    } finally {
+      gen.pending = false;
+    }
+    renderNextToken();
+  }
+
   function init() {
     ui.colourScale.addEventListener('change', setColour);
     ui.textScale.addEventListener('change', setTextScale);
@@ -1297,14 +1409,19 @@
       state.temperature = Number(ui.lmTemperature.value);
       renderNextToken();
     });
-    ui.lmGenerate.addEventListener('click', () => { // the answer's next generated token appended: no request
-      state.generated += 1;
-      renderNextToken();
-    });
-    ui.lmGenerateReset.addEventListener('click', () => {
+    ui.lmGenerate.addEventListener('click', generateStep);
+    ui.lmGenerateReset.addEventListener('click', () => { // back to the sentence; the steps asked for stay, to walk again
       state.generated = 0;
       renderNextToken();
     });
+    for (const input of [ui.lmSampleSeed, ui.lmTopK, ui.lmTopP]) {
+      input.addEventListener('change', () => { // another way of choosing: the next press asks again, from the sentence
+        if (!state.gen) return; // (an answer on its way is dropped when it arrives: generateStep sees another state.gen)
+        state.gen = null;
+        state.generated = 0;
+        renderNextToken();
+      });
+    }
     ui.decodeStep.addEventListener('input', () => {
       if (!state.main) return;
       state.step = Number(ui.decodeStep.value);

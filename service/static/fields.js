@@ -36,6 +36,7 @@
   {"name": "candidates", "kind": "strings", "default": null, "variant": "lm", "setting": true, "help": "tokens the vocabulary holds besides the sentence's own (with --lm-head)", "max_items": 1024, "refusal": "invalid_size", "url": "cand"}
  ],
  "switches": {"rope": ["positional_encoding", "rope"], "constructed": ["head_weights", null]},
- "block_presets": {"vaswani2017": {"positional_encoding": "sinusoidal", "causal": false}, "gpt2": {"positional_encoding": "sinusoidal", "causal": true}, "llama": {"positional_encoding": "rope", "causal": true}}
+ "block_presets": {"vaswani2017": {"positional_encoding": "sinusoidal", "causal": false}, "gpt2": {"positional_encoding": "sinusoidal", "causal": true}, "llama": {"positional_encoding": "rope", "causal": true}},
+ "max_generate": 64
 });
 })();

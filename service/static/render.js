@@ -1171,9 +1171,12 @@
      * The language-model head's next-token panel (an answer with `vocabulary`): the top 10 tokens as bars. At the
      * answer's temperature the bars are its own next_token_probs; at another (the slider, state.temperature) they are
      * softmax(logits[n − 1] / T) of the answer's logits, computed here (stable: the row's max subtracted first).
-     * With the answer's `generation` (a request with generate), "Generate a token" appends its next token
+     * With the answer's `generation` (a saved page of a request with generate), or on the live page with the
+     * generation the service answered (state.gen, app.js's generateStep), "Generate a token" appends its next token
      * (state.generated): the bars become the distribution that token was chosen from, the chosen bar marked, and
-     * the new token's row of attention (the layer and head shown) is drawn over the tokens cached.
+     * the new token's row of attention (the layer and head shown) is drawn over the tokens cached. The live page's
+     * request on its way, or its refusal, is said under the button; a trace the service would refuse to generate
+     * from (whyNoGeneration) disables the button, the reason said there before any press.
      */
     function renderNextToken() {
       const full = state.main.doc.full || state.main.doc;
@@ -1185,14 +1188,23 @@
         return;
       }
       ui.nextTokenSection.hidden = false;
-      const given = full.config.temperature;
-      const T = state.temperature ?? given;
-      const gen = Array.isArray(full.generation) ? full.generation : [];
+      const live = view.saved ? null : state.gen; // the live page's generation, asked for by "Generate a token"
+      const source = view.saved ? full : live?.doc; // the answer whose generation the panel walks
+      const gen = Array.isArray(source?.generation) ? source.generation : [];
       const k = Math.min(state.generated, gen.length);
       const step = k > 0 ? gen[k - 1] : null;
-      ui.lmGenerate.hidden = gen.length === 0;
-      ui.lmGenerate.disabled = k >= gen.length;
+      const given = step ? source.config.temperature : full.config.temperature; // the shown distribution's own T
+      const T = state.temperature ?? full.config.temperature;
+      const limit = view.saved ? gen.length : live ? live.limit : Infinity;
+      const why = view.saved ? null : whyNoGeneration(state.main.body, full.config); // refused before any press
+      ui.lmGenerate.hidden = view.saved && gen.length === 0;
+      ui.lmGenerate.disabled = !!why || k >= limit || !!live?.pending;
       ui.lmGenerateReset.hidden = k === 0;
+      ui.lmDecoding.hidden = view.saved;
+      const status = why ?? (live?.pending ? 'Asking the service for the next tokens…' : live?.error ? refusalText(live.error) : '');
+      ui.lmGenerateStatus.hidden = status === '';
+      ui.lmGenerateStatus.textContent = status;
+      ui.lmGenerateStatus.classList.toggle('is-refused', !live?.pending && !!live?.error);
       const row = step ? step.logits : logits.values[logits.values.length - 1];
       let probs = step ? step.probs : full.stages.next_token_probs.values;
       if (T !== given) {
@@ -1214,7 +1226,7 @@
         const w = step.weights[layer][Math.min(state.head, step.weights[layer].length - 1)];
         generated = h('div', { class: 'nt-generated' },
           h('p', { class: 'explain', text: `Step ${k} of ${gen.length}: ${quoted(step.token)} chosen with p = `
-            + `${fmt(100 * step.probability, 1)}% (${full.config.sample_seed == null ? 'greedy' : 'sampled'}) and appended at `
+            + `${fmt(100 * step.probability, 1)}% (${source.config.sample_seed == null ? 'greedy' : 'sampled'}) and appended at `
             + `position ${step.position}. Its row of attention, layer ${layer}, head ${state.head}:` }),
           h('ol', { class: 'nt-attention', 'aria-label': `The new token's attention over the cached tokens` },
             step.cache_positions.map((pos, c) => h('li', { data: { pos, weight: String(w[c]) } },
@@ -1231,6 +1243,47 @@
             h('span', { class: 'nt-token', text: vocab[j] }),
             h('span', { class: 'nt-track' }, h('span', { class: 'nt-bar', vars: { '--nt-width': `${(100 * probs[j]).toFixed(2)}%` } })),
             h('span', { class: 'nt-prob num', text: `${fmt(100 * probs[j], 1)}%` })))), generated);
+    }
+
+    /**
+     * Why the live page's generate step cannot ask for the trace on screen, in plain words, or null: the service's
+     * own two rules a page can meet, read before any press. generate needs causal: true (engine/lm.py,
+     * generate_conflicts: generate_needs_causal), the causal mask the answer's config says the service used (the
+     * request's own, or its block preset's, as vaswani2017's none); and no interventions (engine/interventions.py,
+     * intervention_conflicts: interventions_conflict), the ablations the request on screen carries. Anything else
+     * the service refuses is said after the press (refusalText).
+     */
+    function whyNoGeneration(body, cfg) {
+      const reasons = [];
+      if (!cfg.causal) {
+        reasons.push('Generation needs a causal mask: each new token is predicted from the tokens before it, and '
+          + `this ${cfg.block ? `${cfg.block} stack` : 'trace'} lets every token attend to every other, later ones `
+          + 'too. Turn on "Causal mask" to generate.');
+      }
+      const ivs = Array.isArray(body.interventions) ? body.interventions : [];
+      if (ivs.length) {
+        const heads = ivs.filter((iv) => iv.target === 'head_output');
+        const mlps = ivs.filter((iv) => iv.target === 'mlp_output');
+        const what = heads.length === ivs.length ? (heads.length > 1 ? 'heads are' : 'a head is')
+          : mlps.length === ivs.length ? (mlps.length > 1 ? 'MLPs are' : 'an MLP is') : 'part of the model is';
+        const named = [...heads.map((iv) => `layer ${iv.layer}, head ${iv.head}`),
+          ...mlps.map((iv) => `layer ${iv.layer}'s MLP`)];
+        reasons.push(`Generation is off while ${what} ablated${named.length ? ` (${named.join('; ')})` : ''}: `
+          + 'the service generates with the whole model, so its tokens would not follow the ablated trace on '
+          + 'screen, and it refuses the two together. Undo the ablation to generate.');
+      }
+      return reasons.length ? reasons.join(' ') : null;
+    }
+
+    /** A refused generate request in words: the problem document's title and each error's message. */
+    function refusalText(err) {
+      const p = err?.problem;
+      if (!p || typeof p !== 'object') {
+        return err?.status ? `The service refused to generate (HTTP ${err.status}).`
+          : `Could not reach the service: ${err?.message || err}.`;
+      }
+      const items = Array.isArray(p.errors) && p.errors.length ? p.errors.map((e) => e.message || '') : [p.detail || ''];
+      return `Not generated: ${p.title || 'refused'} (HTTP ${p.status || err.status}): ${items.filter(Boolean).join('; ')}`;
     }
 
     function renderResidual() {
