@@ -295,15 +295,16 @@ def test_the_head_size_card_shows_one_layers_formulas_and_numbers_and_the_stacks
 
 
 def text_px(driver) -> dict:
-    """The smallest map or matrix number (the residual stream's too) and figure caption on screen, in screen pixels
-    (font size × the zoom); None when the screen shows none."""
+    """The smallest map or matrix number (the residual stream's too, and the √d_k comparison's weights, entropy and
+    max weight) and figure caption on screen, in screen pixels (font size × the zoom); None when the screen shows
+    none."""
     return js(
         driver,
         """const z = Number(document.documentElement.dataset.presentZoom || 1);
         const px = (sel) => [...document.querySelectorAll(sel)].filter((e) => e.offsetParent && e.textContent.trim())
           .map((e) => parseFloat(getComputedStyle(e).fontSize) * z);
         const least = (sel) => { const all = px(sel); return all.length ? Math.min(...all) : null; };
-        return { numbers: least('#results .hm-cell, #results .mx-cell, #results .rs-cell'),
+        return { numbers: least('#results .hm-cell, #results .mx-cell, #results .rs-cell, #results .compare-table .num'),
                  captions: least('#results figcaption, #results .mx-caption, #walkthrough-title'),
                  root: parseFloat(getComputedStyle(document.documentElement).fontSize) };""",
     )
