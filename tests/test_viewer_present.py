@@ -108,7 +108,8 @@ def assert_projector_text(label: str, px: dict) -> None:
 
 # The figures of each kind the walks below measured, smallest number / caption in screen px (1280×720; 1024×768):
 # 3 tokens, Q · Kᵀ one at a time 26.8 / 27.2 (28.9), a map 26.2; 6 tokens, a map 20.2, the masked map with the
-# walkthrough 16.5; 12 tokens, Q and the scores 18.2, a map 16.0 / 25.3; a stack's residual stream 16.0 (17.2).
+# walkthrough 16.5; 12 tokens, Q and the scores 18.2, a map 16.0 / 25.3; a stack's residual stream 16.0 (17.2); the
+# √d_k comparison's numbers, a step of their own, 21.8 (18.7) at 3 and 6 tokens, 18.4 (18.7) at 12 and in a stack.
 WALKS = {
     "3 tokens": dict(sentence=SENTENCES[3], d_model=24, num_heads=4, causal=1, q=1, head=0),
     "6 tokens": dict(sentence=SENTENCES[6], d_model=24, num_heads=4, causal=1, q=1, head=0),
