@@ -108,7 +108,8 @@ def assert_projector_text(label: str, px: dict) -> None:
 
 # The figures of each kind the walks below measured, smallest number / caption in screen px (1280×720; 1024×768):
 # 3 tokens, Q · Kᵀ one at a time 26.8 / 27.2 (28.9), a map 26.2; 6 tokens, a map 20.2, the masked map with the
-# walkthrough 16.5; 12 tokens, Q and the scores 18.2, a map 16.0 / 25.3; a stack's residual stream 16.0 (17.2).
+# walkthrough 16.5; 12 tokens, Q and the scores 18.2, a map 16.0 / 25.3; a stack's residual stream 16.0 (17.2); the
+# √d_k comparison's numbers, a step of their own, 21.8 (18.7) at 3 and 6 tokens, 18.4 (18.7) at 12 and in a stack.
 WALKS = {
     "3 tokens": dict(sentence=SENTENCES[3], d_model=24, num_heads=4, causal=1, q=1, head=0),
     "6 tokens": dict(sentence=SENTENCES[6], d_model=24, num_heads=4, causal=1, q=1, head=0),
@@ -295,15 +296,16 @@ def test_the_head_size_card_shows_one_layers_formulas_and_numbers_and_the_stacks
 
 
 def text_px(driver) -> dict:
-    """The smallest map or matrix number (the residual stream's too) and figure caption on screen, in screen pixels
-    (font size × the zoom); None when the screen shows none."""
+    """The smallest map or matrix number (the residual stream's too, and the √d_k comparison's weights, entropy and
+    max weight) and figure caption on screen, in screen pixels (font size × the zoom); None when the screen shows
+    none."""
     return js(
         driver,
         """const z = Number(document.documentElement.dataset.presentZoom || 1);
         const px = (sel) => [...document.querySelectorAll(sel)].filter((e) => e.offsetParent && e.textContent.trim())
           .map((e) => parseFloat(getComputedStyle(e).fontSize) * z);
         const least = (sel) => { const all = px(sel); return all.length ? Math.min(...all) : null; };
-        return { numbers: least('#results .hm-cell, #results .mx-cell, #results .rs-cell'),
+        return { numbers: least('#results .hm-cell, #results .mx-cell, #results .rs-cell, #results .compare-table .num'),
                  captions: least('#results figcaption, #results .mx-caption, #walkthrough-title'),
                  root: parseFloat(getComputedStyle(document.documentElement).fontSize) };""",
     )

@@ -804,10 +804,11 @@
   // that has neither numbers nor captions goes.
   const PRESENT_ZOOM_MIN = 0.35;
   const PRESENT_ZOOM_MAX = 2;
-  // A projector's text: a map's or a matrix's numbers at least 16 screen pixels, a figure's caption at least 20.
+  // A projector's text: a map's or a matrix's numbers (and the √d_k comparison's weights, entropy and max weight)
+  // at least 16 screen pixels, a figure's caption at least 20.
   const PRESENT_NUMBER_PX = 16;
   const PRESENT_CAPTION_PX = 20;
-  const PRESENT_NUMBERS = '.hm-cell, .mx-cell, .rs-cell';
+  const PRESENT_NUMBERS = '.hm-cell, .mx-cell, .rs-cell, .compare-table .num';
   const PRESENT_CAPTIONS = 'figcaption, .mx-caption, #walkthrough-title';
   let fitting = false;
 
