@@ -137,7 +137,10 @@ def test_present_mode_has_a_slide_for_the_next_token(driver, server, console, tm
         "return ['maps', 'block-section', 'residual-section', 'walkthrough', 'next-token-section'].filter(id => { "
         "const el = document.getElementById(id); return !el.hidden && el.getClientRects().length > 0; });"
     )
-    title = lambda: " ".join(driver.find_element(By.ID, "present-where").text.split())  # noqa: E731
+
+    def title() -> str:
+        return " ".join(driver.find_element(By.ID, "present-where").text.split())
+
     for _ in range(60):  # to the last slide, the head's (a busy stage one figure a step)
         assert_fits(title(), fit(driver))
         assert_projector_text(title(), text_px(driver))

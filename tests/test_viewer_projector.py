@@ -379,7 +379,10 @@ def test_present_mode_steps_through_the_stages(driver, server, console):
         ("concat", ["concat", "output"], [], "Concatenate the heads, then W_O"),
     ]
     doc = trace(server, sentence="the cat sat on the mat", num_heads=4, causal=True).json()
-    bar = lambda: " ".join(driver.find_element(By.ID, "present-where").text.split())  # noqa: E731
+
+    def bar() -> str:
+        return " ".join(driver.find_element(By.ID, "present-where").text.split())
+
     # A presenter's clicker (Page Down) through every step: a stage too busy for a projector's text is shown one
     # figure a step ("Score: Q·Kᵀ — Kᵀ (3 of 5)"), so a stage's parts are the union over its steps.
     steps = []
