@@ -1,8 +1,9 @@
 """Section 6: the server from stock parts, against fixed floors, with nginx in front, from one run.
 
 One run starts, side by side on 127.0.0.1 (each stopped by its PID), every
-gunicorn with 2 workers and the response cache off
-(``ATTENTION_TRACE_RESPONSE_CACHE_BYTES=0``), so that every request is computed:
+gunicorn with 2 workers, the response cache off
+(``ATTENTION_TRACE_RESPONSE_CACHE_BYTES=0``), so that every request is computed,
+and no worker recycling (``GUNICORN_MAX_REQUESTS=0``, see SERVER_ENV):
 
 * the service: ``bench.wsgi:app`` (the production app plus
   ``/bench/static/<name>``, a prepared body on the same server) under the
@@ -55,8 +56,11 @@ from .common import Table, cpu_clock, fmt_bytes, fmt_ratio, fmt_time
 from .http_bench import LoadGenerator, Run, Server, _summ, round_ratios, rps_ratio
 from .workloads import NARROW_D_MODEL, by_name, distinct_small, scaling_series
 
-#: what every server of this section runs with
-SERVER_ENV = {"WEB_CONCURRENCY": "2", "ATTENTION_TRACE_RESPONSE_CACHE_BYTES": "0"}
+#: what every server of this section runs with. No worker recycling: the service answers every cell of the suite
+#: and passed max_requests (20,000) twice a run, the floors never did, and each replacement (a new worker importing
+#: the app, ~0.4 s of CPU, then cold) landed in one of the service's 1-s cells: rounds of S against the floor spread
+#: 0.70-0.99 with it, 0.87-0.92 without. Its cost in service is that CPU once per max_requests (~20 us a request).
+SERVER_ENV = {"WEB_CONCURRENCY": "2", "ATTENTION_TRACE_RESPONSE_CACHE_BYTES": "0", "GUNICORN_MAX_REQUESTS": "0"}
 NPZ = "application/x-npz"
 GTHREAD = ("-k", "gthread", "--threads", "4")
 
