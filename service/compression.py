@@ -65,12 +65,16 @@ def affordable(encoding: str, size: int) -> bool:
     return size * COST_NS_PER_BYTE[encoding] * 1e-9 <= budget
 
 
-def choose_encoding(settings: Settings) -> str | None:
-    """The first configured encoding this request's client accepts (q > 0), or None.
+def may_compress(settings: Settings) -> bool:
+    """Whether this request's answer can be compressed at all: an encoding is configured and the client sent an
+    Accept-Encoding header (without one, werkzeug's parse of the missing header says every coding is at q=0).
+    Read without parsing anything: most API clients send none."""
+    return bool(settings.compression and request.environ.get("HTTP_ACCEPT_ENCODING"))
 
-    Without an Accept-Encoding header, None, as werkzeug's parse of a missing header (every coding at q=0)
-    would say, without parsing anything: most API clients send none."""
-    if not settings.compression or not request.environ.get("HTTP_ACCEPT_ENCODING"):
+
+def choose_encoding(settings: Settings) -> str | None:
+    """The first configured encoding this request's client accepts (q > 0), or None (see may_compress)."""
+    if not may_compress(settings):
         return None
     quality = request.accept_encodings.quality
     for name in settings.compression:

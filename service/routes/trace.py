@@ -478,7 +478,7 @@ def post_trace_json(raw: bytes) -> Response:
     cache = current_app.extensions["attention_trace.responses"]
     if cache is None:
         req = parse_body(TraceRequest, raw)
-        if request.environ.get("HTTP_ACCEPT_ENCODING"):  # only compression reads it, for a client that accepts one
+        if compression.may_compress(settings()):  # only compression reads it
             g.cpu_estimate = cpu_estimate(req)
         return current_app.response_class(render_trace(req), mimetype="application/json")
     # The cache keeps answers as sent: identity, and compressed (service/compression.py).
