@@ -275,8 +275,7 @@ def test_the_induction_experiment(capsys):
 def test_the_cli_ablates_and_patches_a_head(capsys):
     from test_cli import in_process
 
-    code, out, _ = in_process(
-        capsys,
+    induction_head_0_ablated = (
         "v7 v1 v2 v3 v4 v1",
         "--block",
         "gpt2",
@@ -288,6 +287,10 @@ def test_the_cli_ablates_and_patches_a_head(capsys):
         "induction",
         "--ablate",
         "0.0",
+    )
+    code, out, _ = in_process(
+        capsys,
+        *induction_head_0_ablated,
         "--json",
     )
     doc = json.loads(out)
@@ -295,17 +298,7 @@ def test_the_cli_ablates_and_patches_a_head(capsys):
     assert doc["stages"]["context"]["values"][0][0] == [[0.0] * 64] * 6
     code, out, _ = in_process(
         capsys,
-        "v7 v1 v2 v3 v4 v1",
-        "--block",
-        "gpt2",
-        "--layers",
-        "2",
-        "--d-model",
-        "64",
-        "--head-weights",
-        "induction",
-        "--ablate",
-        "0.0",
+        *induction_head_0_ablated,
         "--patch-from",
         "v7 v1 v2 v3 v4 v1",
         "--query",

@@ -18,7 +18,7 @@ import requests
 from selenium.webdriver.common.by import By
 
 from test_viewer_heads_browser import INDUCTION, click_preset, same_cells, sent_body, shown_weights
-from viewer_browser_support import js, open_page, service_trace, wait_ready, wait_until
+from viewer_browser_support import js, next_token_bars, open_page, service_trace, wait_ready, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
@@ -96,18 +96,6 @@ def test_ablating_an_mlp_in_the_block_changes_what_follows_it(driver, server, co
     driver.find_element(By.ID, "ablate-mlp").click()
     wait_until(driver, lambda d: not d.find_element(By.ID, "intervention").is_displayed())
     assert sent_body(driver) == body
-
-
-def next_token_bars(driver) -> list[tuple[str, float]]:
-    """The next-token panel's bars, highest first: each row's token and the probability it stores (data-prob)."""
-    return [
-        (token, float(p))
-        for token, p in js(
-            driver,
-            "return [...document.querySelectorAll('#next-token-body .nt-row')]"
-            ".map(li => [li.dataset.token, li.dataset.prob]);",
-        )
-    ]
 
 
 def top_of(doc: dict) -> tuple[str, float]:

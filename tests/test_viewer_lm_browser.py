@@ -15,7 +15,7 @@ import pytest
 import requests
 from selenium.webdriver.common.by import By
 
-from viewer_browser_support import js, open_page, service_trace, wait_ready, wait_until
+from viewer_browser_support import js, next_token_bars, open_page, service_trace, wait_ready, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
@@ -29,17 +29,6 @@ BODY = {
     "lm_head": "tied",
     "candidates": ["wand"],
 }
-
-
-def bars(driver) -> list[tuple[str, float]]:
-    return [
-        (token, float(p))
-        for token, p in js(
-            driver,
-            "return [...document.querySelectorAll('#next-token-body .nt-row')]"
-            ".map(li => [li.dataset.token, li.dataset.prob]);",
-        )
-    ]
 
 
 def test_the_next_token_panel_shows_the_answers_probabilities_and_redraws_with_the_temperature(
@@ -57,15 +46,15 @@ def test_the_next_token_panel_shows_the_answers_probabilities_and_redraws_with_t
     assert section.is_displayed()
     probs, vocab = np.array(doc["stages"]["next_token_probs"]["values"]), doc["vocabulary"]
     order = sorted(range(len(vocab)), key=lambda j: (-probs[j], j))
-    assert bars(driver) == [(vocab[j], probs[j]) for j in order]  # the answer's numbers, exactly
-    assert bars(driver)[0][0] == "potter"  # the induction head's copy
+    assert next_token_bars(driver) == [(vocab[j], probs[j]) for j in order]  # the answer's numbers, exactly
+    assert next_token_bars(driver)[0][0] == "potter"  # the induction head's copy
     # The slider: softmax(logits[n − 1] / T) of the answer's logits, computed in the page, no request.
     slider = driver.find_element(By.ID, "lm-temperature")
     js(driver, "arguments[0].value = '0.5'; arguments[0].dispatchEvent(new Event('input'));", slider)
     wait_until(driver, lambda d: d.find_element(By.ID, "lm-temperature-value").text == "0.50")
     row = np.array(doc["stages"]["logits"]["values"][-1]) / 0.5
     expected = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
-    shown = bars(driver)
+    shown = next_token_bars(driver)
     assert [t for t, _ in shown] == [vocab[j] for j in sorted(range(len(vocab)), key=lambda j: (-expected[j], j))]
     np.testing.assert_allclose([p for _, p in shown], [expected[vocab.index(t)] for t, _ in shown], rtol=1e-12)
     assert shown[0][1] > probs.max()  # a lower temperature sharpens
@@ -99,7 +88,7 @@ def test_generate_appends_the_answers_tokens_and_shows_each_new_row_of_attention
         )
         chosen = js(driver, "return document.querySelector('#next-token-body .nt-row.is-chosen').dataset.token;")
         assert chosen == step["token"] == vocab[step["index"]]
-        shown = dict(bars(driver))
+        shown = dict(next_token_bars(driver))
         assert shown[step["token"]] == step["probability"]  # the distribution it was chosen from, exactly
         weights = js(
             driver,
@@ -151,7 +140,7 @@ def test_present_mode_has_a_slide_for_the_next_token(driver, server, console, tm
         wait_until(driver, lambda d, before=before: title() != before)
     wait_until(driver, lambda d: js(d, visible) == ["next-token-section"])
     assert "Predict the next token" in title(), title()
-    assert bars(driver)[0][0] == "potter"
+    assert next_token_bars(driver)[0][0] == "potter"
     screen(driver, 1024, 768)
     wait_until(driver, lambda d: fit(d)["height"] == 768)
     assert_fits("the next token at 1024x768", fit(driver))
@@ -168,25 +157,17 @@ def test_the_live_page_asks_for_the_head_and_the_slider_sends_no_request(driver,
         "&layers=2&causal=1&hw=induction&lm=tied&q=0&head=0",
     )
     section = driver.find_element(By.ID, "next-token-section")
-    wait_until(driver, lambda d: section.is_displayed() and bars(d))
+    wait_until(driver, lambda d: section.is_displayed() and next_token_bars(d))
     assert driver.find_element(By.ID, "lm_head").get_attribute("value") == "tied"  # the declared choice's select
-    body = {
-        "sentence": "harry potter went to the shop and harry",
-        "d_model": 64,
-        "num_heads": 1,
-        "block": "gpt2",
-        "num_layers": 2,
-        "head_weights": ["induction"],
-        "lm_head": "tied",
-    }
+    body = {k: v for k, v in BODY.items() if k != "candidates"}
     doc = service_trace(server, body)
     probs, vocab = doc["stages"]["next_token_probs"]["values"], doc["vocabulary"]
-    assert bars(driver)[0] == ("potter", max(probs)) and vocab[probs.index(max(probs))] == "potter"
+    assert next_token_bars(driver)[0] == ("potter", max(probs)) and vocab[probs.index(max(probs))] == "potter"
     clear_requests(driver)
     slider = driver.find_element(By.ID, "lm-temperature")
     js(driver, "arguments[0].value = '2'; arguments[0].dispatchEvent(new Event('input'));", slider)
     wait_until(driver, lambda d: d.find_element(By.ID, "lm-temperature-value").text == "2.00")
-    assert bars(driver)[0][1] < max(probs)  # flatter
+    assert next_token_bars(driver)[0][1] < max(probs)  # flatter
     assert trace_requests(driver) == [] and posted(driver, "/trace") == []
     # Off: the request is as before, and the panel goes.
     js(
@@ -235,7 +216,7 @@ def test_the_live_page_generates_each_step_from_the_service_and_walks_back(drive
 
     clear_requests(driver)
     open_page(driver, server, LIVE)
-    wait_until(driver, lambda d: d.find_element(By.ID, "next-token-section").is_displayed() and bars(d))
+    wait_until(driver, lambda d: d.find_element(By.ID, "next-token-section").is_displayed() and next_token_bars(d))
     page_body = posted(driver, "/trace")[0]  # the trace on screen: the generate request is it, plus generate
     prompt = sequence(driver).split(" ")
     button = driver.find_element(By.ID, "lm-generate")
@@ -264,7 +245,7 @@ def test_the_live_page_generates_each_step_from_the_service_and_walks_back(drive
     wait_until(driver, lambda d: d.find_element(By.ID, "lm-temperature-value").text == "0.50")
     row = np.array(steps[presses - 1]["logits"]) / 0.5
     expected = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
-    np.testing.assert_allclose([p for _, p in bars(driver)], np.sort(expected)[::-1][:10], rtol=1e-12)
+    np.testing.assert_allclose([p for _, p in next_token_bars(driver)], np.sort(expected)[::-1][:10], rtol=1e-12)
     assert trace_requests(driver) == [] and posted(driver, "/trace") == []
     # Back to the sentence, then a press at the slider's temperature: a new request, its answer at T = 0.5.
     driver.find_element(By.ID, "lm-generate-reset").click()
@@ -300,7 +281,7 @@ def test_the_live_page_samples_with_its_seed_and_says_a_refusal_in_the_panel(dri
 
     clear_requests(driver)
     open_page(driver, server, LIVE)
-    wait_until(driver, lambda d: d.find_element(By.ID, "next-token-section").is_displayed() and bars(d))
+    wait_until(driver, lambda d: d.find_element(By.ID, "next-token-section").is_displayed() and next_token_bars(d))
     page_body = posted(driver, "/trace")[0]
     prompt = sequence(driver).split(" ")
     clear_requests(driver)
@@ -357,7 +338,7 @@ def test_the_live_page_says_why_it_cannot_generate_before_any_press(driver, serv
 
     clear_requests(driver)
     open_page(driver, server, LIVE.replace("block=gpt2", "block=vaswani2017").replace("&causal=1", ""))
-    wait_until(driver, lambda d: d.find_element(By.ID, "next-token-section").is_displayed() and bars(d))
+    wait_until(driver, lambda d: d.find_element(By.ID, "next-token-section").is_displayed() and next_token_bars(d))
     body = posted(driver, "/trace")[0]
     assert body["block"] == "vaswani2017" and not body.get("causal")
     assert button(driver).is_displayed() and not button(driver).is_enabled()
@@ -403,7 +384,7 @@ def test_the_live_pages_html_download_keeps_the_tokens_generated(driver, server,
 
     clear_requests(driver)
     open_page(driver, server, LIVE)
-    wait_until(driver, lambda d: d.find_element(By.ID, "next-token-section").is_displayed() and bars(d))
+    wait_until(driver, lambda d: d.find_element(By.ID, "next-token-section").is_displayed() and next_token_bars(d))
     page_body = posted(driver, "/trace")[0]
     driver.find_element(By.ID, "lm-sample-seed").send_keys("2")
     slider = driver.find_element(By.ID, "lm-temperature")

@@ -298,3 +298,15 @@ def wait_download(downloads: Path, pattern: str) -> Path:
             return files[0]
         time.sleep(0.05)
     raise AssertionError(f"no download matching {pattern} in {WAIT} s: {[p.name for p in downloads.iterdir()]}")
+
+
+def next_token_bars(driver) -> list[tuple[str, float]]:
+    """The next-token panel's bars, highest first: each row's token and the probability it stores (data-prob)."""
+    return [
+        (token, float(p))
+        for token, p in js(
+            driver,
+            "return [...document.querySelectorAll('#next-token-body .nt-row')]"
+            ".map(li => [li.dataset.token, li.dataset.prob]);",
+        )
+    ]
