@@ -20,7 +20,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from selenium.webdriver.common.keys import Keys
 
 from conftest import ARTIFACTS, ROOT
 from viewer_browser_support import (
-    MINUS, WAIT, as_cells, choose, clear_downloads, clear_requests, explain_rows, fixed, heatmap_labels,
+    MINUS, as_cells, choose, clear_downloads, clear_requests, explain_rows, fixed, heatmap_labels,
     heatmap_values, js, js_number, js_small, open_page, pct, posted, sent, set_field, trace, trace_requests, wait_download,
     wait_ready, wait_until, walkthrough_row,
 )
@@ -414,16 +413,11 @@ def test_copy_as_curl_reproduces_the_trace_and_download_saves_it(driver, server,
     if shutil.which("curl"):
         assert subprocess.run(argv, capture_output=True, check=True, timeout=20).stdout == expected.content
 
-    downloads = browser_dirs["downloads"]
-    for old in downloads.iterdir():
-        old.unlink()
+    downloads = clear_downloads(browser_dirs)
     driver.find_element(By.ID, "download-json").click()
-    deadline = time.monotonic() + WAIT
-    while not [p for p in downloads.glob("*.json")] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    files = list(downloads.glob("*.json"))
-    assert [p.name for p in files] == ["attention-trace_it-s-a-cat_d8_h2_seed7_causal.json"]
-    assert files[0].read_bytes() == expected.content  # the exact response: every float in full
+    saved = wait_download(downloads, "*.json")
+    assert saved.name == "attention-trace_it-s-a-cat_d8_h2_seed7_causal.json"
+    assert saved.read_bytes() == expected.content  # the exact response: every float in full
 
 
 # ---------------------------------------------------------------- errors

@@ -289,15 +289,22 @@ def clear_downloads(browser_dirs) -> Path:
 
 
 def wait_download(downloads: Path, pattern: str) -> Path:
-    """The one finished download matching `pattern` (Chromium renames a .crdownload when it is complete)."""
+    """The one finished download matching `pattern`.
+
+    Chromium first reserves the final name with an empty file, writes the bytes to a
+    .crdownload beside it and renames that over the placeholder when it is complete, so a
+    file of that name is not yet a download: it is finished when it has bytes and no
+    .crdownload is left.
+    """
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
         files = list(downloads.glob(pattern))
-        if files:
+        if files and not list(downloads.glob("*.crdownload")):
             assert len(files) == 1, files
-            return files[0]
+            if files[0].stat().st_size > 0:
+                return files[0]
         time.sleep(0.05)
-    raise AssertionError(f"no download matching {pattern} in {WAIT} s: {[p.name for p in downloads.iterdir()]}")
+    raise AssertionError(f"no finished download matching {pattern} in {WAIT} s: {[p.name for p in downloads.iterdir()]}")
 
 
 def next_token_bars(driver) -> list[tuple[str, float]]:
