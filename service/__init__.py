@@ -8,17 +8,17 @@ gunicorn serves, configured from the environment. The endpoints are in
 from __future__ import annotations
 
 import re
+import secrets
 import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
-from flask import Flask, Response, g, request
+from flask import Flask, Response, request
 from flask_cors import CORS
-from flask_cors.core import ACL_ORIGIN
 
 from .cache import ResponseCache
+from .compression import CPU_START
 from .settings import Settings
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -40,6 +40,57 @@ SECURITY_HEADERS = (
     ("Referrer-Policy", "no-referrer", True),
     ("Cache-Control", "no-store", False),
 )
+
+
+def constant_cors_applies(environ: Mapping[str, Any], any_origin: bool) -> bool:
+    """Whether flask-cors's answer to this request is the one it always gives (``_cors_answer``): not a
+    preflight, no Private-Network request header, and either no Origin or any origin allowed (then "*"
+    whatever the Origin)."""
+    return (environ.get("REQUEST_METHOD") != "OPTIONS"
+            and "HTTP_ACCESS_CONTROL_REQUEST_PRIVATE_NETWORK" not in environ
+            and (any_origin or "HTTP_ORIGIN" not in environ))
+
+
+class AnswerHeaders:
+    """WSGI middleware around the Flask app: every answer's X-Request-ID, security headers (SECURITY_HEADERS)
+    and, where flask-cors's answer is always the same, its CORS headers, added to the finished header list.
+
+    They are constants (the request id aside), so they are added as plain tuples: werkzeug's ``Headers``
+    checks every value it is given, and adding these in an after-request hook cost ~25 µs of an S trace's
+    ~830 µs of worker CPU over HTTP (docs/deploy.md). X-Request-ID, X-Content-Type-Options and Referrer-Policy
+    replace a route's own in its place; a route's own Content-Security-Policy and Cache-Control are kept; the
+    rest are appended in SECURITY_HEADERS' order. Responses to every request pass here, errors included."""
+
+    def __init__(self, wsgi_app: Callable[..., Iterable[bytes]], constant_cors: list[tuple[str, str]],
+                 any_origin: bool) -> None:
+        self.wsgi_app = wsgi_app
+        self.constant_cors = constant_cors
+        self.any_origin = any_origin
+        self.replaced = {name.lower(): (name, value) for name, value, replaces in SECURITY_HEADERS if replaces}
+        self.appended = [(name, value, name.lower()) for name, value, _ in SECURITY_HEADERS]
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        environ[CPU_START] = time.thread_time()  # what compression may spend is measured from here
+        given = environ.get("HTTP_X_REQUEST_ID", "")
+        request_id = given if _REQUEST_ID.match(given) else secrets.token_hex(16)
+        cors = self.constant_cors if constant_cors_applies(environ, self.any_origin) else ()
+        replaced = {"x-request-id": ("X-Request-ID", request_id), **self.replaced}
+
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            present = set()
+            for i, (name, _) in enumerate(headers):
+                low = name.lower()
+                present.add(low)
+                if low in replaced:
+                    headers[i] = replaced[low]
+            if "x-request-id" not in present:
+                headers.append(("X-Request-ID", request_id))
+            headers.extend((name, value) for name, value, low in self.appended if low not in present)
+            if cors and "access-control-allow-origin" not in present:  # an error handler's answer has flask-cors'
+                headers.extend(cors)
+            return start_response(status, headers, exc_info)
+
+        return self.wsgi_app(environ, start)
 
 
 def find_openapi() -> Path:
@@ -88,47 +139,25 @@ def create_app(settings: Settings | None = None) -> Flask:
                                         send_wildcard=any_origin, methods=list(CORS_METHODS),
                                         allow_headers=list(CORS_HEADERS), expose_headers=["X-Request-ID"],
                                         max_age=600))
-    # flask-cors's answer to a request it always answers alike, computed by flask-cors once, here: not a
-    # preflight, no Private-Network request header, and either no Origin or any origin allowed (then "*"
-    # whatever the Origin). Copying it costs ~1 µs; asking flask-cors again on every answer cost ~19 µs of an
-    # S trace's ~300 µs (in process, measured). Every other request still goes to flask-cors.
-    constant_cors = _cors_answer(app, cors)
+    # flask-cors's answer to a request it always answers alike (constant_cors_applies), computed by flask-cors
+    # once, here, and added by AnswerHeaders; asking flask-cors again on every answer cost ~19 µs of an S
+    # trace's ~300 µs (in process, measured). Every other request still goes to flask-cors.
+    app.wsgi_app = AnswerHeaders(app.wsgi_app, _cors_answer(app, cors), any_origin)  # type: ignore[method-assign]
 
     @app.before_request
-    def _request_id() -> None:
-        environ = request.environ
-        given = environ.get("HTTP_X_REQUEST_ID", "")
-        g.request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
-        g.cpu_start = time.thread_time()
+    def _check_request() -> None:
         # RFC 9112 3.2: a server MUST answer 400 to an HTTP/1.1 request without Host.
+        environ = request.environ
         if environ.get("SERVER_PROTOCOL") == "HTTP/1.1" and not environ.get("HTTP_HOST"):
             raise ProblemError(400, "Bad Request", "An HTTP/1.1 request must carry a Host header.",
                                kind="bad-request")
 
     @app.after_request
-    def _headers(resp: Response) -> Response:
-        headers = resp.headers
-        # The route's header names, read once: werkzeug's Headers finds a name by scanning and lower-casing
-        # every header, and raises and catches KeyError for a missing one. A lookup for each header below
-        # cost ~10 µs an answer (in process, measured).
-        present = {name.lower() for name in headers.keys()}
-        added = []
-        request_id = g.get("request_id") or uuid.uuid4().hex
-        for name, value, replaces in (("X-Request-ID", request_id, True), *SECURITY_HEADERS):
-            if name.lower() not in present:
-                added.append((name, value))
-            elif replaces:
-                headers[name] = value
-        headers.extend(added)  # appended in the order above, as one assignment each would
+    def _encode(resp: Response) -> Response:
         if not any_origin:
             add_vary(resp, "Origin")  # the CORS headers depend on it
-        resp = maybe_compress(resp, settings, present)
-        environ = request.environ
-        if (request.method != "OPTIONS" and "HTTP_ACCESS_CONTROL_REQUEST_PRIVATE_NETWORK" not in environ
-                and (any_origin or "HTTP_ORIGIN" not in environ) and ACL_ORIGIN.lower() not in present):
-            headers.extend(constant_cors)
-            return resp
-        return cors(resp)
+        resp = maybe_compress(resp, settings)
+        return resp if constant_cors_applies(request.environ, any_origin) else cors(resp)
     return app
 
 
