@@ -3,14 +3,13 @@
 Each endpoint family's module (``service/routes/``) gives its paths
 (``openapi_paths``) and the models they publish (``MODELS``); this module
 adds what the document shares: the info, the tags, the problem responses
-(``Parts``) and ``components``. ``scripts/gen-openapi`` writes the result to
+(``Parts``, service/openapi_parts.py) and ``components``. ``scripts/gen-openapi`` writes the result to
 openapi.yaml; the test suite rebuilds it and fails if the committed file
 drifted from the models, and validates every response it receives against it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -23,11 +22,10 @@ from engine.constructed import HEAD_KINDS
 from engine.layer import FFN_KINDS
 
 from .models import STAGE_ID_CHOICES, Problem, TraceSpec
+from .openapi_parts import REF, Parts
 from .routes import FAMILIES
 from .serialize import SCHEMA_VERSION
 from .settings import Settings
-
-REF = "#/components/schemas/{model}"
 
 #: every model of the contract, the source of components.schemas: each family's, and the problem document
 CONTRACT_MODELS: tuple[type[BaseModel], ...] = tuple(dict.fromkeys(
@@ -61,48 +59,6 @@ def _problem(description: str, example: dict[str, Any]) -> dict[str, Any]:
 
 def _response_ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/responses/{name}"}
-
-
-@dataclass(frozen=True)
-class Parts:
-    """What every family's paths are built with: the shared responses and headers, and the default limits
-    the descriptions quote."""
-
-    problems: dict[str, Any]  # 400, 413, 415, 422: a request body that cannot be answered
-    common: dict[str, Any]  # 404, 405, 500: any path
-    headers: dict[str, Any]  # X-Request-ID, on every answer
-    limits: Settings
-
-    @staticmethod
-    def ref(model: str) -> dict[str, str]:
-        """A reference to a model's schema in components.schemas."""
-        return {"$ref": REF.format(model=model)}
-
-    def post(self, op_id: str, tag: str, summary: str, description: str, request_model: str, answer_model: str,
-             example: Any, *, request_media: dict[str, Any] | None = None,
-             answer_media: dict[str, Any] | None = None) -> dict[str, Any]:
-        """A POST path item: a JSON body (and ``request_media``'s other types), a JSON answer (and
-        ``answer_media``'s), the problems and the common responses."""
-        return {"post": {
-            "operationId": op_id, "tags": [tag], "summary": summary, "description": description,
-            "requestBody": {"required": True, "content": {"application/json": {
-                "schema": self.ref(request_model)}, **(request_media or {})}},
-            "responses": {
-                "200": {"description": "OK", "headers": self.headers, "content": {"application/json": {
-                    "schema": self.ref(answer_model), "example": example},
-                    **(answer_media or {})}},
-                **self.problems, **self.common,
-            },
-        }}
-
-    def get(self, op_id: str, summary: str, description: str, schema: str, example: Any,
-            mime: str = "application/json") -> dict[str, Any]:
-        """A GET path item of the meta tag: one answer of ``mime`` (the model ``schema``, or none)."""
-        plain = {"type": "object"} if mime == "application/yaml" else {"type": "string"}  # YAML parses to a mapping
-        content = {mime: {"schema": self.ref(schema) if schema else plain, "example": example}}
-        return {"get": {"operationId": op_id, "summary": summary, "description": description, "tags": ["meta"],
-                        "responses": {"200": {"description": "OK", "headers": self.headers, "content": content},
-                                      **self.common}}}
 
 
 def build_spec() -> dict[str, Any]:

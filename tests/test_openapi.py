@@ -261,7 +261,7 @@ def test_response_schemas_require_exactly_the_fields_every_answer_sends_and_have
 def test_each_endpoint_family_documents_exactly_the_routes_it_serves(app, spec):
     """One pattern (service/routes/): each family's blueprint serves exactly the paths its openapi_paths
     gives, and the document is the union of them."""
-    from service.openapi import Parts
+    from service.openapi_parts import Parts
     from service.routes import FAMILIES
     from service.settings import Settings
 

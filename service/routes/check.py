@@ -33,7 +33,7 @@ from ..problems import ProblemError, validation_problem
 from ..settings import Settings
 
 if TYPE_CHECKING:
-    from ..openapi import Parts
+    from ..openapi_parts import Parts
 
 bp = Blueprint("check", __name__)
 

@@ -39,7 +39,7 @@ from ..models import ConfigOut, StageId, engine_rules, omitted
 from .trace import TraceRequest
 
 if TYPE_CHECKING:
-    from ..openapi import Parts
+    from ..openapi_parts import Parts
 
 bp = Blueprint("explain", __name__)
 

@@ -30,7 +30,7 @@ from ..problems import ProblemError
 from .trace import TraceRequest, injected_bug_document
 
 if TYPE_CHECKING:
-    from ..openapi import Parts
+    from ..openapi_parts import Parts
 
 bp = Blueprint("export", __name__)
 

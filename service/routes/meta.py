@@ -24,7 +24,7 @@ from ..edge import json_response, settings
 from ..settings import Settings
 
 if TYPE_CHECKING:
-    from ..openapi import Parts
+    from ..openapi_parts import Parts
 
 bp = Blueprint("meta", __name__)
 

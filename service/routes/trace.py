@@ -39,7 +39,7 @@ from ..models import (BoundedNumber, ConfigOut, InjectableBugName, InjectedBug, 
 from ..problems import ProblemError
 
 if TYPE_CHECKING:
-    from ..openapi import Parts
+    from ..openapi_parts import Parts
 
 bp = Blueprint("trace", __name__)
 

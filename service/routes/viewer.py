@@ -28,7 +28,7 @@ from werkzeug.exceptions import NotFound
 from engine import fields
 
 if TYPE_CHECKING:
-    from ..openapi import Parts
+    from ..openapi_parts import Parts
 
 STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
 
