@@ -7,19 +7,20 @@ import argparse
 import json
 from typing import Any, TextIO
 
+from engine.fields import GENERATE_OPTIONS
 from engine.layer import BLOCK_PRESETS
 
 from .cli_common import EXIT_OK, connection_options, make_client
 from .render import Style, fmt_percent
 
+#: what the command asks for when an option is left out (the request's own default is none: no generation)
+_DEFAULTS = {"generate": 5}
+
 #: the generate command's options as the request fields they set (for error messages)
 GENERATE_FLAGS = {
     "/sentence": "SENTENCE",
-    "/generate": "--tokens",
+    **{f"/{f.name}": f.flag for f in GENERATE_OPTIONS},
     "/temperature": "--temperature",
-    "/top_k": "--top-k",
-    "/top_p": "--top-p",
-    "/sample_seed": "--seed",
     "/seed": "--weights-seed",
     "/block": "--block",
     "/num_layers": "--layers",
@@ -43,23 +44,17 @@ def add_parser(sub: Any) -> None:
         "is the sentence's distinct tokens, then --candidates.",
     )
     g.add_argument("sentence", metavar="SENTENCE", help="the prompt (quote it)")
-    g.add_argument("--tokens", type=int, default=5, metavar="N", dest="generate", help="how many tokens (default 5)")
     g.add_argument("--temperature", type=float, metavar="T", help="softmax(logits / T) (default 1)")
-    g.add_argument("--top-k", type=int, metavar="K", dest="top_k", help="sample only among the K most probable")
-    g.add_argument(
-        "--top-p",
-        type=float,
-        metavar="P",
-        dest="top_p",
-        help="sample only among the fewest most probable tokens reaching P",
-    )
-    g.add_argument(
-        "--seed",
-        type=int,
-        metavar="S",
-        dest="sample_seed",
-        help="sample with this seed (default: greedy, the most probable token)",
-    )
+    for f in GENERATE_OPTIONS:  # /trace's generation options, as declared (engine/fields.py)
+        default = _DEFAULTS.get(f.name)
+        g.add_argument(
+            f.flag,
+            type=int if f.kind == "int" else float,
+            default=default,
+            metavar=f.metavar,
+            dest=f.name,
+            help=f.help + (f" (default {default})" if default is not None else ""),
+        )
     g.add_argument(
         "--weights-seed", type=int, metavar="N", dest="seed", help="seed of the embeddings and weights (default 0)"
     )

@@ -788,10 +788,82 @@ def checked_config(
     return config
 
 
+#: /trace's generation options: not the layer's configuration (the trace is the same with or without them) but
+#: what its language-model head does after it, so /trace's request alone takes them (service/routes/trace.py);
+#: the command line's ``generate`` and the viewer's next-token panel read their bounds and help from here
+GENERATE_OPTIONS: tuple[Field, ...] = (
+    Field(
+        "generate",
+        "int",
+        None,
+        variant="lm",
+        setting=False,
+        minimum=1,
+        maximum=LM.MAX_GENERATE,
+        url=None,
+        cli="--tokens",
+        metavar="N",
+        doc="Also return `generation`: this many tokens generated after the sentence by the stack and its "
+        "language-model head (lm_head, causal), each traced through a KV cache per layer: the chosen token, its "
+        "probability, the candidates, the logits and probabilities it was drawn from, and its row of attention "
+        "in every layer. Greedy unless sample_seed is given. The tokens come from the vocabulary.",
+        help="how many tokens",
+    ),
+    Field(
+        "top_k",
+        "int",
+        None,
+        variant="lm",
+        setting=False,
+        minimum=1,
+        maximum=LM.MAX_VOCABULARY,
+        url=None,
+        metavar="K",
+        doc="With generate: draw only among the top_k most probable tokens (null: all).",
+        help="sample only among the K most probable",
+    ),
+    Field(
+        "top_p",
+        "float",
+        None,
+        variant="lm",
+        setting=False,
+        above=0,
+        maximum=1,
+        url=None,
+        metavar="P",
+        doc="With generate: then only among the fewest most probable tokens whose probabilities reach "
+        "top_p (nucleus sampling; null: all).",
+        help="sample only among the fewest most probable tokens reaching P",
+    ),
+    Field(
+        "sample_seed",
+        "int",
+        None,
+        variant="lm",
+        setting=False,
+        minimum=0,
+        maximum=SEED_MAX,
+        url=None,
+        cli="--seed",
+        metavar="S",
+        doc="With generate: sample (each step's uniform number from SHAKE-256 of this seed and the step, "
+        "the same on every machine) instead of choosing greedily.",
+        help="sample with this seed (default: greedy, the most probable token)",
+    ),
+)
+
+
+def generate_option(name: str) -> Field:
+    """One of /trace's generation options (GENERATE_OPTIONS) by name."""
+    return next(f for f in GENERATE_OPTIONS if f.name == name)
+
+
 def viewer_declaration() -> dict[str, Any]:
     """The declaration as the viewer reads it (``GET /static/fields.js``): each field that the address carries,
-    with its type, bounds, default, help and address key, in request order; and the most tokens one /trace may
-    generate (the next-token panel's generate step asks for no more)."""
+    with its type, bounds, default, help and address key, in request order; the most tokens one /trace may
+    generate (the next-token panel's generate step asks for no more); and the generation options' declarations
+    (the panel's inputs take their bounds)."""
     return {
         "fields": [f.public() for f in FIELDS if f.address is not None],
         "switches": {v.name: list(v.switch) for v in VARIANTS if v.switch is not None},
@@ -800,4 +872,5 @@ def viewer_declaration() -> dict[str, Any]:
             for name, p in BLOCK_PRESETS.items()
         },
         "max_generate": LM.MAX_GENERATE,
+        "generate_options": [f.public() for f in GENERATE_OPTIONS],
     }

@@ -231,6 +231,11 @@ def _field_info(f: fields.Field) -> Any:
     return Field(default=f.default, description=f.doc, **{k: v for k, v in bounds.items() if v is not None})
 
 
+def generate_option_field(name: str) -> Any:
+    """One of /trace's generation options (engine/fields.py, GENERATE_OPTIONS) as TraceRequest's pydantic Field."""
+    return _field_info(fields.generate_option(name))
+
+
 #: the fields the engine checks itself (each Field's ``rule``), before the schema's checks (TraceSpec._engine_rule)
 _FIELD_RULES: dict[str, Callable[[Any], object]] = {f.name: f.rule for f in fields.FIELDS if f.rule is not None}
 #: the fields an operator bounds (service/settings.py), each Field's ``limit``

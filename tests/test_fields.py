@@ -128,6 +128,30 @@ def test_every_declared_field_is_in_every_request_schema_as_declared(f):
             assert prop["items"]["enum"] == list(f.choices) and prop["maxItems"] == f.max_items
 
 
+@pytest.mark.parametrize("f", fields.GENERATE_OPTIONS, ids=lambda f: f.name)
+def test_each_generation_option_is_trace_requests_as_declared_and_the_generate_commands(client, f):
+    """/trace's generation options are declared once (engine/fields.py, GENERATE_OPTIONS): /trace's request has each
+    with its description, default and bounds (/explain's and /export's inherit it), /check's has none, a value
+    past a bound is refused at its pointer, and the generate command's option sets it."""
+    prop = schema_property(TraceRequest, f.name)
+    assert prop["description"] == f.doc and prop.get("default") == f.default
+    for key, bound in (("minimum", f.minimum), ("exclusiveMinimum", f.above), ("maximum", f.maximum)):
+        assert prop.get(key) == bound, key
+    assert f.name not in CheckRequest.model_json_schema()["properties"]
+    body = {
+        "sentence": "the cat sat",
+        "block": "gpt2",
+        "lm_head": "tied",
+        "generate": 1,
+        f.name: f.maximum + 1 if f.kind == "int" else f.above,
+    }
+    errors = client.post("/trace", json=body).get_json()["errors"]
+    assert [e["pointer"] for e in errors] == [f"/{f.name}"], errors
+    value = 3 if f.kind == "int" else 0.5
+    args = build_parser().parse_args(["generate", "the cat", f.flag, str(value)])
+    assert getattr(args, f.name) == value and args.flags[f"/{f.name}"] == f.flag
+
+
 @pytest.mark.parametrize(
     "f", [f for f in fields.FIELDS if f.rule is not None or f.maximum is not None], ids=lambda f: f.name
 )

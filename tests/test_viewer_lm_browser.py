@@ -284,6 +284,20 @@ def test_the_live_page_samples_with_its_seed_and_says_a_refusal_in_the_panel(dri
     wait_until(driver, lambda d: d.find_element(By.ID, "next-token-section").is_displayed() and next_token_bars(d))
     page_body = posted(driver, "/trace")[0]
     prompt = sequence(driver).split(" ")
+    # The panel's inputs take their bounds from the declaration (engine/fields.py, GENERATE_OPTIONS, via fields.js).
+    from engine.fields import GENERATE_OPTIONS
+
+    def js_number(v: float) -> str:
+        return str(int(v)) if v == int(v) else str(v)
+
+    inputs = {
+        f.name: driver.find_elements(By.CSS_SELECTOR, "input#lm-" + f.name.replace("_", "-")) for f in GENERATE_OPTIONS
+    }
+    assert sorted(name for name, found in inputs.items() if found) == ["sample_seed", "top_k", "top_p"]
+    for f in GENERATE_OPTIONS:
+        for el in inputs[f.name]:
+            low = f.minimum if f.minimum is not None else f.above
+            assert (el.get_attribute("min"), el.get_attribute("max")) == (js_number(low), js_number(f.maximum)), f.name
     clear_requests(driver)
     driver.find_element(By.ID, "lm-sample-seed").send_keys("1")
     driver.find_element(By.ID, "lm-top-k").send_keys("3")

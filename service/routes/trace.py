@@ -27,7 +27,6 @@ from engine import BUG_NAMES, BUGS, check_bug
 from engine import interventions as IV
 from engine import lm as LM
 from engine.bugs import ALL_BUGS, BLOCK_BUGS
-from engine.checks import SEED_MAX
 from engine.layer import ALL_STAGE_IDS, check_stages
 from viewer.offline_page import comparison_request, export_filename, render_html_bytes
 
@@ -35,6 +34,7 @@ from .. import batch, budget, compression, npz, serialize
 from ..batch import BatchRequest
 from ..edge import json_response, parse_body, read_json_body, settings
 from ..models import (BoundedNumber, ConfigOut, InjectableBugName, InjectedBug, StageId, TokenOut, TraceSpec,
+                      generate_option_field,
                       engine_rules, omitted)
 from ..problems import ProblemError
 
@@ -102,23 +102,10 @@ class TraceRequest(TraceSpec):
     )
 
     # Generation with the language-model head (lm_head): these four fields, kept together.
-    generate: int | None = Field(
-        default=None, ge=1, le=LM.MAX_GENERATE,
-        description="Also return `generation`: this many tokens generated after the sentence by the stack and its "
-        "language-model head (lm_head, causal), each traced through a KV cache per layer: the chosen token, its "
-        "probability, the candidates, the logits and probabilities it was drawn from, and its row of attention "
-        "in every layer. Greedy unless sample_seed is given. The tokens come from the vocabulary.")
-    top_k: int | None = Field(
-        default=None, ge=1, le=LM.MAX_VOCABULARY,
-        description="With generate: draw only among the top_k most probable tokens (null: all).")
-    top_p: float | None = Field(
-        default=None, gt=0, le=1,
-        description="With generate: then only among the fewest most probable tokens whose probabilities reach "
-        "top_p (nucleus sampling; null: all).")
-    sample_seed: int | None = Field(
-        default=None, ge=0, le=SEED_MAX,
-        description="With generate: sample (each step's uniform number from SHAKE-256 of this seed and the step, "
-        "the same on every machine) instead of choosing greedily.")
+    generate: int | None = generate_option_field("generate")
+    top_k: int | None = generate_option_field("top_k")
+    top_p: float | None = generate_option_field("top_p")
+    sample_seed: int | None = generate_option_field("sample_seed")
 
     inject_bug: InjectableBugName | None = Field(
         default=None,

@@ -146,6 +146,16 @@
    * (`fields-<variant>`) or under "More settings". Nothing here names a field.
    */
   function drawDeclaredControls() {
+    // The next-token panel's generation options (/trace's, not the layer's): index.html draws their inputs
+    // (`lm-<name>`, dashed), the declaration gives their bounds; an exclusive bound is the service's to refuse.
+    for (const f of AT.fields.generate_options) {
+      const input = document.querySelector(`input#lm-${f.name.replaceAll('_', '-')}`); // (#lm-generate: the button)
+      if (!input) continue;
+      const low = f.minimum ?? f.above;
+      if (low !== undefined) input.min = String(low);
+      if (f.maximum !== undefined) input.max = String(f.maximum);
+      input.title = `${f.help}${boundsText(f)}`;
+    }
     for (const f of FIELDS) {
       const drawn = $(f.name) ?? $(`${f.name}-error`);
       const low = f.minimum ?? f.above;
