@@ -402,6 +402,25 @@ def test_invalid_chunk_framing_is_a_4xx_not_a_500(gunicorn_server, reference):
         assert_server_healthy(gunicorn_server, reference)
 
 
+def test_a_body_shorter_than_its_content_length_is_a_400_in_process(client):
+    body = b'{"sentence": "the cat"}'
+    resp = client.post("/trace", data=body, content_type=JSON, environ_overrides={"CONTENT_LENGTH": str(len(body) + 9)})
+    assert resp.status_code == 400 and resp.mimetype == PROBLEM
+    detail = f"The request body ended after {len(body)} of the {len(body) + 9} bytes its Content-Length announced."
+    assert resp.get_json()["detail"] == detail
+
+
+@pytest.mark.integration
+def test_a_body_shorter_than_its_content_length_is_a_4xx_over_gunicorn(gunicorn_server, reference):
+    """The client sends less than it announced and stops sending: an answer, not a wait for the worker's timeout."""
+    body = b'{"sentence": "the cat"}'
+    head = (f"POST /trace HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: {JSON}\r\n"
+            f"Content-Length: {len(body) + 9}\r\n\r\n").encode()
+    raw = raw_http(gunicorn_server.port, head + body, timeout=ANSWER_WITHIN, half_close=True)
+    assert raw.status == 400 and raw.mime == PROBLEM, (raw.status, raw.body[:200])
+    assert_server_healthy(gunicorn_server, reference)
+
+
 @pytest.mark.integration
 def test_content_length_over_the_limit_is_refused_before_the_body_arrives(gunicorn_server, reference):
     # Only the head is sent: the answer must not wait for 5 MB that never come.
