@@ -12,10 +12,14 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, Protocol, TextIO
 
-if TYPE_CHECKING:
-    from .client import CheckResult, Explanation, Trace
+
+class Answer(Protocol):
+    """A client's answer (attention_trace.client: Trace, CheckResult, Explanation): its document's members read by
+    attribute. Named by what it is, not imported: the client imports this module to print its answers."""
+
+    def __getattr__(self, name: str) -> Any: ...
 
 #: how many keys the seed-style row layout shows before "auto" switches to one key per line
 ROW_LAYOUT_MAX_KEYS = 8
@@ -101,7 +105,7 @@ def _cell_rows(labels: list[str], cells: list[list[str]], keys: list[str], prefi
             for label, row in zip(labels, cells)]
 
 
-def render_walkthrough(t: Trace, query: int, heads: Sequence[int], *, decimals: int = 3,
+def render_walkthrough(t: Answer, query: int, heads: Sequence[int], *, decimals: int = 3,
                        layout: str = "auto", style: Style | None = None, sentence: str | None = None,
                        layer: int = 0) -> str:
     """The classic walkthrough's table for one query token, for each of the given heads (in a stack of blocks,
@@ -203,7 +207,7 @@ def render_walkthrough(t: Trace, query: int, heads: Sequence[int], *, decimals: 
 # --------------------------------------------------------------------- check
 
 
-def render_check(r: CheckResult, source: str, style: Style | None = None) -> str:
+def render_check(r: Answer, source: str, style: Style | None = None) -> str:
     """Per-stage pass/fail lines, the first wrong stage, the diagnosis and the message."""
     style = style or Style(False)
     cfg = r.config
@@ -269,7 +273,7 @@ def _paren(text: str) -> str:
     return f"({text})" if text.startswith("-") else text
 
 
-def render_explanation(e: Explanation, *, decimals: int = 3, style: Style | None = None,
+def render_explanation(e: Answer, *, decimals: int = 3, style: Style | None = None,
                        sentence: str | None = None) -> str:
     """The cell's steps as "formula = numbers = value" lines, each with the stage its number comes from."""
     style = style or Style(False)
