@@ -9,28 +9,26 @@ opens on the view it was saved from (text scale, theme, query, head, clicked cel
 from __future__ import annotations
 
 import re
-from urllib.parse import urlencode
 from xml.etree import ElementTree
 
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
-from viewer_browser_support import clear_downloads, js, open_page, service_trace, wait_download, wait_until
+from viewer_browser_support import (
+    clear_downloads,
+    fragment,
+    js,
+    open_page,
+    png_size,
+    service_trace,
+    wait_download,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
 SVG = "{http://www.w3.org/2000/svg}"
-
-
-def fragment(**view) -> str:
-    return "#" + urlencode(view)
-
-
-def png_size(path) -> tuple[int, int]:
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", data[:8]
-    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
 def click(driver, selector: str) -> None:

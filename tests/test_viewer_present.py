@@ -9,7 +9,6 @@ the space bar step through the figures and the stages, as a presenter's clicker 
 
 from __future__ import annotations
 
-from urllib.parse import urlencode
 
 import pytest
 import requests
@@ -17,7 +16,7 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
-from viewer_browser_support import ChromiumOptions, js, open_page, wait_until
+from viewer_browser_support import ChromiumOptions, fragment, js, open_page, png_size, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
@@ -35,10 +34,6 @@ def screen(driver, width: int, height: int) -> None:
         "Emulation.setDeviceMetricsOverride",
         {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
     )
-
-
-def fragment(**view) -> str:
-    return "#" + urlencode(view)
 
 
 def where(driver) -> str:
@@ -607,12 +602,6 @@ def test_a_tall_maps_column_labels_stay_in_view(driver, server, console, size):
 
 
 # ---------------------------------------------------------------- figures for slides
-
-
-def png_size(path) -> tuple[int, int]:
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", data[:8]
-    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
 def test_a_map_and_the_comparison_download_as_png_at_twice_their_svg(driver, server, console, browser_dirs):

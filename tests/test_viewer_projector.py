@@ -19,7 +19,6 @@ import base64
 import os
 import re
 import shutil
-from urllib.parse import urlencode
 
 import pytest
 import requests
@@ -29,8 +28,8 @@ from selenium.webdriver.common.keys import Keys
 
 from conftest import ARTIFACTS, ROOT
 from viewer_browser_support import (
-    ChromiumOptions, clear_downloads, fixed, js, open_page, pct, trace, wait_download, wait_ready, wait_until,
-    walkthrough_row,
+    ChromiumOptions, clear_downloads, fixed, fragment, js, open_page, pct, trace, wait_download, wait_ready,
+    wait_until, walkthrough_row,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
@@ -41,11 +40,6 @@ WIDTH, HEIGHT = 1280, 720
 LONG = "The animal didn't cross the street because it was tired."
 LONGER = ("The animal didn't cross the street because it was too tired, and the dog that followed it home was so "
           "very tired too.")
-
-
-def fragment(**view) -> str:
-    """The page's address for a view (the sentence with + for spaces, as the page writes it)."""
-    return "#" + urlencode(view)
 
 
 @pytest.fixture(scope="module")

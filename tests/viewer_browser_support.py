@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 import requests
@@ -178,6 +179,18 @@ def service_trace(server: Gunicorn, body: dict) -> dict:
     resp = requests.post(server.url + "/trace", json=body, timeout=10)
     assert resp.status_code == 200, resp.text
     return resp.json()
+
+
+def fragment(**view) -> str:
+    """The page's address for a view (the sentence with + for spaces, as the page writes it)."""
+    return "#" + urlencode(view)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """A PNG file's width and height (its IHDR chunk), after checking its signature."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", data[:8]
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
 def open_page(driver, server: Gunicorn, fragment: str = "") -> None:
