@@ -861,9 +861,9 @@ def generate_option(name: str) -> Field:
 
 def viewer_declaration() -> dict[str, Any]:
     """The declaration as the viewer reads it (``GET /static/fields.js``): each field that the address carries,
-    with its type, bounds, default, help and address key, in request order; the most tokens one /trace may
-    generate (the next-token panel's generate step asks for no more); and the generation options' declarations
-    (the panel's inputs take their bounds)."""
+    with its type, bounds, default, help and address key, in request order; and /trace's generation options'
+    declarations (the next-token panel's inputs take their bounds, its generate step asks for no more tokens
+    than generate's maximum)."""
     return {
         "fields": [f.public() for f in FIELDS if f.address is not None],
         "switches": {v.name: list(v.switch) for v in VARIANTS if v.switch is not None},
@@ -871,6 +871,5 @@ def viewer_declaration() -> dict[str, Any]:
             name: {"positional_encoding": p.positional_encoding, "causal": p.causal}
             for name, p in BLOCK_PRESETS.items()
         },
-        "max_generate": LM.MAX_GENERATE,
         "generate_options": [f.public() for f in GENERATE_OPTIONS],
     }

@@ -107,7 +107,7 @@
     decodeStepValue: $('decode-step-value'),
     nextTokenSection: $('next-token-section'), nextTokenBody: $('next-token-body'), lmTemperature: $('lm-temperature'),
     lmTemperatureValue: $('lm-temperature-value'), lmGenerate: $('lm-generate'), lmGenerateReset: $('lm-generate-reset'),
-    lmDecoding: $('lm-decoding'), lmSampleSeed: $('lm-sample-seed'), lmTopK: $('lm-top-k'), lmTopP: $('lm-top-p'),
+    lmDecoding: $('lm-decoding'),
     lmGenerateStatus: $('lm-generate-status'),
     factMatricesLabel: $('fact-matrices-label'), factParamsLabel: $('fact-params-label'),
     dkCard: $('dk-card'), dkDModel: $('dk-dmodel'), dkHeads: $('dk-heads'), dkValue: $('dk-value'),
@@ -132,6 +132,15 @@
     headPresets: $('head-presets'), headKinds: $('head-kinds'), sharpness: $('sharpness'),
     presetCaption: $('preset-caption'), presetCaptionTitle: $('preset-caption-title'), presetCaptionBody: $('preset-caption-body'),
   };
+  // /trace's generation options (fields.js, generate_options: the request's, not the layer's), each with the
+  // next-token panel's input for it, which index.html draws as input#lm-<name, dashed> (`generate` has none: the
+  // panel's button asks for it; #lm-generate is that button).
+  const GENERATE_OPTIONS = AT.fields.generate_options;
+  const OPTION_INPUTS = GENERATE_OPTIONS
+    .map((f) => [f, document.querySelector(`input#lm-${f.name.replaceAll('_', '-')}`)])
+    .filter(([, input]) => input !== null);
+  const MAX_GENERATE = GENERATE_OPTIONS.find((f) => f.name === 'generate').maximum;
+
   /** A declared field's bounds in words, for its hint: " (0 < sharpness ≤ 1000)", or '' without bounds. */
   function boundsText(f) {
     const low = f.above !== undefined ? `${f.above} < ` : f.minimum !== undefined ? `${f.minimum} ≤ ` : '';
@@ -146,11 +155,9 @@
    * (`fields-<variant>`) or under "More settings". Nothing here names a field.
    */
   function drawDeclaredControls() {
-    // The next-token panel's generation options (/trace's, not the layer's): index.html draws their inputs
-    // (`lm-<name>`, dashed), the declaration gives their bounds; an exclusive bound is the service's to refuse.
-    for (const f of AT.fields.generate_options) {
-      const input = document.querySelector(`input#lm-${f.name.replaceAll('_', '-')}`); // (#lm-generate: the button)
-      if (!input) continue;
+    // The next-token panel's generation options: their bounds from the declaration (an exclusive one is the
+    // service's to refuse).
+    for (const [f, input] of OPTION_INPUTS) {
       const low = f.minimum ?? f.above;
       if (low !== undefined) input.min = String(low);
       if (f.maximum !== undefined) input.max = String(f.maximum);
@@ -1174,7 +1181,7 @@
     const gen = STANDALONE ? null : state.gen;
     const k = gen?.doc ? Math.min(state.generated, gen.doc.generation.length) : 0;
     if (k === 0) return body;
-    const asked = ['temperature', 'sample_seed', 'top_k', 'top_p'].filter((name) => name in gen.request)
+    const asked = ['temperature', ...OPTION_INPUTS.map(([f]) => f.name)].filter((name) => name in gen.request)
       .map((name) => [name, gen.request[name]]);
     return { ...body, ...Object.fromEntries(asked), generate: k };
   }
@@ -1313,24 +1320,20 @@
     const { decode, ...body } = state.main.body;
     const full = state.main.doc.full || state.main.doc;
     const T = state.temperature ?? full.config.temperature;
-    const typed = (input) => (input.value.trim() === '' ? null : Number(input.value));
-    const seed = typed(ui.lmSampleSeed);
-    const topK = typed(ui.lmTopK);
-    const topP = typed(ui.lmTopP);
+    const options = OPTION_INPUTS.filter(([, input]) => input.value.trim() !== '')
+      .map(([f, input]) => [f.name, Number(input.value)]);
     return {
       ...body,
       ...(T !== full.config.temperature ? { temperature: T } : {}),
       stages: ['next_token_probs'],
-      ...(seed !== null ? { sample_seed: seed } : {}),
-      ...(topK !== null ? { top_k: topK } : {}),
-      ...(topP !== null ? { top_p: topP } : {}),
+      ...Object.fromEntries(options), // the panel's sample_seed, top_k and top_p, as given
     };
   }
 
   /**
    * "Generate a token". A saved page walks its answer's generation (no request). The live page asks the service:
    * POST /trace with `generate`, first for GENERATE_CHUNK tokens, then, once the button has walked past them, for
-   * twice as many as it holds (up to the limit: fields.js's max_generate and max_tokens minus the sentence), each
+   * twice as many as it holds (up to the limit: generate's maximum in fields.js and max_tokens minus the sentence), each
    * answer holding every step from the first (the service keeps nothing between requests; the same request draws
    * the same tokens). A press within the answer held sends nothing. Measured (docs/viewer.md): a request's cost
    * is mostly the trace and the sentence's decoding, each new token ~8% of that at teaching sizes, so one request
@@ -1350,7 +1353,7 @@
     const key = JSON.stringify(base);
     const n = (state.main.doc.full || state.main.doc).tokens.length;
     if (state.gen?.key !== key) {
-      state.gen = { key, request: base, limit: Math.min(AT.fields.max_generate, limits.max_tokens - n), doc: null,
+      state.gen = { key, request: base, limit: Math.min(MAX_GENERATE, limits.max_tokens - n), doc: null,
         error: null, pending: false };
     }
     const gen = state.gen;
@@ -1425,7 +1428,7 @@
       state.generated = 0;
       renderNextToken();
     });
-    for (const input of [ui.lmSampleSeed, ui.lmTopK, ui.lmTopP]) {
+    for (const [, input] of OPTION_INPUTS) {
       input.addEventListener('change', () => { // another way of choosing: the next press asks again, from the sentence
         if (!state.gen) return; // (an answer on its way is dropped when it arrives: generateStep sees another state.gen)
         state.gen = null;

@@ -37,7 +37,6 @@
  ],
  "switches": {"rope": ["positional_encoding", "rope"], "constructed": ["head_weights", null]},
  "block_presets": {"vaswani2017": {"positional_encoding": "sinusoidal", "causal": false}, "gpt2": {"positional_encoding": "sinusoidal", "causal": true}, "llama": {"positional_encoding": "rope", "causal": true}},
- "max_generate": 64,
  "generate_options": [{"name": "generate", "kind": "int", "default": null, "variant": "lm", "setting": false, "help": "how many tokens", "minimum": 1, "maximum": 64, "url": null}, {"name": "top_k", "kind": "int", "default": null, "variant": "lm", "setting": false, "help": "sample only among the K most probable", "minimum": 1, "maximum": 1024, "url": null}, {"name": "top_p", "kind": "float", "default": null, "variant": "lm", "setting": false, "help": "sample only among the fewest most probable tokens reaching P", "above": 0, "maximum": 1, "url": null}, {"name": "sample_seed", "kind": "int", "default": null, "variant": "lm", "setting": false, "help": "sample with this seed (default: greedy, the most probable token)", "minimum": 0, "maximum": 4294967295, "url": null}]
 });
 })();
