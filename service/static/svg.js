@@ -94,6 +94,32 @@
       node('rect', { width: 6, height: 6, fill: '#ffffff' }), node('rect', { width: 2, height: 6, fill: '#b8bfca' }));
   }
 
+  /** The masked cells' hatch (url(#masked)) and the colour scale's gradient (url(#scale)). */
+  function scaleDefs() {
+    const stops = Array.from({ length: 11 }, (_, i) => node('stop', { offset: `${i * 10}%`, 'stop-color': scaleColour(i / 10) }));
+    return node('defs', {}, hatch(), node('linearGradient', { id: 'scale', x1: 0, x2: 1, y1: 0, y2: 0 }, stops));
+  }
+
+  /** A drawing's first lines from the top left: its heading in bold, then the sentence and the configuration. */
+  const headingLines = (lines) => lines.map((l, i) => node('text', { x: 24, y: 28 + i * 18, 'font-size': i ? 12 : 14,
+    'font-weight': i ? 400 : 700, fill: i ? '#444b57' : '#16191f' }, l));
+
+  /** Where the colour-scale bar of a legend whose low end reads `lo` starts. */
+  const legendBarX = (lo) => 24 + textWidth('colour scale') + 12 + textWidth(lo) + 6;
+
+  /** A legend's colour-scale bar at height `y`, its two ends labelled `lo` and `hi`. */
+  function scaleLegend(y, lo, hi) {
+    const barX = legendBarX(lo);
+    return [node('text', { x: 24, y: y + 11 }, 'colour scale'),
+      node('text', { x: barX - 6, y: y + 11, 'text-anchor': 'end' }, lo),
+      node('rect', { x: barX, y, width: 140, height: 14, fill: 'url(#scale)', stroke: '#d7dbe2' }),
+      node('text', { x: barX + 146, y: y + 11 }, hi)];
+  }
+
+  /** A legend's line for masked cells at height `y`: the hatch, and what masked means here. */
+  const maskedLegend = (y, text) => [node('rect', { x: 24, y, width: 18, height: 14, fill: 'url(#masked)', stroke: '#9aa3b2' }),
+    node('text', { x: 48, y: y + 11 }, text)];
+
   // ---------------------------------------------------------------- the drawings
 
   /**
@@ -132,16 +158,12 @@
     // The legend in the cells' unit: weights as fractions (as the cells are written), scores as they are.
     const { lo } = scale;
     const hi = scale.hi + (scale.mode === 'row' ? ' (each row on its own scale)' : '');
-    const barX = 24 + textWidth('colour scale') + 12 + textWidth(lo) + 6;
     const width = Math.max(left + gridW + 24, 48 + Math.max(...lines.map((l, i) => textWidth(l, i ? 12 : 14))), 380,
-      barX + 146 + textWidth(hi) + 24);
+      legendBarX(lo) + 146 + textWidth(hi) + 24);
     const height = top + gridH + 84;
     const root = svgRoot(width, height, `${title}, head ${head}${job}: attention-trace`,
       `${lines.join('. ')}. Rows are queries, columns are ${keyWord}s; masked cells are hatched and labelled.`);
-    const stops = Array.from({ length: 11 }, (_, i) => node('stop', { offset: `${i * 10}%`, 'stop-color': scaleColour(i / 10) }));
-    append(root, node('defs', {}, hatch(), node('linearGradient', { id: 'scale', x1: 0, x2: 1, y1: 0, y2: 0 }, stops)));
-    lines.forEach((l, i) => append(root, node('text', { x: 24, y: 28 + i * 18, 'font-size': i ? 12 : 14,
-      'font-weight': i ? 400 : 700, fill: i ? '#444b57' : '#16191f' }, l)));
+    append(root, scaleDefs(), ...headingLines(lines));
     append(root, node('text', { x: left + gridW / 2, y: 20 + lines.length * 18 + 14, 'text-anchor': 'middle', fill: '#444b57' },
       `${keyWord} →`));
     append(root, node('text', { x: 0, y: 0, 'text-anchor': 'middle', fill: '#444b57',
@@ -170,14 +192,9 @@
       }
     }
     const ly = top + gridH + 30;
-    const legendG = node('g', { class: 'legend', fill: '#444b57', 'data-mode': scale.mode },
-      node('text', { x: 24, y: ly + 11 }, 'colour scale'),
-      node('text', { x: barX - 6, y: ly + 11, 'text-anchor': 'end' }, lo),
-      node('rect', { x: barX, y: ly, width: 140, height: 14, fill: 'url(#scale)', stroke: '#d7dbe2' }),
-      node('text', { x: barX + 146, y: ly + 11 }, hi));
+    const legendG = node('g', { class: 'legend', fill: '#444b57', 'data-mode': scale.mode }, scaleLegend(ly, lo, hi));
     if (spec.showMasked || spec.maskRow) {
-      append(legendG, node('rect', { x: 24, y: ly + 24, width: 18, height: 14, fill: 'url(#masked)', stroke: '#9aa3b2' }),
-        node('text', { x: 48, y: ly + 35 }, kind === 'weight' ? 'masked: excluded from the softmax (weight 0)' : 'masked: set to −∞'));
+      append(legendG, ...maskedLegend(ly + 24, kind === 'weight' ? 'masked: excluded from the softmax (weight 0)' : 'masked: set to −∞'));
     }
     return append(root, colLabels, rowLabels, cells, legendG);
   }
@@ -206,9 +223,7 @@
     const height = top + keys.length * rowH + 80;
     const root = svgRoot(width, height, `Scaled and unscaled weights of “${scaled.tokens[q].text}”: attention-trace`,
       `${lines.join('. ')}. For each key, the weight with the scores divided by √d_k and without.`);
-    append(root, node('defs', {}, hatch()));
-    lines.forEach((l, i) => append(root, node('text', { x: 24, y: 28 + i * 18, 'font-size': i ? 12 : 14,
-      'font-weight': i ? 400 : 700, fill: i ? '#444b57' : '#16191f' }, l)));
+    append(root, node('defs', {}, hatch()), ...headingLines(lines));
     const legendY = 20 + lines.length * 18 + 10;
     series.forEach((s, k) => append(root, node('rect', { x: 24 + k * 220, y: legendY, width: 14, height: 12, fill: s.fill }),
       node('text', { x: 44 + k * 220, y: legendY + 10, fill: '#444b57' }, s.name)));
@@ -282,10 +297,7 @@
       ...notes.map((l) => textWidth(l))), legend ? 24 + textWidth('colour scale') + 200 + textWidth(legend.lo) + textWidth(legend.hi) : 0, 380);
     const height = notesY + notes.length * 18 + 24;
     const root = svgRoot(width, height, label, `${lines.join('. ')}.${desc ? ` ${desc}` : ''}`);
-    const stops = Array.from({ length: 11 }, (_, i) => node('stop', { offset: `${i * 10}%`, 'stop-color': scaleColour(i / 10) }));
-    append(root, node('defs', {}, hatch(), node('linearGradient', { id: 'scale', x1: 0, x2: 1, y1: 0, y2: 0 }, stops)));
-    lines.forEach((l, i) => append(root, node('text', { x: 24, y: 28 + i * 18, 'font-size': i ? 12 : 14,
-      'font-weight': i ? 400 : 700, fill: i ? '#444b57' : '#16191f' }, l)));
+    append(root, scaleDefs(), ...headingLines(lines));
     placed.forEach((p, k) => {
       const { g, x, cw, ch, upright, labelSize, rowW, colH } = p;
       const left = x + rowW;
@@ -326,18 +338,8 @@
       append(root, out);
     });
     const legendG = node('g', { class: 'legend', fill: '#444b57' });
-    if (legend) {
-      const barX = 24 + textWidth('colour scale') + 12 + textWidth(legend.lo) + 6;
-      append(legendG, node('text', { x: 24, y: legendY + 11 }, 'colour scale'),
-        node('text', { x: barX - 6, y: legendY + 11, 'text-anchor': 'end' }, legend.lo),
-        node('rect', { x: barX, y: legendY, width: 140, height: 14, fill: 'url(#scale)', stroke: '#d7dbe2' }),
-        node('text', { x: barX + 146, y: legendY + 11 }, legend.hi));
-    }
-    if (hasMasked) {
-      const my = legendY + (legend ? 22 : 0);
-      append(legendG, node('rect', { x: 24, y: my, width: 18, height: 14, fill: 'url(#masked)', stroke: '#9aa3b2' }),
-        node('text', { x: 48, y: my + 11 }, 'masked: excluded from the softmax (weight 0)'));
-    }
+    if (legend) append(legendG, ...scaleLegend(legendY, legend.lo, legend.hi));
+    if (hasMasked) append(legendG, ...maskedLegend(legendY + (legend ? 22 : 0), 'masked: excluded from the softmax (weight 0)'));
     append(root, legendG);
     append(root, node('g', { class: 'notes', fill: '#16191f' },
       notes.map((l, i) => node('text', { x: 24, y: notesY + 12 + i * 18 }, l))));
