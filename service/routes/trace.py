@@ -34,8 +34,7 @@ from .. import batch, budget, compression, npz, serialize
 from ..batch import BatchRequest
 from ..edge import json_response, parse_body, read_json_body, settings
 from ..models import (BoundedNumber, ConfigOut, InjectableBugName, InjectedBug, StageId, TokenOut, TraceSpec,
-                      generate_option_field,
-                      engine_rules, omitted)
+                      engine_rules, generate_option_field, omitted)
 from ..problems import ProblemError
 
 if TYPE_CHECKING:
